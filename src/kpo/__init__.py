@@ -1,0 +1,47 @@
+"""kpo: policy optimization with an online causal Kalman filter over token importance ratios.
+
+Public API (stable names)::
+
+    from kpo import kalman_filter, kalman_gains, policy_loss, list_losses, compute_advantages, token_dynamics
+
+Attributes are imported on first use, so ``import kpo`` stays cheap for the command line and for
+hosts (TRL, verl) that only need one layer.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "kalman_filter": "kpo.filter",
+    "kalman_gains": "kpo.filter",
+    "policy_loss": "kpo.losses",
+    "list_losses": "kpo.losses",
+    "compute_advantages": "kpo.advantages",
+    "token_dynamics": "kpo.diagnostics",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kpo' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # pragma: no cover - static analysers only
+    from kpo.advantages import compute_advantages
+    from kpo.diagnostics import token_dynamics
+    from kpo.filter import kalman_filter, kalman_gains
+    from kpo.losses import list_losses, policy_loss

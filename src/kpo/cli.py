@@ -1,0 +1,49 @@
+"""The ``kpo`` command: a thin dispatcher. Each subcommand's module owns its arguments and work.
+
+Every command module exposes ``main(argv: list[str]) -> int``; modules are imported only when their
+command runs, so ``kpo bench`` never imports TRL and ``kpo --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("kpo.train.cli", "train a policy with KPO or any baseline loss (TRL engine)"),
+    "eval": ("kpo.evaluation.cli", "avg@k / pass@k on math benchmarks or the embedded task"),
+    "analyze": ("kpo.analysis", "token-dynamics analysis of importance-ratio dumps (Table 2, Figures 1 and 4)"),
+    "bench": ("kpo.bench", "benchmarks printed as side-by-side ratios (e.g. `kpo bench filter`)"),
+    "compare": ("kpo.compare", "train, evaluate and analyze several methods and seeds into one report"),
+}
+
+
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: kpo <command> [options]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
+    lines += ["", "Run `kpo <command> --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in {"-h", "--help", "help"}:
+        print(_usage())
+        return 0
+    if argv[0] in {"-V", "--version"}:
+        from kpo import __version__
+
+        print(f"kpo {__version__}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"kpo: unknown command {name!r}; valid commands: {', '.join(COMMANDS)}\n", file=sys.stderr)
+        print(_usage(), file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

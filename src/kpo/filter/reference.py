@@ -1,0 +1,66 @@
+"""Float64 loop reference of the causal Kalman filter: the oracle for tests, never a fast path.
+
+It runs the textbook predict/update recursion token by token, exactly as METHODS.md section K writes it,
+so every fast implementation is checked against the model itself rather than against another derivation.
+Not exported from ``kpo``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MASK_MODES = ("skip", "advance", "zero")
+
+
+def kalman_filter_reference(
+    z: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    q: float = 1e-6,
+    v: float = 1.0,
+    p0: float = 0.0,
+    x0: float = 0.0,
+    mask_mode: str = "skip",
+) -> torch.Tensor:
+    """Filtered log-ratio rho_{t|t} of ``z`` ([B, T] or [T]), float64, 0 where ``mask`` is 0.
+
+    skip:    a masked token is neither an observation nor a time step.
+    advance: a masked token is a time step (P grows by q) without an observation.
+    zero:    a masked token is observed as z = 0 (the authors' recurrence).
+    """
+    if mask_mode not in MASK_MODES:
+        raise ValueError(f"mask_mode must be one of {MASK_MODES}, got {mask_mode!r}")
+    squeeze = z.dim() == 1
+    zz = z.detach().to(torch.float64).reshape(1, -1) if squeeze else z.detach().to(torch.float64)
+    if mask is None:
+        mm = torch.ones_like(zz, dtype=torch.bool)
+    else:
+        mm = (mask.reshape(1, -1) if squeeze else mask).to(torch.bool)
+    zs, ms = zz.tolist(), mm.tolist()
+    out = torch.zeros_like(zz)
+    for b, (zrow, mrow) in enumerate(zip(zs, ms)):
+        x, p = float(x0), float(p0)
+        for t, (zt, valid) in enumerate(zip(zrow, mrow)):
+            if not valid and mask_mode == "skip":
+                continue
+            p_prior = p + q
+            if not valid and mask_mode == "advance":
+                p = p_prior
+                continue
+            obs = zt if valid else 0.0
+            k = p_prior / (p_prior + v)
+            x = x + k * (obs - x)
+            p = v * p_prior / (p_prior + v)  # = (1 - K) P, without the cancellation of 1 - K near 1
+            if valid:
+                out[b, t] = x
+    return out.reshape(-1) if squeeze else out
+
+
+def kalman_gains_reference(T: int, *, q: float = 1e-6, v: float = 1.0, p0: float = 0.0) -> torch.Tensor:
+    """Gains K_1..K_T of T consecutive observations, float64 [T]."""
+    gains, p = [], float(p0)
+    for _ in range(T):
+        p_prior = p + q
+        gains.append(p_prior / (p_prior + v))
+        p = v * p_prior / (p_prior + v)
+    return torch.tensor(gains, dtype=torch.float64)
