@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+import pytest
+
+from kpo.data.synthetic import TaskConfig, grade, load_split, solve
+
+
+def test_solve_reduces_chain_left_to_right():
+    # 23+45 = 68, then 68+7 = 75
+    assert solve([23, 45, 7]) == "68+7=75"
+    assert solve([1, 2]) == "3"
+    # 1+2=3, 3+3=6, 6+4=10
+    assert solve([1, 2, 3, 4]) == "3+3+4=6+4=10"
+
+
+def test_rows_are_deterministic_and_well_formed():
+    a = load_split("train", n=50, seed=3, n_terms=3, max_value=20)
+    b = load_split("train", n=50, seed=3, n_terms=3, max_value=20)
+    assert a == b
+    assert a != load_split("train", n=50, seed=4, n_terms=3, max_value=20)
+    for row in a:
+        assert set(row) == {"id", "problem", "answer", "prompt", "solution"}
+        assert row["prompt"] == row["problem"] + "="
+        assert str(sum(int(x) for x in row["problem"].split("+"))) == row["answer"]
+        assert grade(row["solution"], row["answer"]) == 1.0
+    assert len({r["problem"] for r in a}) == 50
+
+
+def test_train_and_test_are_disjoint_across_seeds():
+    test = {r["problem"] for r in load_split("test", n=200, seed=0)}
+    for seed in range(3):
+        train = {r["problem"] for r in load_split("train", n=2000, seed=seed)}
+        assert not train & test
+
+
+def test_grade_is_strict_and_never_raises():
+    assert grade("68+7=75", "75") == 1.0
+    assert grade("75", "75") == 1.0
+    assert grade(" 75 ", "75") == 1.0
+    assert grade("68+7=76", "75") == 0.0
+    assert grade("75=", "75") == 0.0  # the last '=' leaves nothing
+    assert grade("7500", "75") == 0.0
+    assert grade("", "75") == 0.0
+    assert grade(None, "75") == 0.0  # type: ignore[arg-type]
+    assert grade("\x00\uffff==", "75") == 0.0
+
+
+def test_bad_task_and_split_report_every_problem():
+    with pytest.raises(ValueError, match="n_terms=1.*max_value=0"):
+        TaskConfig(n_terms=1, max_value=0)
+    with pytest.raises(ValueError, match="split='dev'"):
+        load_split("dev")
+    with pytest.raises(ValueError, match="lower n"):
+        load_split("test", n=100, max_value=9)  # 100 problems, about 10 in test
