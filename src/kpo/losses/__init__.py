@@ -1,0 +1,270 @@
+"""Policy losses: one registry, one entry point, verl-compatible semantics (formulas: METHODS.md).
+
+>>> loss, metrics = policy_loss("kpo", log_prob, old_log_prob, advantages, mask)
+
+Shapes: ``log_prob``, ``old_log_prob``, ``mask`` and optional ``rollout_log_prob``/``rollout_is_weights`` are
+[B, T], right-padded; ``mask`` is bool or 0/1; ``advantages`` is [B], [B, 1] or [B, T]. ``log_prob`` carries the
+gradient. Each loss is a function ``fn(batch: LossBatch, *, hparam=default, ...) -> LossTerms`` registered with
+``register_loss``; its keyword defaults are the method's paper defaults and the only hyperparameters it accepts.
+
+Keywords every loss accepts (besides its own):
+
+- global batch (see ``kpo.losses.aggregation``): ``global_num_tokens``, ``global_num_seqs``, ``dp_size`` (1),
+  ``loss_scale_factor``. They are verl's ``global_batch_info`` (``batch_num_tokens``, ``global_batch_size``,
+  ``dp_size``, ``loss_scale_factor``) under kpo names: the loss is ``local_sum / global_count * dp_size``, so the
+  sum of the losses of the pieces of a split mini-batch equals the loss of the unsplit one.
+- train/inference mismatch (see ``kpo.losses.mismatch``): ``rollout_is``, ``rollout_is_threshold``,
+  ``rollout_rs``, ``rollout_rs_threshold``, ``rollout_rs_threshold_lower`` (used with ``rollout_log_prob``), or
+  precomputed detached weights ``rollout_is_weights`` [B, T] (what verl passes). The weights multiply the
+  per-token loss; GMPO and HolderPO multiply their per-sequence loss by the geometric mean of the row's weights
+  (as verl's geo_mean); VESPO folds them into its sequence weight (as its authors).
+
+Metrics (plain floats): ``pg_loss``; ``pg_clipfrac`` (valid tokens whose clipped branch is active);
+``pg_clipfrac_lower`` (dual-clip fraction; GMPO: log-clip hits with A < 0); ``ppo_kl`` = mean(old - new
+log-prob); ``ratio_mean/min/max`` of the token ratio exp(log_prob - old_log_prob) over valid tokens; per loss:
+``filtered_ratio_mean/min/max`` (KPO: exp of the filtered log-ratio), ``seq_ratio_mean/min/max`` (sequence
+ratio of GSPO, GMPO, HolderPO, VESPO over non-empty rows); with mismatch correction ``rollout_is_mean/max``
+and ``rollout_rs_masked_fraction``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from kpo.losses._core import LossBatch, LossTerms
+from kpo.losses.aggregation import (
+    GLOBAL_BATCH_KEYS,
+    SEQ_AGG_MODE,
+    TOKEN_AGG_MODES,
+    aggregate,
+    aggregate_sequences,
+    masked_mean,
+)
+from kpo.losses.entropy import aggregate_entropy, entropy_from_logits
+from kpo.losses.mismatch import MISMATCH_KEYS, rollout_correction
+
+IS_WEIGHT_USES = ("token", "seq_geo_mean", "consumed")
+SHARED_KEYS = (*GLOBAL_BATCH_KEYS, *MISMATCH_KEYS, "rollout_is_weights")
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    name: str
+    fn: Callable[..., LossTerms]
+    default_agg: str
+    agg_modes: tuple[str, ...]
+    is_weights: str
+    hparams: dict[str, object]  # accepted keyword -> default
+
+
+_REGISTRY: dict[str, LossSpec] = {}
+_ALIASES: dict[str, str] = {}
+
+
+def register_loss(
+    name: str,
+    *,
+    aliases: tuple[str, ...] = (),
+    default_agg: str = "token-mean",
+    agg_modes: tuple[str, ...] = TOKEN_AGG_MODES,
+    is_weights: str = "token",
+):
+    """Decorator registering ``fn(batch, *, hparams...) -> LossTerms`` under ``name`` (and ``aliases``).
+
+    ``agg_modes`` lists the aggregations the loss allows (a sequence-level loss: ``("seq-mean",)``; a loss whose
+    method fixes one, e.g. SAPO: that one); ``is_weights`` says how rollout IS weights enter (``IS_WEIGHT_USES``).
+    A name or alias already taken is an error.
+    """
+    if default_agg not in agg_modes:
+        raise ValueError(f"default_agg {default_agg!r} of loss {name!r} is not in its agg_modes {agg_modes}")
+    if is_weights not in IS_WEIGHT_USES:
+        raise ValueError(f"is_weights must be one of {IS_WEIGHT_USES}, got {is_weights!r}")
+
+    def decorator(fn: Callable[..., LossTerms]) -> Callable[..., LossTerms]:
+        for key in (name, *aliases):
+            if key in _REGISTRY or key in _ALIASES:
+                raise ValueError(f"policy loss {key!r} is already registered; pick another name")
+        params = list(inspect.signature(fn).parameters.values())
+        hparams = {}
+        for p in params[1:]:
+            if p.kind is not inspect.Parameter.KEYWORD_ONLY or p.default is inspect.Parameter.empty:
+                raise TypeError(f"loss {name!r}: hyperparameter {p.name!r} must be keyword-only with a default")
+            if p.name in SHARED_KEYS:
+                raise TypeError(f"loss {name!r}: {p.name!r} is a keyword shared by all losses")
+            hparams[p.name] = p.default
+        _REGISTRY[name] = LossSpec(name, fn, default_agg, tuple(agg_modes), is_weights, hparams)
+        for alias in aliases:
+            _ALIASES[alias] = name
+        return fn
+
+    return decorator
+
+
+def list_losses() -> list[str]:
+    """Registered loss names and aliases, sorted."""
+    return sorted([*_REGISTRY, *_ALIASES])
+
+
+def get_loss_spec(name: str) -> LossSpec:
+    """The spec (function, defaults, aggregations) behind a name or alias."""
+    key = _ALIASES.get(name, name)
+    if key not in _REGISTRY:
+        raise ValueError(f"unknown policy loss {name!r}; valid names: {', '.join(list_losses())}")
+    return _REGISTRY[key]
+
+
+def _first_bad(name: str, t: torch.Tensor, valid: torch.Tensor) -> None:
+    bad = ~torch.isfinite(t) & valid
+    if bool(bad.any()):
+        pos = bad.nonzero()[0].tolist()
+        where = f"row {pos[0]}" + (f", position {pos[1]}" if len(pos) > 1 else "")
+        raise ValueError(
+            f"{name} is {t[tuple(pos)].item()} at {where} (a valid token); "
+            f"check the model output or the mask there"
+        )
+
+
+def _validate(log_prob, old_log_prob, advantages, mask, rollout_log_prob, rollout_is_weights):
+    tensors = {"log_prob": log_prob, "old_log_prob": old_log_prob, "advantages": advantages, "mask": mask}
+    tensors |= {"rollout_log_prob": rollout_log_prob, "rollout_is_weights": rollout_is_weights}
+    for key, t in tensors.items():
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{key} must be a torch.Tensor, got {type(t).__name__}")
+    if log_prob.dim() != 2 or not log_prob.is_floating_point():
+        raise ValueError(f"log_prob must be a floating [B, T] tensor, got shape {tuple(log_prob.shape)}, "
+                         f"dtype {log_prob.dtype}")
+    shape = tuple(log_prob.shape)
+    for key in ("old_log_prob", "mask", "rollout_log_prob", "rollout_is_weights"):
+        t = tensors[key]
+        if t is not None and tuple(t.shape) != shape:
+            raise ValueError(f"{key} has shape {tuple(t.shape)} but log_prob has {shape}; both must be [B, T]")
+        if t is not None and t.device != log_prob.device:
+            raise ValueError(f"{key} is on {t.device} but log_prob is on {log_prob.device}")
+    if mask.dtype != torch.bool:
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            raise ValueError("mask must be bool or 0/1; found other values")
+        mask = mask != 0
+    B, T = shape
+    if tuple(advantages.shape) not in ((B,), (B, 1), (B, T)):
+        raise ValueError(f"advantages has shape {tuple(advantages.shape)}; expected [B]={B}, [B, 1] or [B, T]={shape}")
+    if advantages.device != log_prob.device:
+        raise ValueError(f"advantages is on {advantages.device} but log_prob is on {log_prob.device}")
+    adv = advantages.reshape(B, -1).to(log_prob.dtype)
+    rows = mask.any(dim=-1, keepdim=True)
+    _first_bad("advantages", adv, rows if adv.shape[1] == 1 else mask)
+    for key in ("log_prob", "old_log_prob", "rollout_log_prob", "rollout_is_weights"):
+        if tensors[key] is not None:
+            _first_bad(key, tensors[key].detach(), mask)
+    zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
+    return (
+        torch.where(mask, log_prob, zero),
+        torch.where(mask, old_log_prob.detach().to(log_prob.dtype), zero),
+        torch.where(mask, adv.expand(B, T), zero),
+        mask,
+    )
+
+
+def policy_loss(
+    name: str,
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    loss_agg_mode: str | None = None,
+    rollout_log_prob: torch.Tensor | None = None,
+    **hparams,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Policy loss ``name`` (see ``list_losses()``) and its metrics; a loss to minimize.
+
+    loss_agg_mode: None = the method's default; the modes of ``kpo.losses.aggregation`` (sequence-level losses
+    use ``"seq-mean"``; SAPO allows only ``"seq-mean-token-mean"``, as verl forces).
+    rollout_log_prob: [B, T] log-probs of the rollout engine; enables TIS/MIS (``kpo.losses.mismatch``).
+    hparams: the loss's own hyperparameters (verl names) plus the shared keywords in the module docstring.
+    Returns (0-dim loss tensor, dict of float metrics).
+    """
+    spec = get_loss_spec(name)
+    shared = {k: hparams.pop(k) for k in list(hparams) if k in SHARED_KEYS}
+    unknown = sorted(set(hparams) - set(spec.hparams))
+    if unknown:
+        accepted = ", ".join(f"{k}={v!r}" for k, v in spec.hparams.items()) or "(none)"
+        raise ValueError(
+            f"loss {name!r} does not accept {', '.join(map(repr, unknown))}; its hyperparameters: {accepted}; "
+            f"shared by all losses: {', '.join(SHARED_KEYS)}"
+        )
+    mode = spec.default_agg if loss_agg_mode is None else loss_agg_mode
+    if mode not in spec.agg_modes:
+        raise ValueError(
+            f"loss {name!r} aggregates with {', '.join(spec.agg_modes)}, not {mode!r}; "
+            f"pass one of those or loss_agg_mode=None"
+        )
+    global_kw = {k: shared[k] for k in GLOBAL_BATCH_KEYS if k in shared}
+    mismatch_kw = {k: shared[k] for k in MISMATCH_KEYS if k in shared}
+    weights = shared.get("rollout_is_weights")
+    lp, olp, adv, m = _validate(log_prob, old_log_prob, advantages, mask, rollout_log_prob, weights)
+
+    metrics: dict[str, torch.Tensor | float] = {}
+    if rollout_log_prob is not None:
+        if weights is not None:
+            raise ValueError("pass rollout_log_prob or precomputed rollout_is_weights, not both")
+        weights, rc_metrics = rollout_correction(olp, rollout_log_prob.to(lp.dtype), m, **mismatch_kw)
+        metrics.update(rc_metrics)
+    elif mismatch_kw:
+        raise ValueError(f"{', '.join(sorted(mismatch_kw))} need rollout_log_prob (the rollout engine's log-probs)")
+    if weights is not None:
+        weights = weights.detach().to(lp.dtype)
+
+    batch = LossBatch(lp, olp, adv, m, weights if spec.is_weights == "consumed" else None)
+    terms = spec.fn(batch, **hparams)
+    if terms.token_loss is not None:
+        token_loss = terms.token_loss if weights is None or spec.is_weights != "token" else terms.token_loss * weights
+        loss = aggregate(token_loss, m, mode, **global_kw)
+    else:
+        seq_loss = terms.seq_loss
+        if weights is not None and spec.is_weights == "seq_geo_mean":
+            # verl geo_mean: the row weight is the geometric mean of its token weights (1e-10 keeps log finite).
+            log_w = torch.where(m, torch.log(weights + 1e-10), torch.zeros_like(weights))
+            seq_loss = seq_loss * torch.exp(log_w.sum(dim=-1) / batch.lengths.clamp(min=1))
+        loss = aggregate_sequences(seq_loss, m, **global_kw)
+
+    log_ratio = (lp - olp).detach()
+    ratio = torch.exp(log_ratio.clamp(-20.0, 20.0))
+    valid = m.any()
+    metrics |= {
+        "pg_loss": loss.detach(),
+        "pg_clipfrac": terms.clipfrac,
+        "pg_clipfrac_lower": terms.clipfrac_lower,
+        "ppo_kl": masked_mean(-log_ratio, m),
+        "ratio_mean": masked_mean(ratio, m),
+        "ratio_min": ratio[m].min() if valid else 0.0,
+        "ratio_max": ratio[m].max() if valid else 0.0,
+    }
+    metrics |= terms.extra
+    keys = list(metrics)
+    values = torch.stack([torch.as_tensor(metrics[k], dtype=torch.float64).detach().cpu() for k in keys]).tolist()
+    return loss, dict(zip(keys, values))
+
+
+# Importing the loss modules registers them.
+from kpo.losses import aspo, ctpo, kpo, ppo, reinforce, sequence, soft  # noqa: E402, F401
+
+__all__ = [
+    "SEQ_AGG_MODE",
+    "TOKEN_AGG_MODES",
+    "LossBatch",
+    "LossSpec",
+    "LossTerms",
+    "aggregate",
+    "aggregate_entropy",
+    "aggregate_sequences",
+    "entropy_from_logits",
+    "get_loss_spec",
+    "list_losses",
+    "policy_loss",
+    "register_loss",
+    "rollout_correction",
+]

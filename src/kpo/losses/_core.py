@@ -1,0 +1,77 @@
+"""Types shared by the loss modules and the registry (kept apart so that loss modules never import the package
+``__init__``, which imports them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class LossBatch:
+    """Validated inputs of one loss call, all [B, T] and on one device/dtype.
+
+    Masked entries of ``log_prob``/``old_log_prob``/``advantages`` are replaced by 0 (``log_prob`` through
+    ``torch.where``, so its gradient there is exactly 0): padding can never produce NaN, in value or gradient.
+    """
+
+    log_prob: torch.Tensor  # carries the gradient
+    old_log_prob: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor  # bool
+    is_weights: torch.Tensor | None  # detached train/inference weights, only for losses that consume them
+
+    @property
+    def log_ratio(self) -> torch.Tensor:
+        """Delta = log_prob - old_log_prob (unclamped)."""
+        return self.log_prob - self.old_log_prob
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """|y_i|: valid tokens per row, [B], in the loss dtype."""
+        return self.mask.sum(dim=-1).to(self.log_prob.dtype)
+
+    def seq_advantage(self) -> torch.Tensor:
+        """Per-row advantage [B]: mean over the valid tokens (the advantage itself when it is per sequence)."""
+        return (self.advantages * self.mask).sum(dim=-1) / self.lengths.clamp(min=1)
+
+
+@dataclass
+class LossTerms:
+    """What a loss function returns: exactly one of ``token_loss`` [B, T] or ``seq_loss`` [B], and the
+    clip fractions (0-dim tensors, fractions of valid tokens). ``extra`` holds further 0-dim metrics."""
+
+    token_loss: torch.Tensor | None = None
+    seq_loss: torch.Tensor | None = None
+    clipfrac: torch.Tensor | float = 0.0
+    clipfrac_lower: torch.Tensor | float = 0.0
+    extra: dict[str, torch.Tensor | float] = field(default_factory=dict)
+
+
+def resolve_clip(clip_ratio, clip_ratio_low, clip_ratio_high, default_low: float, default_high: float):
+    """verl's rule: an unset ``clip_ratio_low``/``_high`` falls back to ``clip_ratio``, then to the paper value."""
+    base_low = default_low if clip_ratio is None else clip_ratio
+    base_high = default_high if clip_ratio is None else clip_ratio
+    low = base_low if clip_ratio_low is None else clip_ratio_low
+    high = base_high if clip_ratio_high is None else clip_ratio_high
+    if not low >= 0 or not high >= 0:
+        raise ValueError(f"clip ranges must be >= 0, got clip_ratio_low={low!r}, clip_ratio_high={high!r}")
+    return float(low), float(high)
+
+
+def seq_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor | float]:
+    """mean/min/max of a per-row quantity [B] over the rows with a valid token."""
+    rows = mask.any(dim=-1)
+    if not bool(rows.any()):
+        return {f"{prefix}_mean": 0.0, f"{prefix}_min": 0.0, f"{prefix}_max": 0.0}
+    v = values.detach()[rows]
+    return {f"{prefix}_mean": v.mean(), f"{prefix}_min": v.min(), f"{prefix}_max": v.max()}
+
+
+def token_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor | float]:
+    """mean/min/max of a per-token quantity [B, T] over the valid tokens."""
+    if not bool(mask.any()):
+        return {f"{prefix}_mean": 0.0, f"{prefix}_min": 0.0, f"{prefix}_max": 0.0}
+    v = values.detach()[mask]
+    return {f"{prefix}_mean": v.mean(), f"{prefix}_min": v.min(), f"{prefix}_max": v.max()}

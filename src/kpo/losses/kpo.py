@@ -1,0 +1,79 @@
+"""KPO: the token log-ratio smoothed by a causal Kalman filter before it enters the loss (METHODS.md section K).
+
+Both variants filter z = sg(log_prob - old_log_prob) with ``kpo.filter.kalman_filter`` (exact, any q/v) and use
+the GSPO stop-gradient construction log r~_t = lp_t - sg(lp_t) + sg(rho_t), clamped at 10: value exp(rho_t),
+gradient exp(rho_t) * grad lp_t. ``filter_grad=True`` instead lets the gradient flow through the filter
+(log r~_t = rho_t(lp), an ablation the paper does not have). ``mask_mode`` says what a masked hole inside a
+response does to the filter: "skip" (default: no observation, no time step), "advance" (a time step without
+observation), "zero" (observed as 0, the authors' code).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kpo.filter import kalman_filter
+from kpo.losses import register_loss
+from kpo.losses._core import LossBatch, LossTerms, resolve_clip, token_stats
+from kpo.losses.aggregation import masked_mean
+
+
+def _filtered_log_ratio(batch: LossBatch, q, v, p0, x0, mask_mode, filter_grad) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log r~ [B, T] with KPO's gradient, filtered log-ratio rho [B, T] detached)."""
+    if not q > 0 or not v > 0 or not p0 >= 0:
+        raise ValueError(f"KPO needs q > 0, v > 0, p0 >= 0; got q={q!r}, v={v!r}, p0={p0!r}")
+    lp, m = batch.log_prob, batch.mask
+    z = batch.log_ratio if filter_grad else batch.log_ratio.detach()
+    rho = kalman_filter(z, m, q=q, v=v, p0=p0, x0=x0, mask_mode=mask_mode)
+    log_r = rho if filter_grad else lp - lp.detach() + rho
+    return log_r.clamp(max=10.0), rho.detach()
+
+
+@register_loss("kpo", default_agg="seq-mean-token-mean")
+def kpo(
+    batch: LossBatch,
+    *,
+    clip_ratio: float | None = None,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    q: float = 1e-6,
+    v: float = 1.0,
+    p0: float = 0.0,
+    x0: float = 0.0,
+    mask_mode: str = "skip",
+    filter_grad: bool = False,
+) -> LossTerms:
+    """KPO-clipped: L_t = max(-A r~_t, -A clip(r~_t, 1 - eps_low, 1 + eps_high)), ratio-space clip.
+
+    Paper defaults: eps_low = 3e-4, eps_high = 4e-4, q = 1e-6, v = 1, p0 = 0, x0 = 0, seq-mean-token-mean.
+    """
+    low, high = resolve_clip(clip_ratio, clip_ratio_low, clip_ratio_high, 3e-4, 4e-4)
+    log_r, rho = _filtered_log_ratio(batch, q, v, p0, x0, mask_mode, filter_grad)
+    A, m = batch.advantages, batch.mask
+    r = torch.exp(log_r)
+    loss1 = -A * r
+    loss2 = -A * r.clamp(1.0 - low, 1.0 + high)
+    return LossTerms(
+        token_loss=torch.maximum(loss1, loss2),
+        clipfrac=masked_mean((loss2 > loss1).to(A.dtype), m),
+        extra=token_stats("filtered_ratio", torch.exp(rho.clamp(max=10.0)), m),
+    )
+
+
+@register_loss("kpo_unclipped", default_agg="seq-mean-token-mean")
+def kpo_unclipped(
+    batch: LossBatch,
+    *,
+    q: float = 1e-4,
+    v: float = 1.0,
+    p0: float = 0.0,
+    x0: float = 0.0,
+    mask_mode: str = "skip",
+    filter_grad: bool = False,
+) -> LossTerms:
+    """KPO-unclipped: L_t = -A r~_t. Paper defaults: q = 1e-4, v = 1, seq-mean-token-mean."""
+    log_r, rho = _filtered_log_ratio(batch, q, v, p0, x0, mask_mode, filter_grad)
+    return LossTerms(
+        token_loss=-batch.advantages * torch.exp(log_r),
+        extra=token_stats("filtered_ratio", torch.exp(rho.clamp(max=10.0)), batch.mask),
+    )
