@@ -92,7 +92,9 @@ def register_loss(
         hparams = {}
         for p in params[1:]:
             if p.kind is not inspect.Parameter.KEYWORD_ONLY or p.default is inspect.Parameter.empty:
-                raise TypeError(f"loss {name!r}: hyperparameter {p.name!r} must be keyword-only with a default")
+                raise TypeError(
+                    f"loss {name!r}: hyperparameter {p.name!r} must be keyword-only with a default"
+                )
             if p.name in SHARED_KEYS:
                 raise TypeError(f"loss {name!r}: {p.name!r} is a keyword shared by all losses")
             hparams[p.name] = p.default
@@ -135,13 +137,17 @@ def _validate(log_prob, old_log_prob, advantages, mask, rollout_log_prob, rollou
         if t is not None and not isinstance(t, torch.Tensor):
             raise TypeError(f"{key} must be a torch.Tensor, got {type(t).__name__}")
     if log_prob.dim() != 2 or not log_prob.is_floating_point():
-        raise ValueError(f"log_prob must be a floating [B, T] tensor, got shape {tuple(log_prob.shape)}, "
-                         f"dtype {log_prob.dtype}")
+        raise ValueError(
+            f"log_prob must be a floating [B, T] tensor, got shape {tuple(log_prob.shape)}, "
+            f"dtype {log_prob.dtype}"
+        )
     shape = tuple(log_prob.shape)
     for key in ("old_log_prob", "mask", "rollout_log_prob", "rollout_is_weights"):
         t = tensors[key]
         if t is not None and tuple(t.shape) != shape:
-            raise ValueError(f"{key} has shape {tuple(t.shape)} but log_prob has {shape}; both must be [B, T]")
+            raise ValueError(
+                f"{key} has shape {tuple(t.shape)} but log_prob has {shape}; both must be [B, T]"
+            )
         if t is not None and t.device != log_prob.device:
             raise ValueError(f"{key} is on {t.device} but log_prob is on {log_prob.device}")
     if mask.dtype != torch.bool:
@@ -150,7 +156,9 @@ def _validate(log_prob, old_log_prob, advantages, mask, rollout_log_prob, rollou
         mask = mask != 0
     B, T = shape
     if tuple(advantages.shape) not in ((B,), (B, 1), (B, T)):
-        raise ValueError(f"advantages has shape {tuple(advantages.shape)}; expected [B]={B}, [B, 1] or [B, T]={shape}")
+        raise ValueError(
+            f"advantages has shape {tuple(advantages.shape)}; expected [B]={B}, [B, 1] or [B, T]={shape}"
+        )
     if advantages.device != log_prob.device:
         raise ValueError(f"advantages is on {advantages.device} but log_prob is on {log_prob.device}")
     adv = advantages.reshape(B, -1).to(log_prob.dtype)
@@ -214,14 +222,18 @@ def policy_loss(
         weights, rc_metrics = rollout_correction(olp, rollout_log_prob.to(lp.dtype), m, **mismatch_kw)
         metrics.update(rc_metrics)
     elif mismatch_kw:
-        raise ValueError(f"{', '.join(sorted(mismatch_kw))} need rollout_log_prob (the rollout engine's log-probs)")
+        raise ValueError(
+            f"{', '.join(sorted(mismatch_kw))} need rollout_log_prob (the rollout engine's log-probs)"
+        )
     if weights is not None:
         weights = weights.detach().to(lp.dtype)
 
     batch = LossBatch(lp, olp, adv, m, weights if spec.is_weights == "consumed" else None)
     terms = spec.fn(batch, **hparams)
     if terms.token_loss is not None:
-        token_loss = terms.token_loss if weights is None or spec.is_weights != "token" else terms.token_loss * weights
+        token_loss = (
+            terms.token_loss if weights is None or spec.is_weights != "token" else terms.token_loss * weights
+        )
         loss = aggregate(token_loss, m, mode, **global_kw)
     else:
         seq_loss = terms.seq_loss
@@ -245,7 +257,9 @@ def policy_loss(
     }
     metrics |= terms.extra
     keys = list(metrics)
-    values = torch.stack([torch.as_tensor(metrics[k], dtype=torch.float64).detach().cpu() for k in keys]).tolist()
+    values = torch.stack(
+        [torch.as_tensor(metrics[k], dtype=torch.float64).detach().cpu() for k in keys]
+    ).tolist()
     return loss, dict(zip(keys, values))
 
 

@@ -45,7 +45,9 @@ def _check_global(global_num_tokens, global_num_seqs, dp_size, loss_scale_factor
         if value is not None and not float(value) >= 0:
             raise ValueError(f"{name} must be a count >= 0 over the global mini-batch, got {value!r}")
     if loss_scale_factor is not None and not float(loss_scale_factor) > 0:
-        raise ValueError(f"loss_scale_factor must be > 0 (e.g. the max response length), got {loss_scale_factor!r}")
+        raise ValueError(
+            f"loss_scale_factor must be > 0 (e.g. the max response length), got {loss_scale_factor!r}"
+        )
 
 
 def _count(local: torch.Tensor, global_count, dp_size: int, what: str, key: str):
@@ -88,10 +90,14 @@ def aggregate(
     if mode == "token-sum":
         return masked.sum() * dp_size
     if mode == "token-mean":
-        n_tok = _count(m.sum().to(loss_mat.dtype), global_num_tokens, dp_size, "valid tokens", "global_num_tokens")
+        n_tok = _count(
+            m.sum().to(loss_mat.dtype), global_num_tokens, dp_size, "valid tokens", "global_num_tokens"
+        )
         return masked.sum() / n_tok * dp_size
     lengths = m.sum(dim=-1).to(loss_mat.dtype)
-    n_seq = _count((lengths > 0).sum().to(loss_mat.dtype), global_num_seqs, dp_size, "sequences", "global_num_seqs")
+    n_seq = _count(
+        (lengths > 0).sum().to(loss_mat.dtype), global_num_seqs, dp_size, "sequences", "global_num_seqs"
+    )
     seq_sums = masked.sum(dim=-1)
     if mode == "seq-mean-token-mean":
         return (seq_sums / lengths.clamp(min=1)).sum() / n_seq * dp_size
@@ -117,7 +123,9 @@ def aggregate_sequences(
     """
     _check_global(global_num_tokens, global_num_seqs, dp_size, loss_scale_factor)
     nonempty = mask.to(torch.bool).any(dim=-1)
-    n_seq = _count(nonempty.sum().to(seq_loss.dtype), global_num_seqs, dp_size, "sequences", "global_num_seqs")
+    n_seq = _count(
+        nonempty.sum().to(seq_loss.dtype), global_num_seqs, dp_size, "sequences", "global_num_seqs"
+    )
     zero = torch.zeros((), dtype=seq_loss.dtype, device=seq_loss.device)
     return torch.where(nonempty, seq_loss, zero).sum() / n_seq * dp_size
 

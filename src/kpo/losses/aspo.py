@@ -43,12 +43,18 @@ def aspo(
         low_entropy = torch.ones_like(m)
     else:
         if not isinstance(token_entropy, torch.Tensor) or token_entropy.shape != m.shape:
-            raise ValueError(f"token_entropy must be a [B, T] tensor like log_prob, got {getattr(token_entropy, 'shape', token_entropy)}")
+            raise ValueError(
+                f"token_entropy must be a [B, T] tensor like log_prob, got {getattr(token_entropy, 'shape', token_entropy)}"
+            )
         ent = torch.where(m, token_entropy.detach().to(lp.dtype), torch.full_like(lp, float("nan")))
         threshold = torch.nanquantile(ent, entropy_quantile, dim=-1, keepdim=True)
         low_entropy = ent <= threshold
-    eps_low = torch.where(low_entropy, torch.full_like(lp, low), torch.full_like(lp, high_entropy_clip_ratio_low))
-    eps_high = torch.where(low_entropy, torch.full_like(lp, high), torch.full_like(lp, high_entropy_clip_ratio_high))
+    eps_low = torch.where(
+        low_entropy, torch.full_like(lp, low), torch.full_like(lp, high_entropy_clip_ratio_low)
+    )
+    eps_high = torch.where(
+        low_entropy, torch.full_like(lp, high), torch.full_like(lp, high_entropy_clip_ratio_high)
+    )
     ratio = torch.exp(batch.log_ratio.clamp(-20.0, 20.0))
     neg = torch.maximum(ratio, 1.0 - eps_low)
     pos = torch.minimum(ratio, 1.0 + eps_high)

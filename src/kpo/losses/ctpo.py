@@ -31,7 +31,11 @@ def ctpo(
     """
     if ratio_mode not in RATIO_MODES:
         raise ValueError(f"ratio_mode must be one of {RATIO_MODES}, got {ratio_mode!r}")
-    for key, value in (("la_clip_low", la_clip_low), ("la_clip_high", la_clip_high), ("la_clip_c", la_clip_c)):
+    for key, value in (
+        ("la_clip_low", la_clip_low),
+        ("la_clip_high", la_clip_high),
+        ("la_clip_c", la_clip_c),
+    ):
         if not value > 0:
             raise ValueError(f"{key} must be > 0 (a log-space bound), got {value!r}")
     A, m, lp = batch.advantages, batch.mask, batch.log_prob

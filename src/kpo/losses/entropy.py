@@ -21,7 +21,9 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
     return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
 
 
-def aggregate_entropy(entropy: torch.Tensor, mask: torch.Tensor, loss_agg_mode: str = "token-mean", **global_batch) -> torch.Tensor:
+def aggregate_entropy(
+    entropy: torch.Tensor, mask: torch.Tensor, loss_agg_mode: str = "token-mean", **global_batch
+) -> torch.Tensor:
     """Masked aggregate of an entropy [B, T] with the same mode and global-batch keywords as the loss."""
     return aggregate(entropy, mask, loss_agg_mode, **global_batch)
 

@@ -18,7 +18,13 @@ from __future__ import annotations
 
 import torch
 
-MISMATCH_KEYS = ("rollout_is", "rollout_is_threshold", "rollout_rs", "rollout_rs_threshold", "rollout_rs_threshold_lower")
+MISMATCH_KEYS = (
+    "rollout_is",
+    "rollout_is_threshold",
+    "rollout_rs",
+    "rollout_rs_threshold",
+    "rollout_rs_threshold_lower",
+)
 LEVELS = ("token", "sequence")
 _BOUND = 20.0
 

@@ -27,4 +27,6 @@ def cispo(
     ratio = torch.exp(batch.log_ratio.clamp(-20.0, 20.0))
     clipped = ratio.clamp(1.0 - low, 1.0 + high)
     token_loss = -clipped.detach() * batch.advantages * batch.log_prob
-    return LossTerms(token_loss=token_loss, clipfrac=masked_mean((ratio != clipped).to(ratio.dtype), batch.mask))
+    return LossTerms(
+        token_loss=token_loss, clipfrac=masked_mean((ratio != clipped).to(ratio.dtype), batch.mask)
+    )

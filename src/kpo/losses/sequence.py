@@ -44,7 +44,9 @@ def gspo(
     """
     A, m = batch.advantages, batch.mask
     rows = m.any(dim=-1)
-    spread = torch.where(m, A, A.new_tensor(-math.inf)).amax(-1) - torch.where(m, A, A.new_tensor(math.inf)).amin(-1)
+    spread = torch.where(m, A, A.new_tensor(-math.inf)).amax(-1) - torch.where(
+        m, A, A.new_tensor(math.inf)
+    ).amin(-1)
     if bool((rows & (spread > 0)).any()):
         row = int((rows & (spread > 0)).nonzero()[0])
         raise ValueError(
@@ -67,7 +69,13 @@ def gspo_token(
     return _gspo_terms(batch, clip_ratio, clip_ratio_low, clip_ratio_high)
 
 
-@register_loss("gmpo", aliases=("geo_mean",), default_agg=SEQ_AGG_MODE, agg_modes=(SEQ_AGG_MODE,), is_weights="seq_geo_mean")
+@register_loss(
+    "gmpo",
+    aliases=("geo_mean",),
+    default_agg=SEQ_AGG_MODE,
+    agg_modes=(SEQ_AGG_MODE,),
+    is_weights="seq_geo_mean",
+)
 def gmpo(
     batch: LossBatch,
     *,

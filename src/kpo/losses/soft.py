@@ -59,4 +59,6 @@ def vespo(
     phi = torch.exp(lam + k * log_w.clamp(min=math.log(1e-8)) - lam * w)
     phi = torch.nan_to_num(phi, nan=0.0, posinf=0.0, neginf=0.0)
     token_loss = -phi.unsqueeze(-1) * batch.advantages * batch.log_prob
-    return LossTerms(token_loss=token_loss, extra={**seq_stats("seq_ratio", w, m), **seq_stats("phi", phi, m)})
+    return LossTerms(
+        token_loss=token_loss, extra={**seq_stats("seq_ratio", w, m), **seq_stats("phi", phi, m)}
+    )
