@@ -285,8 +285,8 @@ def sample_dynamics(
     return out
 
 
-def _average(per_sample: dict[str, np.ndarray]) -> dict[str, float]:
-    """Mean over samples of each statistic, leaving out NaN entries; NaN if no sample has a value."""
+def average_samples(per_sample: dict[str, np.ndarray]) -> dict[str, float]:
+    """Mean over samples of each statistic of :func:`sample_dynamics`, leaving out NaN; NaN if none has a value."""
     result = {}
     for key in STAT_KEYS:
         v = per_sample[key]
@@ -318,7 +318,7 @@ def token_dynamics(
     local_var} as floats; each is the mean over samples of the per-sample value (see the module docstring for
     every definition, and :func:`sample_dynamics` for the per-sample values).
     """
-    return _average(
+    return average_samples(
         sample_dynamics(
             log_ratio,
             mask,
@@ -464,6 +464,7 @@ __all__ = [
     "SIGNALS",
     "STATES",
     "STAT_KEYS",
+    "average_samples",
     "compact",
     "prepare",
     "run_lengths",
