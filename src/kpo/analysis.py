@@ -260,14 +260,24 @@ def _stats(z: np.ndarray, m: np.ndarray, cfg: AnalyzeConfig, *, band: bool) -> t
     return average_samples(per), per
 
 
-def analyze(dumps: list[Dump], cfg: AnalyzeConfig, out: str | Path) -> dict:
-    """Run the whole analysis on ``dumps`` and write every output into ``out``; returns the results dict."""
+@dataclass
+class Analysis:
+    """What :func:`compute` found. z, filt: float64 [B, T] raw and filtered log-ratios of all used rows (0 where
+    masked); m: bool [B, T]; per_before/per_after: :func:`kpo.diagnostics.sample_dynamics` of each; results: the
+    JSON-ready summary (before, after, sweep, inputs, settings, per_dump)."""
+
+    results: dict
+    z: np.ndarray
+    m: np.ndarray
+    filt: np.ndarray
+    per_before: dict
+    per_after: dict
+
+
+def compute(dumps: list[Dump], cfg: AnalyzeConfig) -> Analysis:
+    """Pool the rows of ``dumps``, filter where needed, and compute Table 2, the Q/V sweep and per-dump rows."""
     from tqdm.auto import tqdm
 
-    from kpo import analysis_plots
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     T = max(d.log_ratio.shape[1] for d in dumps)
     zs, ms, fs, rows_meta = [], [], [], []
     for d in tqdm(dumps, desc="filter dumps", disable=len(dumps) < 2):
@@ -323,10 +333,11 @@ def analyze(dumps: list[Dump], cfg: AnalyzeConfig, out: str | Path) -> dict:
                     }
                 )
 
-    sweep = {}
     v_sweep = cfg.v if cfg.v is not None else 1.0
+    sweep = {"v": v_sweep, "mask_mode": cfg.mask_mode, "rows": []}
     for q in tqdm(cfg.sweep_q, desc="Q/V sweep"):
-        sweep[q] = _stats(_filter(z, m, q, v_sweep, cfg.mask_mode), m, cfg, band=True)[0]
+        stats = _stats(_filter(z, m, q, v_sweep, cfg.mask_mode), m, cfg, band=True)[0]
+        sweep["rows"].append({"q": q, "q_over_v": q / v_sweep, **stats})
 
     qs = sorted({r["q"] for r in rows_meta})
     vs = sorted({r["v"] for r in rows_meta})
@@ -349,7 +360,22 @@ def analyze(dumps: list[Dump], cfg: AnalyzeConfig, out: str | Path) -> dict:
         "inputs": inputs,
         "settings": settings,
         "per_dump": per_dump,
+        "sweep": sweep,
     }
+    return Analysis(results, z, m, filt, per_before, per_after)
+
+
+def analyze(dumps: list[Dump], cfg: AnalyzeConfig, out: str | Path) -> dict:
+    """Run the whole analysis on ``dumps`` and write every output into ``out``; returns the results dict."""
+    from kpo import analysis_plots
+
+    a = compute(dumps, cfg)
+    results, z, m, filt = a.results, a.z, a.m, a.filt
+    before, after, after_label = results["before"], results["after"], results["after_label"]
+    sweep, v_sweep = results["sweep"]["rows"], results["sweep"]["v"]
+    n = m.sum(axis=1)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
     table = _markdown_table(
         [
             ("Before KF (exact on, r = 1)", before),
@@ -359,18 +385,17 @@ def analyze(dumps: list[Dump], cfg: AnalyzeConfig, out: str | Path) -> dict:
         ]
     )
     (out / "table2.md").write_text(table)
-    (out / "table2.json").write_text(json.dumps(_jsonable(results), indent=2) + "\n")
+    table2 = {k: v for k, v in results.items() if k != "sweep"}
+    (out / "table2.json").write_text(json.dumps(_jsonable(table2), indent=2) + "\n")
     sweep_rows = [("Before KF (exact on)", before)] + [
-        (f"Q/V = {q / v_sweep:g} (Q={q:g}, V={v_sweep:g})", s) for q, s in sweep.items()
+        (f"Q/V = {r['q_over_v']:g} (Q={r['q']:g}, V={v_sweep:g})", r) for r in sweep
     ]
     (out / "sweep.md").write_text(_markdown_table(sweep_rows))
     sweep_json = {
-        "v": v_sweep,
-        "mask_mode": cfg.mask_mode,
+        **results["sweep"],
         "eps_low": cfg.eps_low,
         "eps_high": cfg.eps_high,
         "before": before,
-        "sweep": [{"q": q, "q_over_v": q / v_sweep, **s} for q, s in sweep.items()],
     }
     (out / "sweep.json").write_text(json.dumps(_jsonable(sweep_json), indent=2) + "\n")
 
@@ -398,12 +423,12 @@ def analyze(dumps: list[Dump], cfg: AnalyzeConfig, out: str | Path) -> dict:
             ),
             runs_before=run_lengths(z, m),
             runs_after=run_lengths(filt, m, eps_low=cfg.eps_low, eps_high=cfg.eps_high),
-            switch_before=per_before["switch_freq"],
-            switch_after=per_after["switch_freq"],
+            switch_before=a.per_before["switch_freq"],
+            switch_after=a.per_after["switch_freq"],
             window=cfg.window,
             path=out / "figure1_dynamics.png",
         ),
-        "figure4_sweep.png": analysis_plots.sweep(before, sweep, v=v_sweep, path=out / "figure4_sweep.png"),
+        "figure4_sweep.png": analysis_plots.sweep(before, sweep, path=out / "figure4_sweep.png"),
     }
     (out / "report.md").write_text(_report(results, table, _markdown_table(sweep_rows), figures, cfg))
     return results
@@ -607,10 +632,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = [
+    "Analysis",
     "AnalyzeConfig",
     "Dump",
     "DumpError",
     "analyze",
+    "compute",
     "find_dumps",
     "load_dump",
     "main",

@@ -152,15 +152,17 @@ def dynamics(
     return path
 
 
-def sweep(before: dict[str, float], rows: dict[float, dict[str, float]], *, v: float, path: Path) -> Path:
-    """Offline Figure 4: each statistic after filtering at each Q/V (markers), with its value before (dashed)."""
+def sweep(before: dict[str, float], rows: list[dict[str, float]], *, path: Path) -> Path:
+    """Offline Figure 4: each statistic after filtering at each Q/V (markers), with its value before (dashed).
+
+    rows: one dict per Q/V with ``q_over_v`` and every key of ``STAT_KEYS``."""
     fig = Figure(figsize=(18, 6.5), layout="constrained")
     axes = fig.subplots(2, 5).ravel()
     # Q/V values sit at evenly spaced categorical positions: cheaper to lay out than a log axis, and as readable.
     pos = np.arange(len(rows))
-    names = [f"{q / v:g}" for q in rows]
+    names = [f"{r['q_over_v']:g}" for r in rows]
     for ax, key in zip(axes, STAT_KEYS):
-        ys = np.array([rows[q][key] for q in rows], dtype=np.float64)
+        ys = np.array([r[key] for r in rows], dtype=np.float64)
         ax.plot(pos, ys, marker="o", color="tab:red", label="after KF")
         if np.isfinite(before[key]):
             ax.axhline(before[key], color="tab:blue", ls="--", label="before KF")

@@ -122,13 +122,13 @@ def prepare(log_ratio: Any, mask: Any = None, *, name: str = "log_ratio") -> tup
             bad = (m_raw != 0) & (m_raw != 1)
             if bad.any():
                 b, t = np.argwhere(bad)[0]
-                raise ValueError(f"mask must be bool or 0/1; row {b}, position {t} holds {m_raw[b, t]!r}")
+                raise ValueError(f"mask must be bool or 0/1; row {b}, position {t} holds {m_raw[b, t].item()!r}")
         m = m_raw.astype(bool, copy=False)
     bad = m & ~np.isfinite(z)
     if bad.any():
         b, t = np.argwhere(bad)[0]
         raise ValueError(
-            f"{name} is not finite at a valid position: row {b}, position {t} holds {z[b, t]!r} "
+            f"{name} is not finite at a valid position: row {b}, position {t} holds {z[b, t].item()!r} "
             f"({int(bad.sum())} such values); fix the dump or mask those tokens out"
         )
     return z, m
