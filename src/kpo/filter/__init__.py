@@ -1,22 +1,196 @@
 """Causal Kalman filter over token log importance ratios (METHODS.md section K).
 
-PROVISIONAL: this module is being replaced by the exact, fast implementation (issue "Foundation").
-Until then it delegates to the float64 loop reference so that other layers can be built against the API.
+The gains depend only on q, v, p0 and the number of steps taken, so the filter is a first-order linear
+scan x_t = (1 - K_t) x_{t-1} + K_t z_t with gains from a cached float64 table. Three interchangeable paths
+compute it, each checked against the float64 loop in ``reference.py``:
+
+- ``numba``  compiled CPU loop (extra ``fast``), four rows per inner iteration, float64 state;
+- ``triton`` GPU kernel for CUDA tensors (extra ``gpu``);
+- ``torch``  blocked scan in float64 on any device: the fallback when the others are missing.
+
+``KPO_FILTER_BACKEND=auto|numba|torch|triton`` forces one (``auto``: triton for CUDA tensors, numba for
+CPU tensors, torch otherwise).
 """
 
 from __future__ import annotations
 
+import os
+import threading
+
 import torch
+from torch.autograd.function import once_differentiable
 
-from kpo.filter.reference import MASK_MODES, kalman_filter_reference, kalman_gains_reference
+from kpo.filter import scan
+from kpo.filter.gains import check_params, gain_tables, kalman_gains
+from kpo.filter.reference import MASK_MODES
+
+try:
+    from kpo.filter import compiled
+except ImportError:  # numba missing: the torch path serves CPU tensors
+    compiled = None
+
+try:
+    from kpo.filter import triton as triton_kernel
+except ImportError:  # triton missing: the torch path serves CUDA tensors
+    triton_kernel = None
+
+BACKENDS = ("auto", "numba", "torch", "triton")
+_numba_lock = threading.Lock()  # numba's default thread pool refuses concurrent launches
 
 
-def kalman_gains(T: int, *, q: float = 1e-6, v: float = 1.0, p0: float = 0.0) -> torch.Tensor:
-    return kalman_gains_reference(T, q=q, v=v, p0=p0)
+def kalman_filter(
+    z: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    q: float = 1e-6,
+    v: float = 1.0,
+    p0: float = 0.0,
+    x0: float = 0.0,
+    mask_mode: str = "skip",
+) -> torch.Tensor:
+    """Filtered log-ratio rho_{t|t} of ``z``: same shape, dtype and device, 0 where ``mask`` is 0.
+
+    z:    [B, T] or [T] log importance ratios, floating (fp16/bf16 are computed in float32).
+    mask: same shape, bool or 0/1; None = every token valid.
+    q, v: process and observation noise (> 0); p0 (>= 0), x0: initial variance and state.
+    mask_mode: "skip"    masked token = no observation and no time step (the state carries over);
+               "advance" masked token = a time step (P += q) without an observation;
+               "zero"    masked token = an observation of 0 (the authors' recurrence).
+    Differentiable w.r.t. z (the backward is the reverse scan); detach z for the paper's behaviour.
+    """
+    return _filter(z, mask, q, v, p0, x0, mask_mode, os.environ.get("KPO_FILTER_BACKEND", "auto"))
 
 
-def kalman_filter(z, mask=None, *, q=1e-6, v=1.0, p0=0.0, x0=0.0, mask_mode="skip"):
-    return kalman_filter_reference(z, mask, q=q, v=v, p0=p0, x0=x0, mask_mode=mask_mode).to(z.dtype)
+def _filter(z, mask, q, v, p0, x0, mask_mode, backend):
+    """kalman_filter with an explicit backend (tests and benchmarks pin one path with it)."""
+    if not isinstance(z, torch.Tensor) or not (z.is_floating_point()):
+        raise TypeError(f"z must be a floating-point tensor, got {getattr(z, 'dtype', type(z).__name__)}")
+    if mask_mode not in MASK_MODES:
+        raise ValueError(f"mask_mode must be one of {MASK_MODES}, got {mask_mode!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend (KPO_FILTER_BACKEND) must be one of {BACKENDS}, got {backend!r}")
+    check_params(q, v, p0, x0)
+    if z.dim() not in (1, 2):
+        raise ValueError(f"z must be [B, T] or [T], got shape {tuple(z.shape)}")
+    if mask is not None:
+        mask = _check_mask(z, mask)
+    if z.numel() == 0:
+        return z.clone()
+    squeeze = z.dim() == 1
+    z2 = z.unsqueeze(0) if squeeze else z
+    m2 = None if mask is None else (mask.unsqueeze(0) if squeeze else mask)
+    work = z2 if z2.dtype in (torch.float32, torch.float64) else z2.float()
+    out = _Filter.apply(work.contiguous(), m2, (mask_mode, float(q), float(v), float(p0), float(x0)), backend)
+    out = out.to(z.dtype)
+    return out.squeeze(0) if squeeze else out
 
 
-__all__ = ["MASK_MODES", "kalman_filter", "kalman_gains"]
+def _check_mask(z: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mask as a contiguous bool tensor, or ValueError naming what is wrong and where."""
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"mask must be a tensor (bool or 0/1) or None, got {type(mask).__name__}")
+    if mask.shape != z.shape:
+        raise ValueError(f"mask shape {tuple(mask.shape)} does not match z shape {tuple(z.shape)}")
+    if mask.device != z.device:
+        raise ValueError(f"mask is on {mask.device} but z is on {z.device}; move one of them")
+    if mask.dtype != torch.bool:
+        bad = (mask != 0) & (mask != 1)
+        if bool(bad.any()):
+            first = tuple(int(i) for i in bad.nonzero()[0])
+            raise ValueError(
+                f"mask must hold only 0 and 1 (or be bool): {int(bad.sum())} other value(s), first "
+                f"{mask[first].item()!r} at index {first}"
+            )
+        mask = mask != 0
+    return mask.contiguous()
+
+
+def _resolve(backend: str, z: torch.Tensor) -> str:
+    if backend == "auto":
+        if z.is_cuda:
+            return "triton" if triton_kernel is not None else "torch"
+        return "numba" if compiled is not None and z.device.type == "cpu" else "torch"
+    if backend == "numba" and (compiled is None or z.device.type != "cpu"):
+        raise RuntimeError("backend 'numba' needs numba (pip install 'kpo[fast]') and a CPU tensor")
+    if backend == "triton" and triton_kernel is None:
+        raise RuntimeError("backend 'triton' needs triton (pip install 'kpo[gpu]')")
+    return backend
+
+
+_MODE_CODE = {"skip": 1, "advance": 2, "zero": 3}
+
+
+def _numba_forward(z, mask, mode, q, v, p0, x0):
+    B, T = z.shape
+    gain, keep = gain_tables(T, q, v, p0)
+    out = torch.empty_like(z)
+    x_end = torch.empty(B, dtype=torch.float64)
+    m = mask.numpy() if mask is not None else _NO_MASK
+    code = 0 if mask is None else _MODE_CODE[mode]
+    with _numba_lock:
+        compiled.forward(z.detach().numpy(), m, code, gain, keep, q, v, p0, x0, out.numpy(), x_end.numpy())
+    return out, x_end
+
+
+def _numba_backward(grad, mask, mode, q, v, p0):
+    B, T = grad.shape
+    gain, keep = gain_tables(T, q, v, p0)
+    dz = torch.empty_like(grad)
+    m = mask.numpy() if mask is not None else _NO_MASK
+    code = 0 if mask is None else _MODE_CODE[mode]
+    with _numba_lock:
+        compiled.backward(grad.numpy(), m, code, gain, keep, q, v, p0, dz.numpy())
+    return dz
+
+
+_NO_MASK = torch.ones(1, 1, dtype=torch.bool).numpy()
+
+
+class _Filter(torch.autograd.Function):
+    """Linear in z: the backward is the reverse scan with the same gains (no tensors of z are kept)."""
+
+    @staticmethod
+    def forward(ctx, z, mask, params, backend):
+        mode, q, v, p0, x0 = params
+        path = _resolve(backend, z)
+        if path == "numba":
+            out, x_end = _numba_forward(z, mask, mode, q, v, p0, x0)
+        elif path == "triton":
+            out, x_end = triton_kernel.forward(z, mask, mode, q, v, p0, x0)
+        else:
+            out, x_end = scan.forward(z, mask, mode, q, v, p0, x0)
+        if not bool(torch.isfinite(x_end).all()):
+            _raise_non_finite(z, mask, mode)
+        ctx.save_for_backward(mask)
+        ctx.params, ctx.path = params, path
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        (mask,) = ctx.saved_tensors
+        mode, q, v, p0, _ = ctx.params
+        grad = grad.contiguous()
+        if ctx.path == "numba":
+            dz = _numba_backward(grad, mask, mode, q, v, p0)
+        elif ctx.path == "triton":
+            dz = triton_kernel.backward(grad, mask, mode, q, v, p0)
+        else:
+            dz = scan.backward(grad, mask, mode, q, v, p0)
+        return dz, None, None, None
+
+
+def _raise_non_finite(z, mask, mode):
+    """A row's final state is non-finite only if a z it read was: name how many and the first (row, t)."""
+    bad = ~torch.isfinite(z)
+    if mask is not None:
+        bad &= mask
+    count = int(bad.sum())
+    first = tuple(int(i) for i in bad.nonzero()[0]) if count else None
+    raise ValueError(
+        f"z has {count} NaN/Inf value(s) at valid (unmasked) positions, first at (row, t) = {first}; "
+        "mask them out or fix the log-probabilities upstream"
+    )
+
+
+__all__ = ["BACKENDS", "MASK_MODES", "kalman_filter", "kalman_gains"]
