@@ -1,0 +1,152 @@
+"""Registry rules, hyperparameter checks, bad inputs, and rows without valid tokens."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import kpo
+from kpo.losses import get_loss_spec, list_losses, policy_loss, register_loss
+
+EXPECTED = {
+    "vanilla", "grpo", "ppo", "gspo", "gspo_token", "gmpo", "geo_mean", "holder", "sapo", "cispo", "aspo",
+    "ctpo", "vespo", "kpo", "kpo_unclipped",
+}  # fmt: skip
+
+
+def _batch(B=3, T=4, requires_grad=True):
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(B, T, generator=g, dtype=torch.float64)
+    lp = (old + 0.1 * torch.randn(B, T, generator=g, dtype=torch.float64)).requires_grad_(requires_grad)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[1, 2:] = False
+    return lp, old, torch.tensor([1.0, -0.5, 0.25], dtype=torch.float64), mask
+
+
+def test_public_api_and_names():
+    assert kpo.policy_loss is policy_loss and kpo.list_losses is list_losses
+    assert set(list_losses()) == EXPECTED
+    assert get_loss_spec("grpo") is get_loss_spec("vanilla") and get_loss_spec("geo_mean") is get_loss_spec(
+        "gmpo"
+    )
+
+
+def test_unknown_name_lists_valid_names():
+    lp, old, adv, mask = _batch()
+    with pytest.raises(ValueError, match="unknown policy loss 'kpo2'.*gspo_token.*vanilla"):
+        policy_loss("kpo2", lp, old, adv, mask)
+
+
+def test_unknown_hparam_lists_accepted_ones():
+    lp, old, adv, mask = _batch()
+    with pytest.raises(
+        ValueError, match=r"'kpo' does not accept 'clip_ratio_hgih'.*clip_ratio_high=None.*q=1e-06"
+    ):
+        policy_loss("kpo", lp, old, adv, mask, clip_ratio_hgih=0.1)
+    with pytest.raises(ValueError, match="'kpo_unclipped' does not accept 'clip_ratio'"):
+        policy_loss("kpo_unclipped", lp, old, adv, mask, clip_ratio=0.2)
+
+
+def test_duplicate_registration_is_an_error():
+    with pytest.raises(ValueError, match="'gspo' is already registered"):
+        register_loss("gspo")(lambda batch: None)
+    with pytest.raises(ValueError, match="'grpo' is already registered"):
+        register_loss("my_new_loss", aliases=("grpo",))(lambda batch: None)
+    assert "my_new_loss" not in list_losses()
+
+
+def test_bad_hparam_values():
+    lp, old, adv, mask = _batch()
+    with pytest.raises(ValueError, match="clip_ratio_c.*> 1"):
+        policy_loss("vanilla", lp, old, adv, mask, clip_ratio_c=0.9)
+    with pytest.raises(ValueError, match="q > 0"):
+        policy_loss("kpo", lp, old, adv, mask, q=0.0)
+    with pytest.raises(ValueError, match="mask_mode"):
+        policy_loss("kpo", lp, old, adv, mask, mask_mode="drop")
+    with pytest.raises(ValueError, match="ratio_mode"):
+        policy_loss("ctpo", lp, old, adv, mask, ratio_mode="sum")
+    with pytest.raises(ValueError, match="unknown loss_agg_mode|aggregates with"):
+        policy_loss("vanilla", lp, old, adv, mask, loss_agg_mode="mean")
+    with pytest.raises(ValueError, match="'gmpo' aggregates with seq-mean"):
+        policy_loss("gmpo", lp, old, adv, mask, loss_agg_mode="token-mean")
+
+
+def test_shape_errors_name_the_tensor():
+    lp, old, adv, mask = _batch()
+    with pytest.raises(ValueError, match=r"old_log_prob has shape \(3, 3\)"):
+        policy_loss("vanilla", lp, old[:, :3], adv, mask)
+    with pytest.raises(ValueError, match=r"advantages has shape \(2,\)"):
+        policy_loss("vanilla", lp, old, adv[:2], mask)
+    with pytest.raises(ValueError, match="log_prob must be a floating"):
+        policy_loss("vanilla", lp[0], old, adv, mask)
+    with pytest.raises(ValueError, match="mask must be bool or 0/1"):
+        policy_loss("vanilla", lp, old, adv, mask.double() * 2)
+    with pytest.raises(ValueError, match=r"rollout_log_prob has shape"):
+        policy_loss("vanilla", lp, old, adv, mask, rollout_log_prob=old[:2])
+
+
+@pytest.mark.parametrize("field", ["log_prob", "old_log_prob", "advantages"])
+def test_non_finite_valid_entries_name_row_and_position(field):
+    lp, old, adv, mask = _batch(requires_grad=False)
+    tensors = {
+        "log_prob": lp.clone(),
+        "old_log_prob": old.clone(),
+        "advantages": adv[:, None].expand(3, 4).clone(),
+    }
+    tensors[field][2, 1] = math.nan
+    with pytest.raises(ValueError, match=rf"{field} is nan at row 2, position 1"):
+        policy_loss("vanilla", tensors["log_prob"], tensors["old_log_prob"], tensors["advantages"], mask)
+
+
+def test_garbage_in_padding_is_ignored():
+    # -inf log-probs and NaN advantages on masked tokens must not reach value or gradient.
+    lp, old, adv, mask = _batch()
+    adv_t = adv[:, None].expand(3, 4).clone()
+    adv_t[1, 3] = math.nan
+    lp_bad = lp.detach().clone()
+    lp_bad[1, 2:] = -math.inf
+    lp_bad.requires_grad_()
+    for name in ["vanilla", "gspo_token", "gmpo", "holder", "sapo", "cispo", "aspo", "ctpo", "vespo", "kpo"]:
+        loss, metrics = policy_loss(name, lp_bad, old, adv_t, mask)
+        loss.backward()
+        assert math.isfinite(loss.item()) and all(math.isfinite(v) for v in metrics.values()), name
+        assert torch.isfinite(lp_bad.grad).all() and (lp_bad.grad[1, 2:] == 0).all(), name
+        lp_bad.grad = None
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_empty_rows_contribute_nothing_and_never_nan(name):
+    lp, old, adv, mask = _batch()
+    mask_empty = torch.cat([mask, torch.zeros(1, 4, dtype=torch.bool)])
+    lp2 = torch.cat([lp.detach(), torch.zeros(1, 4, dtype=torch.float64)]).requires_grad_()
+    old2 = torch.cat([old, torch.zeros(1, 4, dtype=torch.float64)])
+    adv2 = torch.cat([adv, torch.tensor([5.0], dtype=torch.float64)])
+    loss, metrics = policy_loss(name, lp, old, adv, mask)
+    loss2, metrics2 = policy_loss(name, lp2, old2, adv2, mask_empty)
+    loss2.backward()
+    assert loss2.item() == pytest.approx(loss.item(), rel=1e-12, abs=1e-15)
+    assert torch.isfinite(lp2.grad).all() and (lp2.grad[3] == 0).all()
+    assert metrics2 == pytest.approx(metrics)
+    # A batch with no valid token at all: loss 0, metrics 0, gradient 0.
+    none = torch.zeros_like(mask)
+    lp3 = lp.detach().clone().requires_grad_()
+    loss3, metrics3 = policy_loss(name, lp3, old, adv, none)
+    loss3.backward()
+    assert loss3.item() == 0.0 and all(v == 0.0 for v in metrics3.values())
+    assert (lp3.grad == 0).all()
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_float32_and_0_1_mask_and_advantage_shapes(name):
+    lp, old, adv, mask = _batch()
+    ref, _ = policy_loss(name, lp, old, adv, mask)
+    for a in (adv[:, None], adv[:, None].expand(3, 4)):
+        assert policy_loss(name, lp, old, a, mask.long())[0].item() == pytest.approx(ref.item(), rel=1e-12)
+    lp32 = lp.detach().float().requires_grad_()
+    loss32, metrics32 = policy_loss(name, lp32, old.float(), adv.float(), mask)
+    loss32.backward()
+    assert loss32.dtype == torch.float32 and torch.isfinite(lp32.grad).all()
+    assert loss32.item() == pytest.approx(ref.item(), rel=1e-4, abs=1e-6)
+    assert all(isinstance(v, float) for v in metrics32.values())
