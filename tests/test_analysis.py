@@ -1,0 +1,228 @@
+"""``kpo analyze``: loading and validating dumps, the computed tables, and the command writing its files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import save_file
+
+from kpo import kalman_filter
+from kpo.analysis import (
+    AnalyzeConfig,
+    DumpError,
+    compute,
+    find_dumps,
+    load_dump,
+    main,
+    synthetic_dump,
+)
+from kpo.diagnostics import STAT_KEYS, token_dynamics
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _dump(path, log_ratio, mask, filtered=None, **meta):
+    tensors = {"log_ratio": np.asarray(log_ratio, np.float32), "mask": np.asarray(mask, np.uint8)}
+    if filtered is not None:
+        tensors["filtered_log_ratio"] = np.asarray(filtered, np.float32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path), metadata={k: str(v) for k, v in meta.items()})
+    return path
+
+
+@pytest.fixture(scope="module")
+def synthetic_run(tmp_path_factory):
+    """One end-to-end `kpo analyze --synthetic` (figures included), shared by the checks below."""
+    out = tmp_path_factory.mktemp("analyze") / "out"
+    argv = ["--synthetic", "--out", str(out), "--samples", "6", "--length", "160", "--examples", "2"]
+    return out, main(argv)
+
+
+def test_synthetic_command_writes_every_file(synthetic_run, capsys):
+    out, rc = synthetic_run
+    assert rc == 0
+    for name in ("report.md", "table2.md", "table2.json", "sweep.md", "sweep.json"):
+        assert (out / name).stat().st_size > 0, name
+    for name in ("figure1_traces.png", "figure1_dynamics.png", "figure4_sweep.png"):
+        assert (out / name).read_bytes()[:8] == PNG_MAGIC, name
+    assert (out / "synthetic" / "ratios" / "step_000000.safetensors").is_file()
+    report = (out / "report.md").read_text()
+    assert "![traces](figure1_traces.png)" in report and "## Table 2" in report
+    table = (out / "table2.md").read_text().splitlines()
+    assert table[0].startswith("| | prop up | prop down | prop on | run-len up")
+    assert table[2].startswith("| Before KF (exact on, r = 1) |")
+
+
+def test_synthetic_tables_match_the_library(synthetic_run):
+    out, _ = synthetic_run
+    res = json.loads((out / "table2.json").read_text())
+    dump = load_dump(out / "synthetic" / "ratios" / "step_000000.safetensors")
+    before = token_dynamics(dump.log_ratio, dump.mask)
+    after = token_dynamics(dump.filtered, dump.mask, eps_low=3e-4, eps_high=4e-4)
+    for key in STAT_KEYS:
+        for got, want in ((res["before"][key], before[key]), (res["after"][key], after[key])):
+            assert got == pytest.approx(want, rel=1e-12, abs=1e-15) if want == want else got is None
+    assert res["inputs"]["samples"] == 6
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert [r["q"] for r in sweep["rows"]] == [1e-6, 1e-4, 1e-2] and sweep["v"] == 1.0
+    # stronger smoothing (smaller Q/V) must give longer runs and fewer switches on this drifting trace
+    switch = [r["switch_freq"] for r in sweep["rows"]]
+    assert switch[0] <= switch[1] <= switch[2] < res["before"]["switch_freq"]
+
+
+def test_synthetic_dump_is_seeded_padded_and_holed():
+    a = synthetic_dump(seed=3, samples=40, length=100)
+    b = synthetic_dump(seed=3, samples=40, length=100)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(a["log_ratio"], synthetic_dump(seed=4, samples=40, length=100)["log_ratio"])
+    m = a["mask"].astype(bool)
+    n = m.sum(axis=1)
+    last = np.array([np.flatnonzero(r).max() for r in m])
+    assert (last < 100).all() and (n >= 100 // 4 - 20).all()
+    holes = (m[:, :-1] & ~m[:, 1:]).sum(axis=1) > 1  # a 1->0 step before the last valid token: a hole
+    holes |= (~m[:, :-1] & m[:, 1:]).any(axis=1)
+    assert holes.any(), "some responses must have a masked hole"
+    assert (a["log_ratio"][~m] == 0).all() and (a["log_ratio"][m] == 0).any()
+    ref = kalman_filter(
+        torch.from_numpy(a["log_ratio"].astype(np.float64)), torch.from_numpy(m), q=1e-6, v=1.0
+    )
+    np.testing.assert_allclose(a["filtered_log_ratio"], ref.numpy(), rtol=1e-6, atol=1e-9)
+
+
+def test_find_dumps_file_run_dir_and_ratios_dir(tmp_path):
+    z, m = np.zeros((1, 3)), np.ones((1, 3))
+    second = _dump(tmp_path / "run" / "ratios" / "step_000002.safetensors", z, m)
+    first = _dump(tmp_path / "run" / "ratios" / "step_000001.safetensors", z, m)
+    assert find_dumps(tmp_path / "run") == [first, second]
+    assert find_dumps(tmp_path / "run" / "ratios") == [first, second]
+    assert find_dumps(second) == [second]
+    with pytest.raises(DumpError, match="no such file"):
+        find_dumps(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DumpError, match=r"empty: no ratio dumps"):
+        find_dumps(tmp_path / "empty")
+
+
+@pytest.mark.parametrize(
+    ("tensors", "meta", "message"),
+    [
+        ({"log_ratio": np.zeros((2, 3), np.float32)}, {}, r"missing tensor 'mask'"),
+        ({"mask": np.ones((2, 3), np.uint8)}, {}, r"missing tensor 'log_ratio'"),
+        (
+            {"log_ratio": np.zeros((2, 3), np.float32), "mask": np.ones((2, 4), np.uint8)},
+            {},
+            r"shape mismatch: mask is \(2, 4\) but log_ratio is \(2, 3\)",
+        ),
+        (
+            {
+                "log_ratio": np.zeros((2, 3), np.float32),
+                "mask": np.ones((2, 3), np.uint8),
+                "filtered_log_ratio": np.zeros((3, 2), np.float32),
+            },
+            {},
+            r"shape mismatch: filtered_log_ratio is \(3, 2\)",
+        ),
+        (
+            {"log_ratio": np.array([[0, np.nan, 0]], np.float32), "mask": np.ones((1, 3), np.uint8)},
+            {},
+            r"log_ratio is not finite at a valid position: row 0, position 1",
+        ),
+        (
+            {
+                "log_ratio": np.zeros((1, 3), np.float32),
+                "mask": np.ones((1, 3), np.uint8),
+                "filtered_log_ratio": np.array([[0, 0, np.inf]], np.float32),
+            },
+            {},
+            r"filtered_log_ratio is not finite at a valid position: row 0, position 2",
+        ),
+        (
+            {"log_ratio": np.zeros((1, 3), np.float32), "mask": np.ones((1, 3), np.uint8)},
+            {"q": "small"},
+            r"metadata q='small' is not a number",
+        ),
+    ],
+)
+def test_bad_dumps_name_file_and_problem(tmp_path, tensors, meta, message):
+    path = tmp_path / "step_000007.safetensors"
+    save_file(tensors, str(path), metadata=meta)
+    with pytest.raises(DumpError, match=message) as err:
+        load_dump(path)
+    assert str(path) in str(err.value)
+
+
+def test_unreadable_and_unsupported_files(tmp_path):
+    garbage = tmp_path / "broken.safetensors"
+    garbage.write_bytes(b"not a safetensors file")
+    with pytest.raises(DumpError, match=r"broken.safetensors: not a readable safetensors file"):
+        load_dump(garbage)
+    other = tmp_path / "ratios.pt"
+    other.write_bytes(b"")
+    with pytest.raises(DumpError, match=r"ratios.pt: unsupported file type '.pt'"):
+        load_dump(other)
+
+
+def test_command_reports_bad_dump_and_exits_2(tmp_path, capsys):
+    path = tmp_path / "step_000001.safetensors"
+    save_file({"log_ratio": np.zeros((1, 3), np.float32)}, str(path))
+    assert main([str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "missing tensor 'mask'" in err
+    with pytest.raises(SystemExit):
+        main([])  # neither PATH nor --synthetic
+
+
+def test_npz_without_filtered_is_refiltered_with_its_metadata(tmp_path):
+    rng = np.random.default_rng(0)
+    z = rng.normal(0, 0.2, size=(4, 30))
+    m = np.ones((4, 30), dtype=bool)
+    m[1, 20:] = False  # right padding
+    m[2, 5:9] = False  # a hole
+    z[3] = 0.0  # an on-policy row (all log-ratios exactly 0)
+    np.savez(tmp_path / "d.npz", log_ratio=z, mask=m.astype(np.uint8), q=np.array("1e-4"), v=np.array("0.5"))
+    dump = load_dump(tmp_path / "d.npz")
+    assert dump.filtered is None and dump.meta == {"q": "1e-4", "v": "0.5"}
+    cfg = AnalyzeConfig(sweep_q=(1e-3,))
+    res = compute([dump], cfg).results
+    filt = kalman_filter(torch.from_numpy(np.where(m, z, 0.0)), torch.from_numpy(m), q=1e-4, v=0.5).numpy()
+    want = token_dynamics(filt, m, eps_low=3e-4, eps_high=4e-4)
+    assert res["after"] == pytest.approx(want, rel=1e-12, nan_ok=True)
+    assert res["before"] == pytest.approx(token_dynamics(z, m), rel=1e-12, nan_ok=True)
+    files = res["inputs"]["files"]
+    assert files[0]["filtered"] == "recomputed" and (files[0]["q"], files[0]["v"]) == (1e-4, 0.5)
+    assert res["inputs"]["on_policy_rows"] == 1 and res["inputs"]["samples"] == 4
+    # the paper's practice: leave the on-policy row out
+    only = compute([dump], AnalyzeConfig(sweep_q=(1e-3,), off_policy_only=True)).results
+    assert only["inputs"]["samples"] == 3
+    assert only["before"] == pytest.approx(token_dynamics(z[:3], m[:3]), rel=1e-12, nan_ok=True)
+    # the sweep refilters at each Q with V = 1
+    sweep_filt = kalman_filter(
+        torch.from_numpy(np.where(m, z, 0.0)), torch.from_numpy(m), q=1e-3, v=1.0
+    ).numpy()
+    row = res["sweep"]["rows"][0]
+    assert row["q"] == 1e-3
+    assert {k: row[k] for k in STAT_KEYS} == pytest.approx(
+        token_dynamics(sweep_filt, m, eps_low=3e-4, eps_high=4e-4), rel=1e-12
+    )
+
+
+def test_dumps_of_different_lengths_are_pooled(tmp_path):
+    a = _dump(
+        tmp_path / "step_000001.safetensors", [[0.1, 0.0, -0.1]], [[1, 1, 1]], [[0.01, 0.0, -0.01]], step=1
+    )
+    b = _dump(
+        tmp_path / "step_000002.safetensors",
+        [[0.0, 0.2, 0.2, 0.0, 0.5]],
+        [[1, 1, 1, 1, 0]],
+        [[0.0, 0.02, 0.02, 0.0, 0.0]],
+        step=2,
+    )
+    res = compute([load_dump(a), load_dump(b)], AnalyzeConfig(sweep_q=(1e-6,))).results
+    # row 0: up on down (switch 2/2); row 1: on up up on (switch 2/3) -> mean 5/6
+    assert res["before"]["switch_freq"] == pytest.approx(5 / 6, abs=1e-12)
+    assert [d["step"] for d in res["per_dump"]] == ["1", "2"]
+    assert res["per_dump"][0]["before"]["switch_freq"] == pytest.approx(1.0)
+    assert res["inputs"]["valid_tokens"] == 7
