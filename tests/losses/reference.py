@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
-from kpo.filter.reference import kalman_filter_reference
-
 import torch
+
+from kpo.filter.reference import kalman_filter_reference
 
 
 def _clamp(x, lo, hi):
@@ -107,11 +107,13 @@ def cispo(lp, olp, adv, mask, mode="token-mean", low=10.0, high=0.2):
 
 
 def gspo(lp, olp, adv, mask, mode="seq-mean-token-mean", low=3e-4, high=4e-4):
-    L, O, _, m = _rows(lp, olp, adv, mask)
+    LP, OLP, _, m = _rows(lp, olp, adv, mask)
     s = []
-    for b in range(len(L)):
+    for b in range(len(LP)):
         n = sum(m[b])
-        s.append(math.exp(min(sum(L[b][t] - O[b][t] for t in range(len(L[b])) if m[b][t]) / max(n, 1), 10)))
+        s.append(
+            math.exp(min(sum(LP[b][t] - OLP[b][t] for t in range(len(LP[b])) if m[b][t]) / max(n, 1), 10))
+        )
 
     def fn(b, t, _lp, d, a):
         l1, d1 = -a * s[b], -a * s[b]
@@ -156,13 +158,13 @@ def aspo(lp, olp, adv, mask, entropy=None, low=0.2, high=0.2, h_low=0.4, h_high=
 
 
 def ctpo(lp, olp, adv, mask, cl=0.025, ch=0.05, cc=0.05, power=0.5, ratio_mode="cumprod"):
-    L, O, _, m = _rows(lp, olp, adv, mask)
+    LP, OLP, _, m = _rows(lp, olp, adv, mask)
     prefix, position = {}, {}
-    for b in range(len(L)):
+    for b in range(len(LP)):
         acc, k = 0.0, 0
-        for t in range(len(L[b])):
+        for t in range(len(LP[b])):
             if m[b][t]:
-                acc += _clamp(L[b][t] - O[b][t], -20, 20)
+                acc += _clamp(LP[b][t] - OLP[b][t], -20, 20)
                 k += 1
                 prefix[b, t], position[b, t] = (acc if ratio_mode == "cumprod" else acc / k), k
 
@@ -185,11 +187,11 @@ def ctpo(lp, olp, adv, mask, cl=0.025, ch=0.05, cc=0.05, power=0.5, ratio_mode="
 
 
 def vespo(lp, olp, adv, mask, k_pos=2.0, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0, log_tis=None):
-    L, O, A, m = _rows(lp, olp, adv, mask)
+    LP, OLP, A, m = _rows(lp, olp, adv, mask)
     phi = []
-    for b in range(len(L)):
-        valid = [t for t in range(len(L[b])) if m[b][t]]
-        log_w = sum(_clamp(L[b][t] - O[b][t], -20, 20) for t in valid)
+    for b in range(len(LP)):
+        valid = [t for t in range(len(LP[b])) if m[b][t]]
+        log_w = sum(_clamp(LP[b][t] - OLP[b][t], -20, 20) for t in valid)
         if log_tis is not None:
             log_w += sum(log_tis[b][t] for t in valid)
         log_w = _clamp(log_w, -20, 20)
@@ -226,14 +228,14 @@ def _seq_mean(seq_vals, seq_grads, m):
 
 
 def gmpo(lp, olp, adv, mask, low=0.4, high=0.4):
-    L, O, A, m = _rows(lp, olp, adv, mask)
+    LP, OLP, A, m = _rows(lp, olp, adv, mask)
     vals, grads = [], []
-    for b in range(len(L)):
-        valid = [t for t in range(len(L[b])) if m[b][t]]
+    for b in range(len(LP)):
+        valid = [t for t in range(len(LP[b])) if m[b][t]]
         n = max(len(valid), 1)
         star, dstar = {}, {}
         for t in valid:
-            d, a = L[b][t] - O[b][t], A[b][t]
+            d, a = LP[b][t] - OLP[b][t], A[b][t]
             if a > 0:
                 star[t], dstar[t] = min(d, high), float(d < high)
             elif a < 0:
@@ -243,17 +245,17 @@ def gmpo(lp, olp, adv, mask, low=0.4, high=0.4):
         rho = math.exp(sum(star.values()) / n)
         a_bar = sum(A[b][t] for t in valid) / n
         vals.append(-a_bar * rho)
-        grads.append([(-a_bar * rho * dstar[t] / n if t in dstar else 0.0) for t in range(len(L[b]))])
+        grads.append([(-a_bar * rho * dstar[t] / n if t in dstar else 0.0) for t in range(len(LP[b]))])
     return _seq_mean(vals, grads, m)
 
 
 def holder(lp, olp, adv, mask, p=1.0, low=0.2, high=0.2):
-    L, O, A, m = _rows(lp, olp, adv, mask)
+    LP, OLP, A, m = _rows(lp, olp, adv, mask)
     vals, grads = [], []
-    for b in range(len(L)):
-        valid = [t for t in range(len(L[b])) if m[b][t]]
+    for b in range(len(LP)):
+        valid = [t for t in range(len(LP[b])) if m[b][t]]
         n = max(len(valid), 1)
-        r = {t: math.exp(L[b][t] - O[b][t]) for t in valid}
+        r = {t: math.exp(LP[b][t] - OLP[b][t]) for t in valid}
         if abs(p) < 1e-6:
             s = math.exp(sum(math.log(x) for x in r.values()) / n)
             ds = {t: s / n for t in valid}
@@ -264,5 +266,5 @@ def holder(lp, olp, adv, mask, p=1.0, low=0.2, high=0.2):
         l1, l2 = -a * s, -a * _clamp(s, 1 - low, 1 + high)
         active = l1 > l2 or 1 - low < s < 1 + high
         vals.append(max(l1, l2))
-        grads.append([(-a * ds[t] if t in ds and active else 0.0) for t in range(len(L[b]))])
+        grads.append([(-a * ds[t] if t in ds and active else 0.0) for t in range(len(LP[b]))])
     return _seq_mean(vals, grads, m)
