@@ -1,9 +1,11 @@
 """Verifiable rewards: grade a completion against a reference math answer.
 
-`math_reward(completion, answer) -> 1.0 | 0.0` extracts the completion's final answer (the last ``\\boxed{}``
-first, then "final answer is ..." patterns, then the last LaTeX/plain expression) and compares it with the
-reference with math-verify (symbolic, numeric and set/interval equality). Every call is bounded by a
-per-item wall-clock timeout and never raises: empty, truncated or garbage completions grade 0.0.
+`math_reward(completion, answer) -> 1.0 | 0.0` extracts the completion's final answer (a ``\\boxed{}`` first,
+then anchored patterns such as "the final answer is ..." or "Answer: ...") and compares it with the reference
+with math-verify (symbolic, numeric and set/interval equality). A completion without an anchored answer
+grades 0.0: a truncated chain of thought must not earn credit for an expression it happened to write.
+Every call is bounded by a per-item wall-clock timeout and never raises: empty, truncated or garbage
+completions grade 0.0.
 
 Timeout: math-verify's own timeout is a whole-second ``signal.alarm`` per parse/verify call that only
 works in the main thread. kpo disables it and bounds the *whole item* instead: with a float
@@ -65,7 +67,10 @@ def _configs():
 
     gold = [LatexExtractionConfig(), ExprExtractionConfig()]
     # A boxed answer outranks "the final answer is" patterns: the eval prompt asks for \boxed{}.
-    pred = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
+    pred = [
+        LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anchor=False),
+        ExprExtractionConfig(try_extract_without_anchor=False),
+    ]
     return gold, pred
 
 

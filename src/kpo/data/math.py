@@ -76,7 +76,9 @@ def _text(row: dict, key: str) -> str:
         raise _RowError(f"missing field {key!r} (fields present: {sorted(row)})")
     value = row[key]
     if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise _RowError(f"field {key!r} must be a string or a number, got {type(value).__name__}: {value!r:.80}")
+        raise _RowError(
+            f"field {key!r} must be a string or a number, got {type(value).__name__}: {value!r:.80}"
+        )
     if isinstance(value, str):
         if not value.strip():
             raise _RowError(f"field {key!r} is empty")
@@ -123,7 +125,9 @@ def _deepscaler(row: dict) -> tuple[str, Any]:
 def _gsm8k(row: dict) -> tuple[str, Any]:
     solution = _text(row, "answer")
     if solution.count("####") != 1:
-        raise _RowError(f"field 'answer' must contain exactly one '#### N' final line, found {solution.count('####')}")
+        raise _RowError(
+            f"field 'answer' must contain exactly one '#### N' final line, found {solution.count('####')}"
+        )
     answer = solution.split("####")[1].strip().replace(",", "")
     if not answer:
         raise _RowError("nothing after '####' in field 'answer'")
@@ -138,7 +142,9 @@ def _verl(row: dict) -> tuple[str, Any]:
         messages = row.get("prompt")
         users = [m for m in messages or [] if isinstance(m, dict) and m.get("role") == "user"]
         if not users:
-            raise _RowError(f"field 'prompt' must be a list of chat messages with a user turn, got {messages!r:.80}")
+            raise _RowError(
+                f"field 'prompt' must be a list of chat messages with a user turn, got {messages!r:.80}"
+            )
         problem = _text(users[-1], "content")
     reward = row.get("reward_model")
     if not isinstance(reward, dict):
@@ -242,8 +248,10 @@ def load_problems(
         except _RowError as e:
             raise ValueError(f"{path}: {label}: {e} [format {fmt or 'undetected'}]") from None
         fixed_problem = _repair_latex_escapes(problem)
-        fixed_answer = [_repair_latex_escapes(a) for a in answer] if isinstance(answer, list) else (
-            _repair_latex_escapes(answer)
+        fixed_answer = (
+            [_repair_latex_escapes(a) for a in answer]
+            if isinstance(answer, list)
+            else (_repair_latex_escapes(answer))
         )
         if fixed_problem != problem or fixed_answer != answer:
             repaired.append(label.split(" (")[0])
@@ -275,7 +283,11 @@ def load_problems(
 
 
 def _row_id(row: dict, fmt: str, index: int) -> str:
-    if fmt == "verl" and isinstance(row.get("extra_info"), dict) and row["extra_info"].get("index") is not None:
+    if (
+        fmt == "verl"
+        and isinstance(row.get("extra_info"), dict)
+        and row["extra_info"].get("index") is not None
+    ):
         return str(row["extra_info"]["index"])
     for key in _ID_KEYS:
         if row.get(key) is not None:

@@ -1,0 +1,69 @@
+"""Sampling metrics: avg@n and the unbiased pass@k estimator.
+
+With ``n`` samples per problem of which ``c`` are correct (Chen et al., 2021, "Evaluating Large Language
+Models Trained on Code")::
+
+    pass@k = 1 - C(n - c, k) / C(n, k)      (probability that a random k-subset holds a correct sample)
+    avg@n  = c / n                          (mean accuracy over the samples; equals pass@1)
+
+Both are averaged over problems. pass@k is computed in exact rational arithmetic (Python integers), so it
+is exact for every 0 <= c <= n and 1 <= k <= n however large the binomials get; the only rounding is the
+final conversion to float.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from fractions import Fraction
+from math import comb
+
+__all__ = ["pass_at_k", "avg_at_n", "benchmark_metrics"]
+
+
+def _check_counts(n: int, c: int, k: int | None = None) -> None:
+    for name, value in (("n", n), ("c", c)) + ((("k", k),) if k is not None else ()):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name}={value!r}: must be an int")
+    if n < 1:
+        raise ValueError(f"n={n}: need at least one sample")
+    if not 0 <= c <= n:
+        raise ValueError(f"c={c}: correct samples must lie in [0, n={n}]")
+    if k is not None and not 1 <= k <= n:
+        raise ValueError(f"k={k}: must lie in [1, n={n}]; draw more samples (n) to report pass@{k}")
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one problem with `n` samples, `c` of them correct: 1 - C(n-c, k) / C(n, k).
+
+    C(n-c, k) is 0 when n - c < k (then pass@k is exactly 1).
+    """
+    _check_counts(n, c, k)
+    return float(1 - Fraction(comb(n - c, k), comb(n, k)))
+
+
+def avg_at_n(n: int, c: int) -> float:
+    """Mean accuracy over the `n` samples of one problem: c / n."""
+    _check_counts(n, c)
+    return c / n
+
+
+def benchmark_metrics(correct: Sequence[Sequence[float]], ks: Sequence[int]) -> dict[str, float]:
+    """Problem-averaged ``avg@n`` and ``pass@k`` for each k in `ks`.
+
+    correct: one sequence of per-sample grades (1.0 / 0.0) per problem, every problem with the same n.
+    Returns keys ``f"avg@{n}"`` and ``f"pass@{k}"``.
+    """
+    if not correct:
+        raise ValueError("no problems to score")
+    n = len(correct[0])
+    for i, grades in enumerate(correct):
+        if len(grades) != n:
+            raise ValueError(f"problem {i} has {len(grades)} samples, problem 0 has {n}: all need the same n")
+        bad = [g for g in grades if g not in (0.0, 1.0)]
+        if bad:
+            raise ValueError(f"problem {i}: grades must be 0.0 or 1.0, got {bad[:3]}")
+    counts = [int(sum(grades)) for grades in correct]
+    out = {f"avg@{n}": sum(avg_at_n(n, c) for c in counts) / len(counts)}
+    for k in ks:
+        out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in counts) / len(counts)
+    return out

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+from fractions import Fraction
+from math import comb
+
+import pytest
+
+from kpo.evaluation import avg_at_n, benchmark_metrics, pass_at_k
+
+
+@pytest.mark.parametrize(
+    "n, c, k, expected",
+    [
+        # 1 - C(3,1)/C(4,1) = 1 - 3/4
+        (4, 1, 1, 0.25),
+        # 1 - C(2,2)/C(4,2) = 1 - 1/6
+        (4, 2, 2, 5 / 6),
+        # n - c = 2 < k = 3: every 3-subset holds a correct sample
+        (4, 2, 3, 1.0),
+        # 1 - C(14,4)/C(16,4) = 1 - 1001/1820 = 819/1820
+        (16, 2, 4, 819 / 1820),
+        # 1 - C(15,16)/C(16,16) = 1 - 0/1
+        (16, 1, 16, 1.0),
+        (16, 0, 16, 0.0),
+        (16, 0, 1, 0.0),
+        (16, 16, 1, 1.0),
+        # pass@1 = c/n
+        (16, 5, 1, 5 / 16),
+    ],
+)
+def test_pass_at_k_hand_values(n, c, k, expected):
+    assert pass_at_k(n, c, k) == pytest.approx(expected, rel=1e-15, abs=1e-15)
+
+
+def test_pass_at_k_exact_where_floats_of_binomials_overflow():
+    # C(2000, 1000) ~ 2e600 overflows a float; the rational result stays exact.
+    n, c, k = 2000, 3, 1000
+    exact = 1 - Fraction(comb(n - c, k), comb(n, k))
+    # Closed form for c = 3: C(n-3,k)/C(n,k) = (n-k)(n-k-1)(n-k-2) / (n(n-1)(n-2))
+    closed = 1 - Fraction((n - k) * (n - k - 1) * (n - k - 2), n * (n - 1) * (n - 2))
+    assert exact == closed
+    assert pass_at_k(n, c, k) == float(closed)
+    # Tiny complements survive: c = n - 1, k = n - 1 leaves 1 - 1/n exactly.
+    assert pass_at_k(1000, 999, 999) == 1.0
+    assert pass_at_k(1000, 1, 999) == pytest.approx(999 / 1000, rel=1e-15)
+
+
+def test_pass_at_k_all_counts_are_monotone_and_bounded():
+    n = 16
+    for k in range(1, n + 1):
+        values = [pass_at_k(n, c, k) for c in range(n + 1)]
+        assert values[0] == 0.0 and values[-1] == 1.0
+        assert all(a <= b for a, b in zip(values, values[1:]))
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [((4, 5, 1), "c=5"), ((4, -1, 1), "c=-1"), ((4, 1, 5), "k=5"), ((4, 1, 0), "k=0"), ((0, 0, 1), "n=0")],
+)
+def test_pass_at_k_rejects_bad_counts(args, match):
+    with pytest.raises(ValueError, match=match):
+        pass_at_k(*args)
+    with pytest.raises(TypeError, match="must be an int"):
+        pass_at_k(4.0, 1, 1)
+
+
+def test_avg_and_benchmark_metrics():
+    assert avg_at_n(8, 3) == 3 / 8
+    # problem A: 1 of 4 correct, problem B: 4 of 4, problem C: 0 of 4.
+    correct = [[0, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]]
+    m = benchmark_metrics([[float(g) for g in row] for row in correct], ks=(1, 2, 4))
+    # avg@4 = (1/4 + 1 + 0) / 3 = 5/12
+    assert m["avg@4"] == pytest.approx(5 / 12)
+    assert m["pass@1"] == pytest.approx(5 / 12)
+    # pass@2 for A: 1 - C(3,2)/C(4,2) = 1 - 3/6 = 1/2 -> (1/2 + 1 + 0) / 3 = 1/2
+    assert m["pass@2"] == pytest.approx(0.5)
+    # pass@4: A and B solved -> 2/3
+    assert m["pass@4"] == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="problem 1 has 3 samples"):
+        benchmark_metrics([[1.0, 0.0], [1.0, 0.0, 0.0]], ks=(1,))
+    with pytest.raises(ValueError, match="0.0 or 1.0"):
+        benchmark_metrics([[0.5, 0.0]], ks=(1,))
