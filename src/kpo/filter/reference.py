@@ -64,3 +64,23 @@ def kalman_gains_reference(T: int, *, q: float = 1e-6, v: float = 1.0, p0: float
         gains.append(p_prior / (p_prior + v))
         p = v * p_prior / (p_prior + v)
     return torch.tensor(gains, dtype=torch.float64)
+
+
+def authors_recurrence_reference(z: torch.Tensor, mask: torch.Tensor, *, q: float, v: float) -> torch.Tensor:
+    """The authors' recurrence written out directly, float64 [B, T] (for the ``zero`` mode tests).
+
+    As shuohe1995/verl-kpo defines it (METHODS.md K): rho_0 = 0, P_0 = 0, every token a time step, masked
+    tokens observed as 0, textbook update P <- (1 - K) P, output multiplied by the mask.
+    """
+    zz = (z.detach().to(torch.float64) * mask.to(torch.float64)).tolist()
+    out = []
+    for row in zz:
+        rho, p, filtered = 0.0, 0.0, []
+        for obs in row:
+            p = p + q
+            k = p / (p + v)
+            rho = rho + k * (obs - rho)
+            p = (1.0 - k) * p
+            filtered.append(rho)
+        out.append(filtered)
+    return torch.tensor(out, dtype=torch.float64) * mask.to(torch.float64)

@@ -1,0 +1,77 @@
+"""Bad input to the filter: each error names what is wrong and where (issue 2, section 3)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kpo import kalman_filter, kalman_gains
+
+
+def test_non_floating_z_is_a_type_error():
+    with pytest.raises(TypeError, match="floating"):
+        kalman_filter(torch.ones(2, 3, dtype=torch.int64))
+
+
+def test_shape_mismatch_names_both_shapes():
+    with pytest.raises(ValueError, match=r"\(2, 4\).*\(2, 3\)"):
+        kalman_filter(torch.ones(2, 3), torch.ones(2, 4, dtype=torch.bool))
+
+
+def test_bad_rank():
+    with pytest.raises(ValueError, match=r"\[B, T\]"):
+        kalman_filter(torch.ones(2, 3, 4))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"q": 0.0}, "q"),
+        ({"q": -1e-6}, "q"),
+        ({"v": 0.0}, "v"),
+        ({"p0": -1.0}, "p0"),
+        ({"q": math.nan}, "q must be finite"),
+        ({"v": math.inf}, "v must be finite"),
+        ({"x0": math.inf}, "x0 must be finite"),
+    ],
+)
+def test_bad_parameters(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        kalman_filter(torch.ones(2, 3), **kwargs)
+    if "x0" not in kwargs:
+        with pytest.raises(ValueError, match=match):
+            kalman_gains(3, **kwargs)
+
+
+def test_non_finite_at_valid_position_names_count_and_first():
+    z = torch.zeros(3, 6)
+    z[1, 4] = math.nan
+    z[2, 0] = math.inf
+    z[0, 5] = math.nan  # masked below: ignored
+    mask = torch.ones(3, 6, dtype=torch.bool)
+    mask[0, 5] = False
+    for mode in ("skip", "advance", "zero"):
+        with pytest.raises(ValueError, match=r"2 NaN/Inf.*\(1, 4\)"):
+            kalman_filter(z, mask, mask_mode=mode)
+    z[1, 4] = z[2, 0] = 0.0
+    assert bool(torch.isfinite(kalman_filter(z, mask)).all())  # NaN under the mask is never read
+
+
+def test_unknown_mode_lists_the_modes():
+    with pytest.raises(ValueError, match="skip.*advance.*zero"):
+        kalman_filter(torch.ones(3), mask_mode="drop")
+
+
+def test_mask_values_other_than_0_1():
+    with pytest.raises(ValueError, match=r"only 0 and 1.*index \(0, 1\)"):
+        kalman_filter(torch.ones(1, 3), torch.tensor([[1.0, 0.5, 0.0]]))
+    # 0/1 floats and ints are accepted and mean what bool means
+    out = kalman_filter(torch.ones(1, 3), torch.tensor([[1, 0, 1]]))
+    torch.testing.assert_close(out, kalman_filter(torch.ones(1, 3), torch.tensor([[True, False, True]])))
+
+
+def test_empty():
+    assert kalman_filter(torch.ones(4, 0), torch.ones(4, 0)).shape == (4, 0)
+    assert kalman_gains(0).shape == (0,)
