@@ -71,6 +71,17 @@ def _repair_latex_escapes(text: str) -> str:
     return text
 
 
+def _repair_strings(value: Any) -> Any:
+    """`value` (a row, or anything in it) with every string passed through _repair_latex_escapes."""
+    if isinstance(value, str):
+        return _repair_latex_escapes(value)
+    if isinstance(value, dict):
+        return {k: _repair_strings(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_repair_strings(v) for v in value]
+    return value
+
+
 def _text(row: dict, key: str) -> str:
     if key not in row:
         raise _RowError(f"missing field {key!r} (fields present: {sorted(row)})")
@@ -241,24 +252,20 @@ def load_problems(
         try:
             if not isinstance(row, dict):
                 raise _RowError(f"expected a JSON object, got {type(row).__name__}")
+            fixed = _repair_strings(row)
+            if fixed != row:
+                repaired.append(label.split(" (")[0])
+                row = fixed
             if fmt is None:
                 fmt = _detect(row)
                 extract = _EXTRACTORS[fmt]
             problem, answer = extract(row)
         except _RowError as e:
             raise ValueError(f"{path}: {label}: {e} [format {fmt or 'undetected'}]") from None
-        fixed_problem = _repair_latex_escapes(problem)
-        fixed_answer = (
-            [_repair_latex_escapes(a) for a in answer]
-            if isinstance(answer, list)
-            else (_repair_latex_escapes(answer))
-        )
-        if fixed_problem != problem or fixed_answer != answer:
-            repaired.append(label.split(" (")[0])
         pid = _row_id(row, fmt, i)
         if pid in seen:
             prior_label, prior_index = seen[pid]
-            if (out[prior_index]["problem"], out[prior_index]["answer"]) == (fixed_problem, fixed_answer):
+            if (out[prior_index]["problem"], out[prior_index]["answer"]) == (problem, answer):
                 collapsed += 1
                 continue
             raise ValueError(
@@ -266,7 +273,7 @@ def load_problems(
                 "ids must be unique"
             )
         seen[pid] = (label, len(out))
-        out.append({"id": pid, "problem": fixed_problem, "answer": fixed_answer})
+        out.append({"id": pid, "problem": problem, "answer": answer})
     if repaired:
         shown = ", ".join(repaired[:10]) + (f" and {len(repaired) - 10} more" if len(repaired) > 10 else "")
         warnings.warn(
