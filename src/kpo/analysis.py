@@ -281,8 +281,8 @@ def compute(dumps: list[Dump], cfg: AnalyzeConfig) -> Analysis:
     T = max(d.log_ratio.shape[1] for d in dumps)
     zs, ms, fs, rows_meta = [], [], [], []
     for d in tqdm(dumps, desc="filter dumps", disable=len(dumps) < 2):
-        q = cfg.q if cfg.q is not None else (d.meta_float("q") or 1e-6)
-        v = cfg.v if cfg.v is not None else (d.meta_float("v") or 1.0)
+        q = next(x for x in (cfg.q, d.meta_float("q"), 1e-6) if x is not None)
+        v = next(x for x in (cfg.v, d.meta_float("v"), 1.0) if x is not None)
         if d.filtered is not None and cfg.q is None and cfg.v is None:
             filtered, source = d.filtered, "dump"
         else:
@@ -554,7 +554,11 @@ def build_parser() -> argparse.ArgumentParser:
         "offline Figure 4 (Q/V sweep). Definitions: kpo.diagnostics.",
     )
     p.add_argument("paths", nargs="*", metavar="PATH", help="dump file(s), run dir(s) or ratios/ folder(s)")
-    p.add_argument("--synthetic", action="store_true", help="analyse a seeded synthetic trace set (see docs)")
+    p.add_argument(
+        "--synthetic",
+        action="store_true",
+        help="analyse a seeded synthetic trace set (kpo.analysis.synthetic_dump)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of --synthetic (default 0)")
     p.add_argument("--samples", type=int, default=64, help="responses in --synthetic (default 64)")
     p.add_argument(
@@ -579,7 +583,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sweep-q", type=_floats, default=d.sweep_q, help="Q values of the sweep (1e-6,1e-4,1e-2)"
     )
-    p.add_argument("--mask-mode", choices=("skip", "advance", "zero"), default=d.mask_mode)
+    p.add_argument(
+        "--mask-mode",
+        choices=("skip", "advance", "zero"),
+        default=d.mask_mode,
+        help="kalman_filter mask_mode when re-filtering (default skip)",
+    )
     p.add_argument("--examples", type=int, default=d.examples, help="responses in figure1_traces.png (3)")
     p.add_argument("--max-windows", type=int, default=d.max_windows, help="Figure 1 windows per sample (80)")
     p.add_argument(

@@ -122,7 +122,9 @@ def prepare(log_ratio: Any, mask: Any = None, *, name: str = "log_ratio") -> tup
             bad = (m_raw != 0) & (m_raw != 1)
             if bad.any():
                 b, t = np.argwhere(bad)[0]
-                raise ValueError(f"mask must be bool or 0/1; row {b}, position {t} holds {m_raw[b, t].item()!r}")
+                raise ValueError(
+                    f"mask must be bool or 0/1; row {b}, position {t} holds {m_raw[b, t].item()!r}"
+                )
         m = m_raw.astype(bool, copy=False)
     bad = m & ~np.isfinite(z)
     if bad.any():
