@@ -89,7 +89,7 @@ def load_split(
 
     Args:
         split: ``"train"`` or ``"test"`` (disjoint by a stable hash of the problem text).
-        n: number of distinct problems; default 4096 for train, 256 for test.
+        n: number of distinct problems; default ``min(4096 train / 256 test, half the split's space)``.
         seed: same seed, same rows in the same order.
         task: a :class:`TaskConfig`; or give its fields as keywords (``n_terms=3, max_value=99``).
 
@@ -102,11 +102,11 @@ def load_split(
     if task is not None and task_kw:
         raise ValueError(f"give either task= or task fields {sorted(task_kw)}, not both")
     task = task if task is not None else TaskConfig(**task_kw)
-    n = _DEFAULT_SIZES[split] if n is None else n
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n={n!r}: must be a positive integer")
     # Expected share of the space in this split; ask for at most half of it so sampling terminates quickly.
     available = task.space_size() // _TEST_BUCKETS if split == "test" else task.space_size()
+    n = min(_DEFAULT_SIZES[split], max(1, available // 2)) if n is None else n
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n={n!r}: must be a positive integer")
     if n > available // 2:
         raise ValueError(
             f"n={n} {split} problems requested but the task {asdict(task)} has only about {available} in this "

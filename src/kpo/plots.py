@@ -1,0 +1,118 @@
+"""Training-dynamics figure in the paper's Figure 3 layout: reward mean, entropy, clip fraction and
+policy-gradient loss against the optimizer step, one line per method (mean over seeds with a min-max band).
+
+matplotlib's object API (``Figure`` + Agg canvas) only, so no global backend state changes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+__all__ = ["PANELS", "load_metrics", "plot_training_dynamics"]
+
+# (metrics.jsonl key, panel title) in the paper's order.
+PANELS = (
+    ("reward_mean", "reward mean"),
+    ("entropy", "entropy"),
+    ("clip_frac", "clip fraction"),
+    ("pg_loss", "policy-gradient loss"),
+)
+
+Run = Sequence[Mapping[str, float]]
+
+
+def load_metrics(path: str | Path) -> list[dict]:
+    """Rows of a ``metrics.jsonl`` (or of ``<run dir>/metrics.jsonl``); a bad line is an error naming it."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{number}: not a JSON object ({e})") from None
+    return rows
+
+
+def _as_runs(value) -> list[Run]:
+    """One run (rows, a path) or several runs of one method -> list of runs."""
+    if isinstance(value, (str, Path)):
+        return [load_metrics(value)]
+    value = list(value)
+    if value and isinstance(value[0], Mapping):
+        return [value]
+    return [load_metrics(v) if isinstance(v, (str, Path)) else list(v) for v in value]
+
+
+def _series(run: Run, key: str) -> dict[int, float]:
+    out = {}
+    for row in run:
+        value = row.get(key)
+        if value is not None and math.isfinite(float(value)):
+            out[int(row["step"])] = float(value)
+    return out
+
+
+def plot_training_dynamics(
+    runs, out_path: str | Path, *, title: str | None = None, smooth: int = 1
+) -> Path:
+    """Write the four-panel figure to ``out_path`` (PNG) and return its path.
+
+    runs: one run (a ``metrics.jsonl`` path, a run directory, or a list of row dicts), or a mapping
+        ``label -> run or list of runs`` (e.g. ``{"kpo": [seed0_rows, seed1_rows], "vanilla": [...]}``).
+        With several runs per label the line is their mean at each step and the band their min-max.
+    smooth: trailing moving-average window in steps applied to each run before averaging (1 = raw).
+    """
+    groups = {("run" if title is None else title): _as_runs(runs)} if not isinstance(runs, Mapping) else {
+        label: _as_runs(value) for label, value in runs.items()
+    }
+    if smooth < 1:
+        raise ValueError(f"smooth={smooth}: must be >= 1")
+    fig = Figure(figsize=(14, 3.4), layout="constrained")
+    axes = fig.subplots(1, len(PANELS))
+    for ax, (key, name) in zip(axes, PANELS):
+        for label, group in groups.items():
+            series = [_series(run, key) for run in group]
+            steps = sorted(set().union(*series))
+            if not steps:
+                continue
+            values = np.full((len(series), len(steps)), np.nan)
+            for i, s in enumerate(series):
+                ys = np.array([s.get(step, np.nan) for step in steps])
+                if smooth > 1:
+                    # Trailing mean over the last `smooth` finite values.
+                    kernel = np.ones(smooth)
+                    finite = np.isfinite(ys)
+                    num = np.convolve(np.where(finite, ys, 0.0), kernel)[: len(ys)]
+                    den = np.convolve(finite.astype(float), kernel)[: len(ys)]
+                    ys = np.where(den > 0, num / np.maximum(den, 1), np.nan)
+                values[i] = ys
+            x = np.array(steps)
+            with np.errstate(all="ignore"):
+                counts = np.isfinite(values).sum(axis=0)
+                mean = np.where(counts > 0, np.nansum(values, axis=0) / np.maximum(counts, 1), np.nan)
+            (line,) = ax.plot(x, mean, label=label if len(groups) > 1 or len(group) > 1 else None, lw=1.4)
+            if len(group) > 1:
+                lo = np.where(counts > 0, np.nanmin(np.where(np.isfinite(values), values, np.inf), axis=0), np.nan)
+                hi = np.where(counts > 0, np.nanmax(np.where(np.isfinite(values), values, -np.inf), axis=0), np.nan)
+                ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
+        ax.set_title(name)
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+    if len(groups) > 1 or any(len(g) > 1 for g in groups.values()):
+        axes[0].legend(fontsize=8)
+    if title is not None:
+        fig.suptitle(title)
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_path, dpi=110)
+    return out_path

@@ -1,0 +1,365 @@
+"""The one config of ``kpo train``: a flat dataclass, a YAML file and command-line overrides.
+
+Convention (TRL's): ``kpo train --config run.yaml --max-steps 40 --loss gspo`` — values from the YAML file,
+then command-line flags on top; every field is a flag (``--field-name`` or ``--field_name``). Loss
+hyperparameters go in ``loss_kwargs`` (YAML mapping, or ``--loss-kwargs q=1e-4 clip_ratio_low=3e-4``) and are
+checked against the hyperparameters the chosen loss accepts. :meth:`TrainConfig.validate` reports every
+problem at once, each with its fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["ConfigError", "TrainConfig", "parse_args", "TRAJECTORY_FIELDS"]
+
+# Fields that may change between a run and its resumption without changing its trajectory.
+TRAJECTORY_FIELDS_EXEMPT = ("resume", "max_steps", "progress", "overwrite", "num_threads", "report_to")
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message lists every problem, one per line."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = list(errors)
+        super().__init__("invalid training config:\n" + "\n".join(f"  - {e}" for e in self.errors))
+
+
+def _f(default: Any, help: str, **kw) -> Any:
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class TrainConfig:
+    """Every knob of a ``kpo train`` run (help text of each field below = its documentation)."""
+
+    # --- run ---
+    output_dir: str = _f("runs/kpo-tiny", "Directory for config.yaml, metrics.jsonl, checkpoints, final/, plots.")
+    seed: int = _f(0, "Seed of model init, data order, sampling and the synthetic task.")
+    max_steps: int = _f(400, "Optimizer steps (each generation batch gives `minibatches` of them).")
+    resume: bool = _f(False, "Continue from the last checkpoint in output_dir (same config required).")
+    overwrite: bool = _f(False, "Allow starting a fresh run in a non-empty output_dir (its files are replaced).")
+
+    # --- loss ---
+    loss: str = _f("kpo", "Policy loss, one of kpo.list_losses().")
+    loss_kwargs: dict = _f({}, "Loss hyperparameters (verl names), e.g. {q: 1e-4}; unset = the method's default.")
+    loss_agg_mode: str | None = _f(
+        None,
+        "Loss aggregation; None = the protocol's seq-mean-token-mean where the loss allows it, else the "
+        "loss's own (GMPO/HolderPO: seq-mean).",
+    )
+    advantage: str = _f("grpo", "Advantage estimator for kpo.compute_advantages: grpo, drgrpo, rloo, krpo.")
+
+    # --- protocol (paper: 32 prompts x 8, 4 optimizer steps per generation batch) ---
+    prompts_per_step: int = _f(32, "Prompts per generation batch.")
+    num_generations: int = _f(8, "Responses per prompt (the GRPO group).")
+    minibatches: int = _f(
+        4, "Optimizer steps per generation batch; all but the first are off-policy (ratios != 1)."
+    )
+    micro_batch_size: int | None = _f(
+        None, "Sequences per forward/backward per device; None = a whole mini-batch (no accumulation)."
+    )
+    learning_rate: float = _f(2e-4, "AdamW learning rate (constant, no warm-up).")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    max_grad_norm: float = _f(1.0, "Gradient clipping by global norm.")
+    temperature: float = _f(1.0, "Sampling temperature (also used for log-probs and entropy).")
+    max_completion_length: int | None = _f(
+        None, "Longest response in tokens; None = the synthetic task's longest solution + 4, or 1024 with --model."
+    )
+
+    # --- embedded task and tiny model (ignored with --model/--dataset where noted) ---
+    n_terms: int = _f(3, "Synthetic task: numbers per chain (n_terms - 1 chain-of-thought steps).")
+    max_value: int = _f(9, "Synthetic task: largest number in a chain (more digits = harder).")
+    tiny_hidden_size: int = _f(128, "Tiny model width.")
+    tiny_layers: int = _f(4, "Tiny model decoder layers.")
+    tiny_heads: int = _f(4, "Tiny model attention heads.")
+    sft_examples: int = _f(400, "Warm start: distinct training problems for supervised fine-tuning.")
+    sft_epochs: int = _f(6, "Warm start: passes over them.")
+    sft_learning_rate: float = _f(3e-3, "Warm start: learning rate.")
+    cache_dir: str | None = _f(None, "Warm-start cache; None = $KPO_CACHE or ~/.cache/kpo.")
+
+    # --- real runs ---
+    model: str | None = _f(None, "Hugging Face checkpoint directory; None = the embedded tiny model.")
+    dataset: str | None = _f(
+        None, "Training problems: DAPO-Math-17k parquet, or jsonl/json/parquet with problem/answer fields."
+    )
+    problem_key: str | None = _f(None, "Field holding the problem (default: detected by kpo.data.math).")
+    answer_key: str | None = _f(None, "Field holding the answer (default: detected by kpo.data.math).")
+    instruction: str = _f(
+        "Please reason step by step, and put your final answer within \\boxed{}.",
+        "Appended to each dataset problem (user turn of the chat template).",
+    )
+    use_vllm: bool = _f(False, "Generate with vLLM (TRL use_vllm, colocate mode); needs vllm installed.")
+    bf16: bool | None = _f(None, "bfloat16 training; None = on when CUDA supports it, off on CPU.")
+
+    # --- outputs ---
+    save_steps: int = _f(
+        0, "Checkpoint every N optimizer steps (a multiple of minibatches); 0 = one checkpoint at the end."
+    )
+    save_total_limit: int = _f(2, "Checkpoints kept.")
+    dump_ratios_every: int = _f(
+        0, "Every N optimizer steps save ratios/step_N.safetensors (log-ratio, filtered, mask); 0 = never."
+    )
+    report_to: str = _f("tensorboard", "TRL/transformers report_to (tensorboard, wandb, none).")
+    num_threads: int | None = _f(
+        1, "torch CPU threads; 1 is fastest for the tiny model on a shared CPU; None = torch's default."
+    )
+    progress: bool = _f(True, "Show progress bars.")
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def generation_batch(self) -> int:
+        """Sequences generated per generation batch."""
+        return self.prompts_per_step * self.num_generations
+
+    @property
+    def mini_batch(self) -> int:
+        """Sequences per optimizer step (all devices)."""
+        return self.generation_batch // self.minibatches
+
+    def task_config(self):
+        from kpo.data.synthetic import TaskConfig
+
+        return TaskConfig(n_terms=self.n_terms, max_value=self.max_value)
+
+    def resolved_agg_mode(self) -> str:
+        from kpo.losses import get_loss_spec
+
+        spec = get_loss_spec(self.loss)
+        if self.loss_agg_mode is not None:
+            return self.loss_agg_mode
+        return "seq-mean-token-mean" if "seq-mean-token-mean" in spec.agg_modes else spec.default_agg
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    # ------------------------------------------------------------------ validation
+    def validate(self, *, world_size: int = 1) -> TrainConfig:
+        """Check every field; raise :class:`ConfigError` listing all problems. Returns self."""
+        errors: list[str] = []
+        positive = ("max_steps", "prompts_per_step", "minibatches", "tiny_hidden_size", "tiny_layers",
+                    "tiny_heads", "sft_examples", "sft_epochs", "save_total_limit")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                errors.append(f"{name}={value!r}: must be an integer >= 1")
+        for name in ("save_steps", "dump_ratios_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                errors.append(f"{name}={value!r}: must be an integer >= 0 (0 = off)")
+        for name in ("learning_rate", "temperature", "sft_learning_rate", "max_grad_norm"):
+            if not getattr(self, name) > 0:
+                errors.append(f"{name}={getattr(self, name)!r}: must be > 0")
+        if self.num_generations < 2:
+            errors.append(f"num_generations={self.num_generations}: a GRPO group needs >= 2 responses per prompt")
+        if not errors:
+            if self.generation_batch % self.minibatches:
+                errors.append(
+                    f"prompts_per_step x num_generations = {self.generation_batch} is not divisible by "
+                    f"minibatches={self.minibatches}: pick minibatches dividing {self.generation_batch}"
+                )
+            elif self.mini_batch % world_size:
+                errors.append(
+                    f"mini-batch of {self.mini_batch} sequences does not split over {world_size} devices: "
+                    "change prompts_per_step or minibatches"
+                )
+            elif self.micro_batch_size is not None and (
+                self.micro_batch_size < 1 or (self.mini_batch // world_size) % self.micro_batch_size
+            ):
+                errors.append(
+                    f"micro_batch_size={self.micro_batch_size} must divide the per-device mini-batch of "
+                    f"{self.mini_batch // world_size} sequences"
+                )
+            if self.save_steps and self.save_steps % self.minibatches:
+                errors.append(
+                    f"save_steps={self.save_steps} must be a multiple of minibatches={self.minibatches}: a "
+                    "checkpoint inside a generation batch could not resume to the same trajectory"
+                )
+        if self.max_completion_length is not None and self.max_completion_length < 1:
+            errors.append(f"max_completion_length={self.max_completion_length}: must be >= 1 or None")
+        if self.tiny_hidden_size % max(self.tiny_heads, 1):
+            errors.append(f"tiny_hidden_size={self.tiny_hidden_size} must be divisible by tiny_heads={self.tiny_heads}")
+        errors += self._validate_loss()
+        from kpo.advantages import compute_advantages
+
+        try:
+            import torch
+
+            compute_advantages(self.advantage, torch.tensor([0.0, 1.0]), [0, 0])
+        except (ValueError, TypeError) as e:
+            errors.append(f"advantage={self.advantage!r}: {e}")
+        if self.model is None:
+            try:
+                self.task_config()
+            except ValueError as e:
+                errors.append(f"n_terms/max_value: {e}")
+        elif not (Path(self.model) / "config.json").exists():
+            errors.append(f"model={self.model!r}: no config.json there; give a Hugging Face checkpoint directory")
+        if self.dataset is not None:
+            if self.model is None:
+                errors.append(
+                    "dataset is set but model is not: the embedded tiny model only reads the synthetic task; "
+                    "pass --model PATH (a Hugging Face checkpoint) with --dataset"
+                )
+            if not Path(self.dataset).exists():
+                errors.append(f"dataset={self.dataset!r}: file not found")
+            else:
+                try:
+                    from kpo.data.math import load_problems
+
+                    load_problems(self.dataset, self.problem_key, self.answer_key)
+                except (ValueError, KeyError, OSError) as e:
+                    errors.append(f"dataset={self.dataset!r}: {e}")
+        if self.use_vllm and importlib.util.find_spec("vllm") is None:
+            errors.append("use_vllm=True but vllm is not installed: pip install vllm, or drop --use-vllm")
+        if self.bf16:
+            import torch
+
+            if not (torch.cuda.is_available() and torch.cuda.is_bf16_supported()):
+                errors.append("bf16=True needs a CUDA device with bfloat16; leave bf16 unset on CPU")
+        if self.num_threads is not None and self.num_threads < 1:
+            errors.append(f"num_threads={self.num_threads}: must be >= 1 or None")
+        out = Path(self.output_dir)
+        if self.resume and self.overwrite:
+            errors.append("resume and overwrite are exclusive: resume continues the run, overwrite replaces it")
+        elif not self.resume and not self.overwrite and (out / "metrics.jsonl").exists():
+            errors.append(
+                f"output_dir={self.output_dir!r} already holds a run: pass --resume to continue it, "
+                "--overwrite to replace it, or another --output-dir"
+            )
+        if errors:
+            raise ConfigError(errors)
+        return self
+
+    def _validate_loss(self) -> list[str]:
+        import torch
+
+        from kpo.losses import get_loss_spec, policy_loss
+
+        try:
+            spec = get_loss_spec(self.loss)
+        except ValueError as e:
+            return [f"loss: {e}"]
+        errors = []
+        if not isinstance(self.loss_kwargs, dict):
+            return [f"loss_kwargs={self.loss_kwargs!r}: must be a mapping name -> value"]
+        # The trainer itself supplies token_entropy (ASPO); a user value would be a [B, T] tensor.
+        accepted = {k: v for k, v in spec.hparams.items() if k != "token_entropy"}
+        unknown = sorted(set(self.loss_kwargs) - set(accepted))
+        if unknown:
+            listing = ", ".join(f"{k}={v!r}" for k, v in accepted.items()) or "(none)"
+            errors.append(f"loss_kwargs {unknown} not accepted by loss {self.loss!r}; it accepts: {listing}")
+        if self.loss_agg_mode is not None and self.loss_agg_mode not in spec.agg_modes:
+            errors.append(
+                f"loss_agg_mode={self.loss_agg_mode!r} not allowed for loss {self.loss!r}; use one of "
+                f"{list(spec.agg_modes)} or leave it unset"
+            )
+        if errors:
+            return errors
+        # Values (e.g. q <= 0) are checked by the loss itself: run it once on a 1 x 2 batch.
+        lp = torch.zeros(2, 2)
+        try:
+            policy_loss(self.loss, lp, lp, torch.tensor([1.0, -1.0]), torch.ones(2, 2),
+                        loss_agg_mode=self.resolved_agg_mode(), **self.loss_kwargs)
+        except (ValueError, TypeError) as e:
+            errors.append(f"loss_kwargs for {self.loss!r}: {e}")
+        return errors
+
+    # ------------------------------------------------------------------ IO
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike) -> TrainConfig:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError([f"{path}: expected a mapping of config fields, got {type(data).__name__}"])
+        return cls.from_dict(data, source=str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict, *, source: str = "config") -> TrainConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError([f"{source}: unknown field(s) {unknown}; valid fields: {sorted(names)}"])
+        return cls(**data)
+
+    def save_yaml(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+TRAJECTORY_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name not in TRAJECTORY_FIELDS_EXEMPT)
+
+
+def _parse_bool(text: str) -> bool:
+    value = yaml.safe_load(text)
+    if not isinstance(value, bool):
+        raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+    return value
+
+
+def _parse_optional(kind):
+    def parse(text: str):
+        if text.lower() in ("none", "null"):
+            return None
+        return kind(text)
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _parse_kwarg(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"loss kwarg {text!r}: write NAME=VALUE, e.g. q=1e-4")
+    key, value = text.split("=", 1)
+    return key.strip(), yaml.safe_load(value)
+
+
+def build_parser(prog: str = "kpo train") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="RL post-training with KPO or any importance-ratio baseline (TRL GRPOTrainer). "
+        "With no arguments: the embedded tiny model on the synthetic arithmetic task (minutes on a CPU).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--config", help="YAML file of config fields; flags override it.")
+    hints = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
+    for f in dataclasses.fields(TrainConfig):
+        flags = [f"--{f.name.replace('_', '-')}"] + ([f"--{f.name}"] if "_" in f.name else [])
+        kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": f.metadata["help"]}
+        hint = str(hints[f.name])
+        if f.name == "loss_kwargs":
+            kw |= {"nargs": "*", "type": _parse_kwarg, "metavar": "NAME=VALUE"}
+        elif hint.startswith("bool"):
+            kw |= {"nargs": "?", "const": True, "type": _parse_bool, "metavar": "BOOL"}
+        elif hint.startswith("int"):
+            kw["type"] = _parse_optional(int) if "None" in hint else int
+        elif hint.startswith("float"):
+            kw["type"] = float
+        else:
+            kw["type"] = _parse_optional(str) if "None" in hint else str
+        parser.add_argument(*flags, **kw)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    """Config from ``--config FILE`` (if given) with command-line flags on top (not yet validated)."""
+    args = vars(build_parser().parse_args(argv))
+    path = args.pop("config", None)
+    base = TrainConfig.from_yaml(path).to_dict() if path else {}
+    if "loss_kwargs" in args:
+        pairs = args.pop("loss_kwargs")
+        keys = [k for k, _ in pairs]
+        dupes = sorted({k for k in keys if keys.count(k) > 1})
+        if dupes:
+            raise ConfigError([f"--loss-kwargs sets {dupes} more than once"])
+        base["loss_kwargs"] = {**base.get("loss_kwargs", {}), **dict(pairs)}
+    base.update(args)
+    return TrainConfig.from_dict(base, source="command line")

@@ -1,0 +1,205 @@
+"""``run_training(config) -> output_dir``: model, data, reward and TRL trainer wired from one TrainConfig."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from kpo.train.config import TRAJECTORY_FIELDS, ConfigError, TrainConfig
+
+__all__ = ["run_training", "synthetic_reward", "math_reward_fn"]
+
+# Files and folders a run writes into output_dir (the only things --overwrite removes).
+_RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "final", "ratios", "runs", "training_dynamics.png")
+
+
+def synthetic_reward(completions: list[str], answer: list[str], **_) -> list[float]:
+    """TRL reward function of the embedded task: 1.0 for an exact final answer, else 0.0."""
+    from kpo.data.synthetic import grade
+
+    return [grade(c, a) for c, a in zip(completions, answer)]
+
+
+def math_reward_fn(completions: list, answer: list[str], **_) -> list[float]:
+    """TRL reward function for math datasets: ``kpo.rewards.math_reward`` (math-verify) on the last turn.
+
+    ``answer`` holds JSON-encoded answers (a string or a list of accepted alternatives)."""
+    from kpo.rewards import math_reward
+
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [math_reward(t, json.loads(a)) for t, a in zip(texts, answer)]
+
+
+def _world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _last_checkpoint(out: Path) -> Path | None:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    found = get_last_checkpoint(str(out)) if out.is_dir() else None
+    return Path(found) if found else None
+
+
+def _prepare_output_dir(config: TrainConfig, out: Path) -> Path | None:
+    """Create/clean output_dir; on resume check the config matches and trim metrics to the checkpoint."""
+    if config.overwrite and out.is_dir():
+        for name in _RUN_OUTPUTS:
+            path = out / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        for ckpt in out.glob("checkpoint-*"):
+            shutil.rmtree(ckpt)
+    out.mkdir(parents=True, exist_ok=True)
+    if not config.resume:
+        return None
+    saved = TrainConfig.from_yaml(out / "config.yaml") if (out / "config.yaml").exists() else None
+    if saved is None:
+        raise ConfigError([f"resume: {out} has no config.yaml; start the run without --resume"])
+    changed = [f"{k}: {getattr(saved, k)!r} -> {getattr(config, k)!r}"
+               for k in TRAJECTORY_FIELDS if getattr(saved, k) != getattr(config, k)]
+    if changed:
+        raise ConfigError([f"resume: the config differs from the run being resumed ({c}); resume with the "
+                           "same settings or start a new --output-dir" for c in changed])
+    ckpt = _last_checkpoint(out)
+    if ckpt is None:
+        raise ConfigError([f"resume: no checkpoint-* in {out}; set save_steps to checkpoint a run"])
+    step = int(ckpt.name.split("-")[-1])
+    metrics = out / "metrics.jsonl"
+    if metrics.exists():
+        rows = [line for line in metrics.read_text().splitlines() if line.strip()]
+        kept = [line for line in rows if json.loads(line)["step"] <= step]
+        metrics.write_text("".join(line + "\n" for line in kept))
+    return ckpt
+
+
+def _load_data(config: TrainConfig, tokenizer):
+    """(TRL dataset with prompt/answer columns, reward function)."""
+    from datasets import Dataset
+
+    if config.dataset is None:
+        from kpo.data.synthetic import load_split
+
+        rows = load_split("train", seed=config.seed, task=config.task_config())
+        return Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows]), synthetic_reward
+    from kpo.data.math import load_problems
+
+    problems = load_problems(config.dataset, config.problem_key, config.answer_key)
+    chat = getattr(tokenizer, "chat_template", None) is not None
+    records = []
+    for p in problems:
+        text = f"{p['problem']}\n\n{config.instruction}".strip()
+        records.append({"prompt": [{"role": "user", "content": text}] if chat else text,
+                        "answer": json.dumps(p["answer"])})
+    return Dataset.from_list(records), math_reward_fn
+
+
+def _load_model(config: TrainConfig, use_bf16: bool):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if config.model is None:
+        from kpo.train.tiny import SFTSettings, TinyModelConfig, warm_start
+
+        shape = TinyModelConfig(
+            hidden_size=config.tiny_hidden_size, num_layers=config.tiny_layers, num_heads=config.tiny_heads,
+            intermediate_size=3 * config.tiny_hidden_size,
+        )
+        sft = SFTSettings(n_examples=config.sft_examples, epochs=config.sft_epochs,
+                          learning_rate=config.sft_learning_rate)
+        path = warm_start(config.task_config(), shape, sft, seed=config.seed,
+                          cache_dir=Path(config.cache_dir) if config.cache_dir else None, progress=config.progress)
+    else:
+        path = Path(config.model)
+    dtype = torch.bfloat16 if use_bf16 else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def run_training(config: TrainConfig) -> Path:
+    """Train as ``config`` says; returns the output directory (see the package docstring for its files)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
+
+    world = _world_size()
+    config.validate(world_size=world)
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)
+    out = Path(config.output_dir)
+    ckpt = _prepare_output_dir(config, out)
+    config.save_yaml(out / "config.yaml")
+
+    from trl import GRPOConfig
+
+    from kpo.plots import plot_training_dynamics
+    from kpo.train.trainer import KPOTrainer
+
+    cuda = torch.cuda.is_available()
+    use_bf16 = bool(cuda and torch.cuda.is_bf16_supported()) if config.bf16 is None else config.bf16
+    model, tokenizer = _load_model(config, use_bf16)
+    dataset, reward_fn = _load_data(config, tokenizer)
+
+    per_device = config.mini_batch // world
+    micro = config.micro_batch_size or per_device
+    accumulation = per_device // micro
+    if config.max_completion_length is not None:
+        max_len = config.max_completion_length
+    else:
+        max_len = config.task_config().max_response_chars() + 4 if config.dataset is None else 1024
+    args = GRPOConfig(
+        output_dir=str(out),
+        seed=config.seed,
+        max_steps=config.max_steps,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=accumulation,
+        # steps_per_generation counts micro-batches: minibatches optimizer steps per generation batch.
+        steps_per_generation=accumulation * config.minibatches,
+        num_generations=config.num_generations,
+        num_iterations=1,
+        max_completion_length=max_len,
+        temperature=config.temperature,
+        beta=0.0,
+        learning_rate=config.learning_rate,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=config.save_steps or config.max_steps,
+        save_total_limit=config.save_total_limit,
+        report_to=[] if config.report_to == "none" else [config.report_to],
+        use_cpu=not cuda,
+        bf16=use_bf16,
+        disable_tqdm=not config.progress,
+        use_vllm=config.use_vllm,
+        vllm_mode="colocate",
+        dataloader_num_workers=0,
+        shuffle_dataset=True,
+    )
+    trainer = KPOTrainer(
+        model=model,
+        reward_funcs=[reward_fn],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        loss_name=config.loss,
+        loss_kwargs=config.loss_kwargs,
+        loss_agg_mode=config.resolved_agg_mode(),
+        advantage=config.advantage,
+        metrics_path=out / "metrics.jsonl",
+        dump_ratios_every=config.dump_ratios_every,
+        ratios_dir=out / "ratios",
+    )
+    trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
+    if trainer.accelerator.is_main_process:
+        trainer.save_model(str(out / "final"))
+        tokenizer.save_pretrained(out / "final")
+        plot_training_dynamics(out / "metrics.jsonl", out / "training_dynamics.png",
+                               title=f"{config.loss} (seed {config.seed})")
+    return out

@@ -1,0 +1,202 @@
+"""The embedded tiny model: a character-level tokenizer, a small Qwen3-architecture causal LM built from a
+config (nothing downloaded), and its supervised warm start on the synthetic task, cached on disk.
+
+The warm start is deliberately short: it leaves the model at a moderate reward so that RL has room to
+improve it. The cache key covers everything that changes the result (model shape, task, SFT settings,
+seed and the library versions), so a stale checkpoint is never reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from kpo.data.synthetic import ALPHABET, TaskConfig, load_split
+
+__all__ = ["TinyModelConfig", "SFTSettings", "build_tokenizer", "build_model", "warm_start", "default_cache_dir"]
+
+PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """Shape of the embedded Qwen3-architecture model (defaults: about 0.8M parameters).
+
+    Attributes:
+        hidden_size: model width.
+        num_layers: decoder layers.
+        num_heads: attention heads (``hidden_size`` must divide by it); key/value heads are the same.
+        intermediate_size: MLP width.
+        max_position_embeddings: longest prompt + response in tokens.
+    """
+
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 384
+    max_position_embeddings: int = 128
+
+
+@dataclass(frozen=True)
+class SFTSettings:
+    """Supervised warm start on reference solutions (TRL SFTTrainer).
+
+    Attributes:
+        n_examples: training problems used (one pass each per epoch).
+        epochs: passes over them.
+        learning_rate: AdamW learning rate (linear decay, no warm-up).
+        batch_size: sequences per optimizer step.
+    """
+
+    n_examples: int = 2048
+    epochs: int = 1
+    learning_rate: float = 3e-3
+    batch_size: int = 32
+
+
+def build_tokenizer():
+    """One token per character of the task alphabet plus ``<pad>``, ``<eos>``, ``<unk>``.
+
+    Returns a ``PreTrainedTokenizerFast`` (``save_pretrained``/``AutoTokenizer.from_pretrained`` round-trip).
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate([PAD, EOS, UNK, *ALPHABET])}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    # Fuse joins the characters back without the spaces WordLevel would insert.
+    core.decoder = decoders.Fuse()
+    # Left padding: decoder-only generation continues every prompt from its last real token.
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token=PAD, eos_token=EOS, unk_token=UNK, padding_side="left"
+    )
+
+
+def build_model(tokenizer, shape: TinyModelConfig | None = None, seed: int = 0):
+    """A freshly initialised Qwen3 causal LM sized by ``shape`` (default TinyModelConfig()), vocabulary from
+    ``tokenizer``."""
+    shape = shape or TinyModelConfig()
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config
+
+    if shape.hidden_size % shape.num_heads:
+        raise ValueError(f"hidden_size={shape.hidden_size} must be divisible by num_heads={shape.num_heads}")
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_heads,
+        head_dim=shape.hidden_size // shape.num_heads,
+        max_position_embeddings=shape.max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None
+    )
+    return model
+
+
+def default_cache_dir() -> Path:
+    """``$KPO_CACHE`` or ``~/.cache/kpo``."""
+    return Path(os.environ.get("KPO_CACHE", Path.home() / ".cache" / "kpo"))
+
+
+def _cache_key(shape: TinyModelConfig, task: TaskConfig, sft: SFTSettings, seed: int) -> str:
+    import torch
+    import transformers
+    import trl
+
+    blob = json.dumps(
+        {
+            "shape": asdict(shape),
+            "task": asdict(task),
+            "sft": asdict(sft),
+            "seed": seed,
+            "alphabet": ALPHABET,
+            "versions": [torch.__version__, transformers.__version__, trl.__version__],
+            "format": 1,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def warm_start(
+    task: TaskConfig | None = None,
+    shape: TinyModelConfig | None = None,
+    sft: SFTSettings | None = None,
+    *,
+    seed: int = 0,
+    cache_dir: Path | None = None,
+    progress: bool = True,
+) -> Path:
+    """Path of the SFT warm-started tiny model (model + tokenizer, ``from_pretrained``-ready).
+
+    Trains it with TRL's SFTTrainer on the train split's reference solutions (loss on the completion only)
+    the first time, then reuses the cached copy.
+    """
+    task, shape, sft = task or TaskConfig(), shape or TinyModelConfig(), sft or SFTSettings()
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    out = cache_dir / f"tiny-sft-{_cache_key(shape, task, sft, seed)}"
+    if (out / "config.json").exists() and (out / "kpo_sft.json").exists():
+        return out
+
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, shape, seed=seed)
+    # Seed offset keeps warm-start problems a different draw from the RL prompts of the same seed.
+    rows = load_split("train", n=sft.n_examples, seed=seed + 10_000, task=task)
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "completion": r["solution"]} for r in rows])
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    args = SFTConfig(
+        output_dir=str(tmp),
+        num_train_epochs=sft.epochs,
+        per_device_train_batch_size=sft.batch_size,
+        learning_rate=sft.learning_rate,
+        lr_scheduler_type="linear",
+        warmup_steps=0,
+        weight_decay=0.0,
+        logging_steps=10,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=seed,
+        max_length=shape.max_position_embeddings,
+        completion_only_loss=True,
+        disable_tqdm=not progress,
+        dataloader_num_workers=0,
+    )
+    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    result = trainer.train()
+    tmp.mkdir(parents=True, exist_ok=True)
+    trainer.model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "kpo_sft.json").write_text(
+        json.dumps(
+            {"task": asdict(task), "shape": asdict(shape), "sft": asdict(sft), "seed": seed,
+             "train_loss": result.training_loss},
+            indent=2,
+        )
+    )
+    # Atomic publish: a concurrent run either sees the finished directory or builds its own.
+    try:
+        tmp.rename(out)
+    except OSError:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

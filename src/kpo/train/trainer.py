@@ -1,0 +1,258 @@
+"""TRL's GRPOTrainer with its loss, advantages and logging taken from kpo.
+
+What is replaced (TRL has no loss plugin API, so this pins the TRL range it was tested on):
+
+- ``_compute_loss``: log-probs and entropies from TRL's own forward, then ``kpo.policy_loss(name, ...)``
+  with the mini-batch's global sequence/token counts, so the loss of an accumulated mini-batch equals the loss
+  of the whole mini-batch in one piece. Old log-probs are the ones TRL computes once per generation batch
+  (``steps_per_generation > gradient_accumulation_steps``), so every optimizer step after the first of a
+  generation batch is off-policy, as in the paper's protocol.
+- ``_generate_and_score_completions``: advantages recomputed with ``kpo.compute_advantages`` from the rewards
+  TRL just scored (TRL's own estimator differs in eps and options).
+- ``log``: one row per optimizer step appended to ``metrics.jsonl`` with the paper's names; generation-batch
+  statistics (reward, response length) are carried to every optimizer step trained on that batch.
+
+Optionally every ``dump_ratios_every`` optimizer steps the per-token log-ratio, its Kalman-filtered version
+and the mask are saved to ``ratios/step_{N:06d}.safetensors`` for ``kpo analyze``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+import trl
+from packaging.version import Version
+
+from kpo.advantages import compute_advantages
+from kpo.filter import kalman_filter
+from kpo.losses import aggregate_entropy, get_loss_spec, policy_loss
+
+TESTED_TRL = (Version("1.16"), Version("1.17"))
+if not TESTED_TRL[0] <= Version(trl.__version__) < TESTED_TRL[1]:
+    raise ImportError(
+        f"kpo.train was written against TRL >=1.16,<1.17 (it overrides GRPOTrainer internals), found TRL "
+        f"{trl.__version__}: pip install 'trl>=1.16,<1.17'"
+    )
+
+from trl import GRPOTrainer  # noqa: E402
+
+__all__ = ["KPOTrainer", "KALMAN_LOSSES", "RATIO_KEYS"]
+
+KALMAN_LOSSES = ("kpo", "kpo_unclipped")
+RATIO_KEYS = ("log_ratio", "filtered_log_ratio", "mask")
+_FILTER_KEYS = ("q", "v", "p0", "x0", "mask_mode")
+# Generation-batch statistics TRL logs once per generation; carried to the other optimizer steps.
+_GENERATION_KEYS = ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length",
+                    "completions/clipped_ratio", "completions/mean_terminated_length")
+
+
+class KPOTrainer(GRPOTrainer):
+    """GRPOTrainer whose policy loss is ``kpo.policy_loss(loss_name, ...)``.
+
+    Args (besides GRPOTrainer's):
+        loss_name: a name in ``kpo.list_losses()``.
+        loss_kwargs: that loss's hyperparameters (validated by the loss on first use).
+        loss_agg_mode: aggregation passed to the loss.
+        advantage: estimator name for ``kpo.compute_advantages``.
+        metrics_path: where to append one JSON row per optimizer step (None = do not write).
+        dump_ratios_every / ratios_dir: ratio dumps for ``kpo analyze`` (0 = off).
+    """
+
+    def __init__(
+        self,
+        *args,
+        loss_name: str,
+        loss_kwargs: dict | None = None,
+        loss_agg_mode: str,
+        advantage: str = "grpo",
+        metrics_path: str | Path | None = None,
+        dump_ratios_every: int = 0,
+        ratios_dir: str | Path | None = None,
+        **kwargs,
+    ):
+        super().__init__(*args, **kwargs)
+        self.loss_name = loss_name
+        self.loss_kwargs = dict(loss_kwargs or {})
+        self.loss_agg_mode = loss_agg_mode
+        self.advantage = advantage
+        self._wants_entropy = "token_entropy" in get_loss_spec(loss_name).hparams
+        self.metrics_path = Path(metrics_path) if metrics_path is not None else None
+        self.dump_ratios_every = dump_ratios_every
+        self.ratios_dir = Path(ratios_dir) if ratios_dir is not None else None
+        self._dump_parts: list[dict[str, torch.Tensor]] = []
+        self._generation_stats: dict[str, float] = {}
+        self._step_loss_metrics: dict[str, list[float]] = defaultdict(list)
+        if self.beta != 0.0:
+            raise ValueError("KPOTrainer follows the paper's protocol without a KL term: set beta=0")
+
+    # ------------------------------------------------------------------ advantages
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._last_rewards_per_func = rewards_per_func
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        if self.model.training:
+            # TRL's rewards are gathered over processes in sampler order: each prompt's num_generations
+            # responses are consecutive, so the group of response i is i // num_generations.
+            weights = self.reward_weights.to(self._last_rewards_per_func.device)
+            rewards = torch.nansum(self._last_rewards_per_func * weights.unsqueeze(0), dim=1)
+            groups = torch.arange(rewards.shape[0]) // self.num_generations
+            adv = compute_advantages(self.advantage, rewards, groups).to(output["advantages"].dtype)
+            n_local = output["advantages"].shape[0]
+            start = self.accelerator.process_index * n_local
+            output["advantages"] = adv[start : start + n_local].to(output["advantages"].device)
+            metrics = self._metrics["train"]
+            self._generation_stats = {k: metrics[k][-1] for k in _GENERATION_KEYS if metrics.get(k)}
+        return output
+
+    # ------------------------------------------------------------------ global counts for accumulation
+    def _prepare_inputs(self, generation_batch):
+        before = self._buffered_inputs
+        inputs = super()._prepare_inputs(generation_batch)
+        if self.model.training and self._buffered_inputs is not before:
+            self._annotate_global_counts(self._buffered_inputs)
+        return inputs
+
+    def _annotate_global_counts(self, micro_batches: list[dict]) -> None:
+        """Give each micro-batch the sequence and token counts of its whole optimizer-step mini-batch
+        (all accumulation steps and all processes), which the loss divides by."""
+        ga = self.args.gradient_accumulation_steps
+        for first in range(0, len(micro_batches), ga):
+            group = micro_batches[first : first + ga]
+            local = torch.tensor(
+                [sum(int(mb["completion_ids"].shape[0]) for mb in group),
+                 sum(int(self._loss_mask(mb).sum()) for mb in group)],
+                dtype=torch.float64, device=self.accelerator.device,
+            )
+            total = self.accelerator.reduce(local, reduction="sum").tolist()
+            for mb in group:
+                mb["kpo_global_num_seqs"], mb["kpo_global_num_tokens"] = total
+
+    @staticmethod
+    def _loss_mask(inputs: dict) -> torch.Tensor:
+        mask = inputs["completion_mask"]
+        return mask if "tool_mask" not in inputs else mask * inputs["tool_mask"]
+
+    # ------------------------------------------------------------------ loss
+    def _compute_loss(self, model, inputs):
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        mask = self._loss_mask(inputs)
+        log_prob, entropy, _ = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True
+        )
+        old = inputs.get("old_per_token_logps")
+        # TRL skips old log-probs only when each generation batch is one optimizer step (fully on-policy).
+        old_log_prob = log_prob.detach() if old is None else old
+        hparams = dict(self.loss_kwargs)
+        if self._wants_entropy:
+            hparams["token_entropy"] = entropy.detach()
+        if "importance_sampling_ratio" in inputs:  # vLLM train/inference mismatch weights (TRL's IS mode)
+            hparams["rollout_is_weights"] = inputs["importance_sampling_ratio"].expand_as(log_prob)
+        training = self.model.training
+        if training:
+            hparams |= {
+                "global_num_seqs": inputs["kpo_global_num_seqs"],
+                "global_num_tokens": inputs["kpo_global_num_tokens"],
+                "dp_size": self.accelerator.num_processes,
+            }
+        loss, metrics = policy_loss(
+            self.loss_name, log_prob, old_log_prob, inputs["advantages"], mask,
+            loss_agg_mode=self.loss_agg_mode, **hparams,
+        )
+        mode = "train" if training else "eval"
+        with torch.no_grad():
+            ent = aggregate_entropy(entropy, mask, self.loss_agg_mode if self.loss_agg_mode != "seq-mean"
+                                    else "seq-mean-token-mean")
+        self._metrics[mode]["entropy"].append(self.accelerator.gather(ent.detach()).mean().item())
+        if training:
+            for key, value in metrics.items():
+                self._step_loss_metrics[key].append(value)
+            if self.dump_ratios_every:
+                self._maybe_dump(log_prob, old_log_prob, mask)
+        return loss
+
+    # ------------------------------------------------------------------ ratio dumps
+    def _maybe_dump(self, log_prob, old_log_prob, mask) -> None:
+        step = self.state.global_step + 1  # the optimizer step this micro-batch belongs to
+        if step % self.dump_ratios_every:
+            return
+        self._dump_parts.append({"log_ratio": (log_prob - old_log_prob).detach().float().cpu(),
+                                 "mask": mask.detach().to(torch.uint8).cpu()})
+        if (self._step + 1) % self.current_gradient_accumulation_steps:
+            return  # more micro-batches of this optimizer step to come
+        parts, self._dump_parts = self._dump_parts, []
+        if not self.accelerator.is_main_process:
+            return
+        width = max(p["mask"].shape[1] for p in parts)
+        pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
+        log_ratio = torch.cat([pad(p["log_ratio"]) for p in parts])
+        mask_u8 = torch.cat([pad(p["mask"]) for p in parts])
+        # The run's filter settings for a Kalman loss, else kalman_filter's own defaults.
+        if self.loss_name in KALMAN_LOSSES:
+            defaults = get_loss_spec(self.loss_name).hparams
+        else:
+            defaults = {k: p.default for k, p in inspect.signature(kalman_filter).parameters.items()}
+        filt = {k: self.loss_kwargs.get(k, defaults[k]) for k in _FILTER_KEYS}
+        filtered = kalman_filter(log_ratio.double(), mask_u8.bool(), **filt).float()
+        from safetensors.torch import save_file
+
+        self.ratios_dir.mkdir(parents=True, exist_ok=True)
+        save_file(
+            {"log_ratio": log_ratio.contiguous(), "filtered_log_ratio": filtered.contiguous(),
+             "mask": mask_u8.contiguous()},
+            str(self.ratios_dir / f"step_{step:06d}.safetensors"),
+            metadata={"step": str(step), "loss": self.loss_name,
+                      "q": repr(float(filt["q"])), "v": repr(float(filt["v"])), "mask_mode": str(filt["mask_mode"])},
+        )
+
+    # ------------------------------------------------------------------ logging
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        training = self.model.training and "train_runtime" not in logs
+        if training:
+            metrics = self._metrics["train"]
+            for key, value in self._generation_stats.items():
+                if not metrics.get(key):
+                    metrics[key].append(value)
+            for key, values in self._step_loss_metrics.items():
+                # pg_loss pieces are already scaled to the mini-batch: their sum is the step's loss.
+                total = sum(values) if key == "pg_loss" else sum(values) / len(values)
+                metrics[f"loss/{key}"].append(total)
+            self._step_loss_metrics.clear()
+        super().log(logs, start_time)
+        if training and self.metrics_path is not None and self.accelerator.is_main_process:
+            self._write_row(logs)
+
+    def _write_row(self, logs: dict[str, float]) -> None:
+        def get(key, default=float("nan")):
+            value = logs.get(key)
+            return default if value is None else float(value)
+
+        row = {
+            "step": int(self.state.global_step),
+            "reward_mean": get("reward"),
+            "reward_std": get("reward_std"),
+            "entropy": get("entropy"),
+            "clip_frac": get("loss/pg_clipfrac"),
+            "pg_loss": get("loss/pg_loss"),
+            "ppo_kl": get("loss/ppo_kl"),
+            "response_length": get("completions/mean_length"),
+            "step_time": get("step_time"),
+            "learning_rate": get("learning_rate"),
+            "grad_norm": get("grad_norm"),
+            "frac_reward_zero_std": get("frac_reward_zero_std"),
+        }
+        row |= {k.removeprefix("loss/"): float(v) for k, v in logs.items()
+                if k.startswith("loss/") and k.removeprefix("loss/") not in row}
+        row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(row) + "\n")
