@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Install verl 0.9.1 without its GPU stack into a venv that already has a CPU torch, so that
+# `import verl`, verl.trainer.ppo.core_algos, verl.workers.config and verl's hydra config
+# instantiation work on a laptop or CI machine (what tests/integrations needs).
+#
+#   scripts/install_verl_cpu.sh [VENV]        # VENV defaults to .venv
+#
+# What it does, and why:
+# - verl==0.9.1 --no-deps: verl's own requirements pull vLLM/flash-attn-era pins (torch==2.11 in its
+#   extras, ray[default], wandb, peft, ...) that a CPU test does not need.
+# - then only the packages `import verl` + core_algos + actor config + hydra.utils import, each with
+#   verl 0.9.1's own version range (read from the wheel's METADATA); found by importing in a bare venv.
+# - torch is pinned to the version already installed (pip constraint), so nothing can swap it for a
+#   multi-GB CUDA build. The script refuses to run without torch.
+# - a package that is already installed is kept as is (e.g. a newer transformers used by TRL), and a
+#   version outside verl's range is reported, not changed: verl only needs it to import.
+set -euo pipefail
+
+VENV="${1:-.venv}"
+PY="$VENV/bin/python"
+VERL_SPEC="verl==0.9.1"
+
+if [ ! -x "$PY" ]; then
+    echo "install_verl_cpu: no python at $PY; create the venv and install a CPU torch first" >&2
+    exit 2
+fi
+
+TORCH_VERSION="$("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)"
+if [ -z "$TORCH_VERSION" ]; then
+    echo "install_verl_cpu: torch is not installed in $VENV; install the CPU wheel first" \
+         "(e.g. '$PY -m pip install torch==2.13.0'), never let verl's deps choose one" >&2
+    exit 2
+fi
+
+CONSTRAINTS="$(mktemp)"
+trap 'rm -f "$CONSTRAINTS"' EXIT
+echo "torch==${TORCH_VERSION}" > "$CONSTRAINTS"
+
+# Requirement -> import check, in verl 0.9.1's version ranges. ray without [default]: the dashboard
+# extras are for a live cluster. orjson and codetiming are imported by verl.utils.profiler at
+# import time of verl.workers.config.
+MISSING="$("$PY" - <<'EOF'
+import importlib.metadata as md
+
+REQUIREMENTS = [
+    ("packaging", "packaging>=20.0"),
+    ("numpy", "numpy>=2.0.0"),
+    ("ray", "ray>=2.41.0"),
+    ("tensordict", "tensordict>=0.8.0,<=0.10.0,!=0.9.0"),
+    ("omegaconf", "omegaconf"),
+    ("hydra-core", "hydra-core"),
+    ("codetiming", "codetiming"),
+    ("orjson", "orjson"),
+    ("transformers", "transformers>=5.5.3,<5.11,!=5.6.0"),
+]
+try:
+    from packaging.requirements import Requirement
+except ImportError:  # packaging itself is missing: every check below is a presence check only
+    Requirement = None
+
+missing = []
+for dist, spec in REQUIREMENTS:
+    try:
+        have = md.version(dist)
+    except md.PackageNotFoundError:
+        missing.append(spec)
+        continue
+    if Requirement is not None and not Requirement(spec).specifier.contains(have, prereleases=True):
+        print(f"install_verl_cpu: keeping {dist}=={have} (verl 0.9.1 asks {spec}; enough to import)",
+              file=__import__("sys").stderr)
+print(" ".join(missing))
+EOF
+)"
+
+"$PY" -m pip install --quiet --no-deps "$VERL_SPEC"
+if [ -n "$MISSING" ]; then
+    # shellcheck disable=SC2086  # MISSING is a space-separated list of requirement specs
+    "$PY" -m pip install --quiet -c "$CONSTRAINTS" $MISSING
+fi
+
+# Prove it: the modules kpo's plugin and tests use must import, on the original torch.
+"$PY" - <<EOF
+import importlib.metadata as md
+
+import hydra.utils  # noqa: F401  verl instantiates its dataclass configs through hydra
+import verl
+import verl.trainer.ppo.core_algos  # noqa: F401
+import verl.utils.config  # noqa: F401
+import verl.workers.config  # noqa: F401
+
+assert md.version("torch") == "${TORCH_VERSION}", "torch changed during the verl install"
+print(f"install_verl_cpu: verl {verl.__version__} importable with torch {md.version('torch')}")
+EOF

@@ -1,0 +1,274 @@
+"""verl plugin: kpo's policy losses inside stock verl 0.9.1, and an actor config that carries their knobs.
+
+verl loads this module itself: ``import verl`` runs every ``verl.plugins`` entry point, and kpo declares
+``kpo = "kpo.integrations.verl"`` (``VERL_USE_EXTERNAL_PLUGINS=none`` turns that off;
+``VERL_USE_EXTERNAL_MODULES=kpo.integrations.verl`` imports it explicitly). verl only debug-logs a plugin that
+fails to load, so a run that names a kpo loss and fails with "Unsupported loss mode" means this import failed:
+``python -c "import kpo.integrations.verl"`` shows why.
+
+On import it registers with ``verl.trainer.ppo.core_algos.register_policy_loss`` every kpo loss that verl lacks
+(``VERL_LOSSES``); a name verl already has is never overwritten (``VERL_EQUIVALENTS`` says which verl loss is
+the same method). Each registered function takes verl's call
+
+    fn(old_log_prob=, log_prob=, advantages=, response_mask=, loss_agg_mode=, config=, rollout_is_weights=)
+
+and returns exactly ``kpo.policy_loss(name, log_prob, old_log_prob, advantages, response_mask, ...)``:
+
+- hyperparameters come from the actor config (``KPOActorConfig`` fields plus verl's own ``clip_ratio``,
+  ``clip_ratio_low``, ``clip_ratio_high``, ``clip_ratio_c``); a field left at None means the loss's own default.
+- ``config.global_batch_info`` (set by verl's ``ppo_loss`` per micro-batch) maps onto kpo's global counts:
+  ``batch_num_tokens`` -> ``global_num_tokens``, ``global_batch_size`` -> ``global_num_seqs``, ``dp_size``,
+  ``loss_scale_factor``; so micro-batch losses sum to the mini-batch loss, as verl's own losses do.
+- ``rollout_is_weights`` multiply the per-token loss (sequence-ratio losses: their per-row geometric mean, as
+  verl's geo_mean; VESPO folds them into its sequence weight).
+- ``loss_agg_mode`` is verl's ``actor.loss_agg_mode``, except for sequence-level losses (``holder``), which,
+  like verl's geo_mean, take a plain mean over sequences whatever the mode.
+- metrics are kpo's under ``actor/`` (``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/pg_clipfrac_lower``,
+  ``actor/ratio_mean``, ``actor/filtered_ratio_mean``, ...); ``pg_loss`` is left out because verl's
+  ``ppo_loss`` records ``actor/pg_loss`` itself with the right cross-micro-batch aggregation. verl averages
+  every returned metric over micro-batches, so ``*_min``/``*_max`` are means of micro-batch extremes.
+
+Select a loss with ``actor_rollout_ref.actor.policy_loss.loss_mode=kpo`` and, to set kpo's knobs,
+``actor_rollout_ref.actor._target_=kpo.integrations.verl.KPOActorConfig`` plus ``+actor_rollout_ref.actor.q=...``
+(the ``+`` because verl's composed config does not have the key); examples/verl/README.md has the full map.
+
+Limitation: verl's loss call carries no token entropy, so ``aspo`` uses its low-entropy clip bounds
+(``clip_ratio_low``/``clip_ratio_high``) for every token.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
+from verl.workers.config import FSDPActorConfig
+
+from kpo.losses import SEQ_AGG_MODE, get_loss_spec, policy_loss
+
+__all__ = [
+    "GLOBAL_BATCH_INFO_KEYS",
+    "KPOActorConfig",
+    "REGISTERED",
+    "VERL_EQUIVALENTS",
+    "VERL_LOSSES",
+    "loss_hparams",
+    "register_with_verl",
+    "verl_policy_loss",
+]
+
+# kpo losses verl 0.9.1 does not have: registered under kpo's name.
+VERL_LOSSES = ("kpo", "kpo_unclipped", "aspo", "ctpo", "holder", "vespo")
+# kpo loss (or alias) -> the verl 0.9.1 loss that is the same method; kpo leaves verl's in place.
+# (verl's "gspo" is the per-token stop-gradient construction, i.e. kpo's gspo_token.)
+VERL_EQUIVALENTS = {
+    "vanilla": "vanilla",
+    "grpo": "vanilla",
+    "ppo": "vanilla",
+    "gspo": "gspo",
+    "gspo_token": "gspo",
+    "gmpo": "geo_mean",
+    "geo_mean": "geo_mean",
+    "sapo": "sapo",
+    "cispo": "cispo",
+}
+# verl global_batch_info key -> kpo.losses keyword (see kpo.losses.aggregation).
+GLOBAL_BATCH_INFO_KEYS = {
+    "batch_num_tokens": "global_num_tokens",
+    "global_batch_size": "global_num_seqs",
+    "dp_size": "dp_size",
+    "loss_scale_factor": "loss_scale_factor",
+}
+# kpo hyperparameter -> actor-config field, where the bare name would be ambiguous in verl's actor config.
+_CONFIG_FIELD = {"p": "holder_p"}
+# Hyperparameters verl's loss call cannot supply (tensors the actor does not pass to the loss).
+_NOT_FROM_CONFIG = frozenset({"token_entropy"})
+
+
+def _config_field(hparam: str) -> str:
+    return _CONFIG_FIELD.get(hparam, hparam)
+
+
+def loss_hparams(name: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    """Hyperparameters of kpo loss ``name`` read from a verl actor config (dataclass or DictConfig).
+
+    Every hyperparameter the loss accepts is looked up under its actor-config field (``_config_field``); fields
+    that are absent or None are left out, so the loss uses its own default.
+    """
+    out = {}
+    for hparam in get_loss_spec(name).hparams:
+        if hparam in _NOT_FROM_CONFIG:
+            continue
+        value = config.get(_config_field(hparam), None)
+        if value is not None:
+            out[hparam] = value
+    return out
+
+
+def _global_batch_kwargs(info: Mapping[str, Any] | None) -> dict[str, Any]:
+    if not info:
+        return {}
+    unknown = sorted(set(info) - set(GLOBAL_BATCH_INFO_KEYS))
+    if unknown:
+        raise ValueError(
+            f"config.global_batch_info has keys {unknown} that kpo does not know "
+            f"(known: {sorted(GLOBAL_BATCH_INFO_KEYS)}); this verl is newer than the plugin supports"
+        )
+    return {GLOBAL_BATCH_INFO_KEYS[k]: v for k, v in info.items() if v is not None}
+
+
+def verl_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, float]]]:
+    """verl ``PolicyLossFn`` computing kpo loss ``name`` (see the module docstring for the mapping)."""
+    spec = get_loss_spec(name)
+    sequence_level = spec.agg_modes == (SEQ_AGG_MODE,)
+
+    def fn(
+        old_log_prob: torch.Tensor,
+        log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        loss_agg_mode: str = "token-mean",
+        config: Mapping[str, Any] | None = None,
+        rollout_is_weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        if config is None:
+            raise ValueError(f"kpo loss {name!r} reads its hyperparameters from the actor config; pass config=")
+        kwargs = loss_hparams(name, config)
+        kwargs.update(_global_batch_kwargs(config.get("global_batch_info", None)))
+        if rollout_is_weights is not None:
+            kwargs["rollout_is_weights"] = rollout_is_weights
+        loss, metrics = policy_loss(
+            name,
+            log_prob,
+            old_log_prob,
+            advantages,
+            response_mask,
+            loss_agg_mode=None if sequence_level else loss_agg_mode,
+            **kwargs,
+        )
+        return loss, {f"actor/{key}": value for key, value in metrics.items() if key != "pg_loss"}
+
+    fn.__name__ = fn.__qualname__ = f"kpo_{name}"
+    fn.__doc__ = f"kpo loss {name!r} in verl's policy-loss signature (kpo.integrations.verl)."
+    fn.kpo_loss = name  # marks kpo's own registrations, so a second registration is a no-op
+    return fn
+
+
+def register_with_verl(names: tuple[str, ...] = VERL_LOSSES) -> tuple[str, ...]:
+    """Register kpo losses ``names`` in verl's policy-loss registry; returns the names this call added.
+
+    A name verl already has (a future verl may add one) is left alone, with a warning: overwriting it would
+    silently change what an existing verl config computes.
+    """
+    added = []
+    for name in names:
+        current = POLICY_LOSS_REGISTRY.get(name)
+        if current is None:
+            register_policy_loss(name)(verl_policy_loss(name))
+            added.append(name)
+        elif getattr(current, "kpo_loss", None) != name:
+            warnings.warn(
+                f"verl already registers a policy loss {name!r}; kpo leaves verl's in place, so "
+                f"loss_mode={name} runs verl's implementation, not kpo's",
+                stacklevel=2,
+            )
+    return tuple(added)
+
+
+@dataclass
+class KPOActorConfig(FSDPActorConfig):
+    """verl's FSDP actor config plus the hyperparameters of kpo's losses.
+
+    Select it with ``actor_rollout_ref.actor._target_=kpo.integrations.verl.KPOActorConfig`` and set a field with
+    ``+actor_rollout_ref.actor.<field>=<value>``. Every field defaults to None = the chosen loss's own (paper)
+    default; clip ranges are verl's ``clip_ratio_low``/``clip_ratio_high``/``clip_ratio_c`` (verl defaults them
+    to 0.2/0.2/3.0, so set them for KPO: 3e-4/4e-4). Fields are validated up front, on the driver, by the same
+    checks the loss runs: a field the selected ``policy_loss.loss_mode`` does not use is an error.
+
+    KPO (``kpo``, ``kpo_unclipped``; METHODS.md section K):
+        q: process-noise variance Q of the log-ratio random walk (kpo 1e-6, kpo_unclipped 1e-4); larger = the
+            filter follows the raw token log-ratio more closely.
+        v: observation-noise variance V (1.0); only Q/V matters for the gains when p0 = 0.
+        p0: prior variance of the filter state before the first token (0.0, the authors' choice).
+        x0: prior mean of the filtered log-ratio (0.0 = "on-policy").
+        mask_mode: what a masked token inside a response does to the filter: "skip" (default: nothing),
+            "advance" (a time step without observation), "zero" (observed as 0, the authors' code).
+        filter_grad: let the gradient flow through the filter (False: the paper's stop-gradient construction).
+    HolderPO (``holder``):
+        holder_p: power p of the Holder mean of token ratios (1.0 = arithmetic, 0 = geometric, -1 = harmonic).
+    CTPO (``ctpo``; METHODS.md section 7):
+        la_clip_low: c_l of the position-adaptive lower log bound -c_l * t^power (0.025).
+        la_clip_high: c_h of the upper log bound c_h * t^power (0.05).
+        la_clip_c: c_c of the dual-clip threshold exp(c_c * t^power) for negative advantages (0.05).
+        clip_ratio_la_power: the exponent "power" of t (0.5).
+        ratio_mode: "cumprod" (prefix product of token ratios) or "geomean" (its per-token geometric mean).
+    VESPO (``vespo``; METHODS.md section 9):
+        k_pos, lambda_pos: kernel W^k e^(lambda (1 - W)) for advantages >= 0 (2.0, 3.0).
+        k_neg, lambda_neg: the same for advantages < 0 (3.0, 2.0).
+    ASPO (``aspo``; METHODS.md section 6):
+        high_entropy_clip_ratio_low, high_entropy_clip_ratio_high: clip range of the high-entropy tokens (0.4,
+            0.4). verl does not pass token entropy to the loss, so in verl every token uses the low-entropy
+            range (clip_ratio_low/high) and these two have no effect.
+        entropy_quantile: per-row entropy quantile separating low from high entropy (0.8); no effect in verl.
+    """
+
+    q: float | None = None
+    v: float | None = None
+    p0: float | None = None
+    x0: float | None = None
+    mask_mode: str | None = None
+    filter_grad: bool | None = None
+    holder_p: float | None = None
+    la_clip_low: float | None = None
+    la_clip_high: float | None = None
+    la_clip_c: float | None = None
+    clip_ratio_la_power: float | None = None
+    ratio_mode: str | None = None
+    k_pos: float | None = None
+    lambda_pos: float | None = None
+    k_neg: float | None = None
+    lambda_neg: float | None = None
+    high_entropy_clip_ratio_low: float | None = None
+    high_entropy_clip_ratio_high: float | None = None
+    entropy_quantile: float | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        loss_mode = self.policy_loss.get("loss_mode", "vanilla")
+        own = {f.name for f in fields(KPOActorConfig)} - {f.name for f in fields(FSDPActorConfig)}
+        set_fields = sorted(k for k in own if getattr(self, k) is not None)
+        if loss_mode not in VERL_LOSSES:
+            if set_fields:
+                raise ValueError(
+                    f"actor_rollout_ref.actor: {', '.join(set_fields)} are kpo loss settings but "
+                    f"policy_loss.loss_mode={loss_mode!r} is verl's own loss, which ignores them; pick one of "
+                    f"{', '.join(VERL_LOSSES)} or drop them"
+                )
+            return
+        accepted = {_config_field(h) for h in get_loss_spec(loss_mode).hparams} & own
+        unused = [k for k in set_fields if k not in accepted]
+        if unused:
+            raise ValueError(
+                f"actor_rollout_ref.actor: loss_mode={loss_mode!r} does not use {', '.join(unused)}; "
+                f"its kpo settings are {', '.join(sorted(accepted)) or '(none)'}"
+            )
+        # The loss's own checks, on a one-token batch, so a bad value fails at config time, not in a worker.
+        one = torch.zeros(1, 1, dtype=torch.float64)
+        try:
+            policy_loss(
+                loss_mode,
+                one,
+                one,
+                one[:, 0],
+                torch.ones(1, 1, dtype=torch.bool),
+                loss_agg_mode=None if get_loss_spec(loss_mode).agg_modes == (SEQ_AGG_MODE,) else self.loss_agg_mode,
+                **loss_hparams(loss_mode, self),
+            )
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"actor_rollout_ref.actor (loss_mode={loss_mode!r}): {err}") from err
+
+
+REGISTERED = register_with_verl()
