@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tests.filter.helpers import CPU_BACKENDS, make_mask
 
 from kpo.filter import MASK_MODES, _filter
 from kpo.filter.reference import kalman_filter_reference
-from tests.filter.helpers import CPU_BACKENDS, make_mask
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
@@ -18,7 +18,9 @@ def test_gradcheck_float64(backend, mode):
     for T, masked in ((1, False), (7, True), (40, True)):
         z = torch.from_numpy(rng.normal(0, 1, (5, T))).requires_grad_()
         mask = make_mask(rng, 5, T) if masked else None
-        assert torch.autograd.gradcheck(lambda z: _filter(z, mask, 0.2, 0.7, 0.3, 0.4, mode, backend), (z,))
+        assert torch.autograd.gradcheck(
+            lambda z, m=mask: _filter(z, m, 0.2, 0.7, 0.3, 0.4, mode, backend), (z,)
+        )
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
@@ -52,7 +54,9 @@ def test_backward_paths_agree_float32():
         grads = []
         for backend in CPU_BACKENDS:
             zz = z.clone().requires_grad_()
-            (grad,) = torch.autograd.grad((_filter(zz, mask, 1e-4, 1.0, 0.5, 0.1, mode, backend) * g).sum(), zz)
+            (grad,) = torch.autograd.grad(
+                (_filter(zz, mask, 1e-4, 1.0, 0.5, 0.1, mode, backend) * g).sum(), zz
+            )
             grads.append(grad)
         torch.testing.assert_close(grads[1], grads[0], rtol=2**-23, atol=1e-30)
         assert bool((grads[0][~mask] == 0).all())

@@ -11,11 +11,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.filter.helpers import CPU_BACKENDS, float32_bound, make_mask, make_params
 
 from kpo import kalman_filter
 from kpo.filter import MASK_MODES, _filter
 from kpo.filter.reference import authors_recurrence_reference, kalman_filter_reference
-from tests.filter.helpers import CPU_BACKENDS, float32_bound, make_mask, make_params
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -116,7 +116,9 @@ def test_hand_worked_hole_in_each_mode():
     for backend in CPU_BACKENDS:
         for mode, last in expected.items():
             out = _filter(z, mask, 1.0, 1.0, 0.0, 0.0, mode, backend)
-            torch.testing.assert_close(out, torch.tensor([1.0, 0.0, last], dtype=torch.float64), rtol=0, atol=1e-15)
+            torch.testing.assert_close(
+                out, torch.tensor([1.0, 0.0, last], dtype=torch.float64), rtol=0, atol=1e-15
+            )
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -163,7 +165,10 @@ def test_gains_cache_grows_and_matches_reference():
     assert torch.equal(long, kalman_gains_reference(20000, q=0.3, v=2.0, p0=1.5))
     # hand-worked: q = v = 1, p0 = 0 -> K = 1/2, 3/5, 8/13 (priors 1, 3/2, 8/5)
     torch.testing.assert_close(
-        kalman_gains(3, q=1.0, v=1.0), torch.tensor([1 / 2, 3 / 5, 8 / 13], dtype=torch.float64), rtol=0, atol=1e-16
+        kalman_gains(3, q=1.0, v=1.0),
+        torch.tensor([1 / 2, 3 / 5, 8 / 13], dtype=torch.float64),
+        rtol=0,
+        atol=1e-16,
     )
     # the Riccati recursion reaches its steady state: K -> (sqrt(q^2 + 4qv) - q) / (2v) ... for the prior form
     k = kalman_gains(200, q=1.0, v=1.0)

@@ -37,22 +37,25 @@ def kalman_filter_reference(
     else:
         mm = (mask.reshape(1, -1) if squeeze else mask).to(torch.bool)
     zs, ms = zz.tolist(), mm.tolist()
-    out = torch.zeros_like(zz)
-    for b, (zrow, mrow) in enumerate(zip(zs, ms)):
-        x, p = float(x0), float(p0)
-        for t, (zt, valid) in enumerate(zip(zrow, mrow)):
+    rows = []
+    for zrow, mrow in zip(zs, ms):
+        x, p, filtered = float(x0), float(p0), []
+        for zt, valid in zip(zrow, mrow):
             if not valid and mask_mode == "skip":
+                filtered.append(0.0)
                 continue
             p_prior = p + q
             if not valid and mask_mode == "advance":
                 p = p_prior
+                filtered.append(0.0)
                 continue
             obs = zt if valid else 0.0
             k = p_prior / (p_prior + v)
             x = x + k * (obs - x)
             p = v * p_prior / (p_prior + v)  # = (1 - K) P, without the cancellation of 1 - K near 1
-            if valid:
-                out[b, t] = x
+            filtered.append(x if valid else 0.0)
+        rows.append(filtered)
+    out = torch.tensor(rows, dtype=torch.float64).reshape(zz.shape)
     return out.reshape(-1) if squeeze else out
 
 

@@ -1,0 +1,215 @@
+"""``kpo bench``: benchmarks printed as side-by-side ratios (machines are shared and noisy, so every
+number in one table is measured in one process, interleaved, as a median of repeats).
+
+    kpo bench filter [--device cpu|cuda] [--sizes 256x4096,64x32768] [--repeats 5] [--q 1e-6]
+
+Add a benchmark by writing a ``(configure(parser), run(args) -> int)`` pair and registering it in BENCHMARKS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from kpo.filter import _filter, compiled, triton_kernel
+from kpo.filter.reference import kalman_filter_reference
+
+# bytes a filter pass moves per token: read z (4) and the bool mask (1), write the result (4)
+FILTER_BYTES = 9
+COPY_BYTES = 8
+CLOSED = "float32 closed form (authors)"
+
+
+def authors_closed_form(z: torch.Tensor, mask: torch.Tensor, q: float, v: float) -> torch.Tensor:
+    """The filter computed the authors' way (METHODS.md K), float32 [B, T]: for comparison only.
+
+    Closed-form Riccati gains with P_0 = 0 (cosh(eta) = 1 + q/(2v); posterior after t updates
+    P_t = q sinh(t eta) / ((1 + q/v) sinh(t eta) - sinh((t-1) eta))), clamped to [1e-6, 1 - 1e-6], masked
+    tokens observed as 0, then rho_t = A_t * cumsum(K z / A)_t with A = cumprod(1 - K). In float32 this
+    overflows (NaN) once t * eta > ~89 and 1 + q/(2v) rounds, which is what kpo's filter avoids.
+    """
+    T = z.shape[-1]
+    eta = torch.acosh(torch.tensor(1.0 + q / (2 * v), dtype=torch.float32, device=z.device))
+    t = torch.arange(0, T, dtype=torch.float32, device=z.device)  # updates before token t + 1
+    post = q * torch.sinh(t * eta) / ((1 + q / v) * torch.sinh(t * eta) - torch.sinh((t - 1) * eta))
+    gain = ((post + q) / (post + q + v)).clamp(1e-6, 1 - 1e-6)
+    decay = torch.cumprod(1 - gain, dim=-1)
+    zm = z.float() * mask
+    return decay * torch.cumsum(gain * zm / decay, dim=-1) * mask
+
+
+def _interleaved_medians(
+    fns: dict[str, Callable[[], object]], repeats: int, sync: Callable[[], None]
+) -> dict[str, float]:
+    """Median seconds of each function, timed round-robin so that load changes hit all of them alike."""
+    for fn in fns.values():
+        fn()  # warm-up: compilation, caches, allocator
+    sync()
+    times: dict[str, list[float]] = {label: [] for label in fns}
+    for _ in range(repeats):
+        for label, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            sync()
+            times[label].append(time.perf_counter() - start)
+    return {label: statistics.median(ts) for label, ts in times.items()}
+
+
+def _python_loop_seconds(z: torch.Tensor, mask: torch.Tensor, q: float, mode: str) -> tuple[float, int]:
+    """Seconds of the per-token Python loop (the float64 reference) on one row's first <= 4096 tokens."""
+    tokens = min(z.shape[1], 4096)
+    zs, ms = z[:1, :tokens].cpu(), mask[:1, :tokens].cpu()
+    start = time.perf_counter()
+    kalman_filter_reference(zs, ms, q=q, mask_mode=mode)
+    return time.perf_counter() - start, tokens
+
+
+def _parse_sizes(text: str) -> list[tuple[int, int]]:
+    sizes = []
+    for item in text.split(","):
+        b, _, t = item.lower().partition("x")
+        if not (b.isdigit() and t.isdigit()) or int(b) < 1 or int(t) < 1:
+            raise argparse.ArgumentTypeError(f"sizes must look like 256x4096,64x32768, got {item!r}")
+        sizes.append((int(b), int(t)))
+    return sizes
+
+
+def _configure_filter(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument(
+        "--sizes",
+        type=_parse_sizes,
+        default=None,
+        help="BxT list; default 256x4096,64x32768 (cpu), 256x4096,1024x32768 (cuda)",
+    )
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per entry (median reported)")
+    parser.add_argument("--q", type=float, default=1e-6, help="process noise (v = 1)")
+    parser.add_argument("--mode", choices=("skip", "advance", "zero"), default="skip")
+    parser.add_argument("--no-backward", action="store_true", help="forward only")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _run_filter(args: argparse.Namespace) -> int:
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: run with --device cpu")
+        return 2
+    sizes = args.sizes or (
+        [(256, 4096), (64, 32768)] if device.type == "cpu" else [(256, 4096), (1024, 32768)]
+    )
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    paths = ["torch"]
+    if device.type == "cpu" and compiled is not None:
+        paths.insert(0, "numba")
+    if device.type == "cuda" and triton_kernel is not None:
+        paths.insert(0, "triton")
+    gen = torch.Generator(device="cpu").manual_seed(args.seed)
+    print(
+        f"kpo bench filter: device={device} mode={args.mode} q={args.q:g} v=1 repeats={args.repeats} (medians)"
+    )
+    print("tokens/s counts every [B, T] position; masks are right-padded (lengths T/2..T) bool tensors.")
+    for B, T in sizes:
+        _bench_size(args, device, paths, sync, gen, B, T)
+    return 0
+
+
+def _bench_size(args, device, paths, sync, gen, B: int, T: int) -> None:
+    """Forward and forward+backward tables for one [B, T]."""
+    z = (0.05 * torch.randn(B, T, generator=gen)).to(device)
+    lengths = torch.randint(T // 2, T + 1, (B, 1), generator=gen).to(device)
+    mask = torch.arange(T, device=device)[None] < lengths
+    n = B * T
+
+    def accuracy(out: torch.Tensor) -> str:
+        # max error vs the float64 loop on the first row (the loop is too slow for more)
+        ref = kalman_filter_reference(z[:1].cpu(), mask[:1].cpu(), q=args.q, v=1.0, mask_mode=args.mode)
+        err = (out[:1].double().cpu() - ref).abs()
+        bad = int((~torch.isfinite(out)).sum())
+        return f"max err {float(err.nan_to_num(float('inf')).max()):.1e}" + (
+            f", {bad} NaN/Inf" if bad else ""
+        )
+
+    fwd = {"memory copy (z.clone)": lambda: z.clone()}
+    for path in paths:
+        fwd[f"kpo filter [{path}]"] = lambda path=path: _filter(
+            z, mask, args.q, 1.0, 0.0, 0.0, args.mode, path
+        )
+    fwd[CLOSED] = lambda: authors_closed_form(z, mask, args.q, 1.0)
+    seconds = _interleaved_medians(fwd, args.repeats, sync)
+    notes = {label: accuracy(fn()) for label, fn in fwd.items() if label != "memory copy (z.clone)"}
+    if args.mode != "zero":
+        notes[CLOSED] = "zero-mode semantics; " + notes[CLOSED]
+    loop_s, loop_tokens = _python_loop_seconds(z, mask, args.q, args.mode)
+    label = f"python loop ({loop_tokens} tokens timed, scaled)"
+    seconds[label], notes[label] = loop_s * n / loop_tokens, "float64 oracle"
+    _print_table(f"forward  B={B} T={T}", seconds, notes, n, seconds["memory copy (z.clone)"], device)
+
+    if not args.no_backward:
+        grad = torch.randn(B, T, generator=gen).to(device)
+        leaf = z.clone().requires_grad_()
+
+        def fwd_bwd(fn):
+            def run():
+                leaf.grad = None
+                fn(leaf).backward(grad)
+
+            return run
+
+        both = {"memory copy x2 (fwd + bwd traffic)": lambda: (z.clone(), grad.clone())}
+        for path in paths:
+            both[f"kpo filter fwd+bwd [{path}]"] = fwd_bwd(
+                lambda x, path=path: _filter(x, mask, args.q, 1.0, 0.0, 0.0, args.mode, path)
+            )
+        both[CLOSED + " fwd+bwd"] = fwd_bwd(lambda x: authors_closed_form(x, mask, args.q, 1.0))
+        seconds = _interleaved_medians(both, args.repeats, sync)
+        _print_table(
+            f"forward + backward  B={B} T={T}",
+            seconds,
+            {},
+            n,
+            seconds["memory copy x2 (fwd + bwd traffic)"],
+            device,
+        )
+
+
+def _print_table(
+    title, seconds: dict[str, float], notes: dict[str, str], n: int, copy_s: float, device
+) -> None:
+    """One row per entry: ms, G tokens/s, speed-up over the authors' closed form, fraction of copy speed."""
+    closed_s = next(s for label, s in seconds.items() if label.startswith(CLOSED))
+    print(f"\n{title}")
+    print(f"  {'':<44} {'ms':>9} {'Gtok/s':>8} {'x closed':>9} {'/ copy':>7}  note")
+    for label, s in seconds.items():
+        print(
+            f"  {label:<44} {s * 1e3:9.2f} {n / s / 1e9:8.3f} {closed_s / s:9.2f} {copy_s / s:7.2f}  {notes.get(label, '')}"
+        )
+    if device.type == "cuda":
+        print(
+            f"  copy bandwidth {n * COPY_BYTES / copy_s / 1e9:.0f} GB/s; a filter pass moves {FILTER_BYTES} B/token"
+        )
+
+
+BENCHMARKS: dict[
+    str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]
+] = {
+    "filter": (
+        _configure_filter,
+        _run_filter,
+        "the causal Kalman filter vs a Python loop, the authors' closed form, memory copy",
+    ),
+}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="kpo bench", description="benchmarks printed as side-by-side ratios"
+    )
+    sub = parser.add_subparsers(dest="benchmark", required=True)
+    for name, (configure, _, text) in BENCHMARKS.items():
+        configure(sub.add_parser(name, help=text, description=text))
+    args = parser.parse_args(argv)
+    return BENCHMARKS[args.benchmark][1](args)
