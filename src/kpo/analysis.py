@@ -13,8 +13,10 @@ off-policy frequency with a +-1 std band, run-length distributions, per-sample s
 
 Choices the paper leaves open (the statistics' own choices are in :mod:`kpo.diagnostics`):
 - "after filtering" uses the dump's ``filtered_log_ratio`` when present, i.e. what training used. Without it, or
-  when ``--q``/``--v`` are given, the log-ratios are filtered here with :func:`kpo.kalman_filter` at the dump's
-  metadata q/v (else Q = 1e-6, V = 1) and ``--mask-mode`` (default "skip": a masked hole is no time step).
+  when any of ``--q``/``--v``/``--mask-mode`` is given, the log-ratios are filtered here with
+  :func:`kpo.kalman_filter`; each setting comes from the option, else the dump's metadata, else Q = 1e-6, V = 1,
+  mask_mode "skip" (a masked hole is no time step). The sweep uses V = ``--v`` (else 1) and the dumps' common
+  mask_mode (else "skip").
 - the paper uses off-policy samples only. Rows whose valid log-ratios are all exactly 0 (an on-policy
   mini-batch) are counted and reported; ``--off-policy-only`` leaves them out as the paper does.
 - example responses for Figure 1 are the ``--examples`` longest rows (ties: the earlier row).
@@ -32,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from kpo.diagnostics import STAT_KEYS, average_samples, prepare, run_lengths, sample_dynamics, window_stats
+from kpo.filter import MASK_MODES
 
 DUMP_SUFFIXES = (".safetensors", ".npz")
 PAPER_TABLE2 = {  # Table 2 of the paper (Qwen3-4B, GRPO, step 100, 960 off-policy samples), for comparison
@@ -87,7 +90,9 @@ class AnalyzeConfig:
     q: float | None = None  # filter Q when re-filtering (None: dump metadata, else 1e-6)
     v: float | None = None  # filter V when re-filtering (None: dump metadata, else 1.0)
     sweep_q: tuple[float, ...] = (1e-6, 1e-4, 1e-2)  # Figure 4's Q/V values
-    mask_mode: str = "skip"  # kalman_filter mask_mode when re-filtering
+    mask_mode: str | None = (
+        None  # kalman_filter mask_mode when re-filtering (None: dump metadata, else "skip")
+    )
     examples: int = 3  # responses drawn in figure1_traces.png
     max_windows: int = 80  # Figure 1 windows per sample
     off_policy_only: bool = False  # leave out rows whose valid log-ratios are all exactly 0
@@ -283,10 +288,13 @@ def compute(dumps: list[Dump], cfg: AnalyzeConfig) -> Analysis:
     for d in tqdm(dumps, desc="filter dumps", disable=len(dumps) < 2):
         q = next(x for x in (cfg.q, d.meta_float("q"), 1e-6) if x is not None)
         v = next(x for x in (cfg.v, d.meta_float("v"), 1.0) if x is not None)
-        if d.filtered is not None and cfg.q is None and cfg.v is None:
+        mask_mode = cfg.mask_mode or d.meta.get("mask_mode") or "skip"
+        if mask_mode not in MASK_MODES:
+            raise DumpError(f"{d.path}: metadata mask_mode={mask_mode!r} is not one of {MASK_MODES}")
+        if d.filtered is not None and cfg.q is None and cfg.v is None and cfg.mask_mode is None:
             filtered, source = d.filtered, "dump"
         else:
-            filtered, source = _filter(d.log_ratio, d.mask, q, v, cfg.mask_mode), "recomputed"
+            filtered, source = _filter(d.log_ratio, d.mask, q, v, mask_mode), "recomputed"
         z, m = d.log_ratio, d.mask
         n = m.sum(axis=1)
         on_policy = (n > 0) & ~(m & (z != 0)).any(axis=1)
@@ -306,6 +314,8 @@ def compute(dumps: list[Dump], cfg: AnalyzeConfig) -> Analysis:
                 "filtered": source,
                 "q": q,
                 "v": v,
+                "mask_mode": mask_mode,
+                "loss": d.meta.get("loss"),
             }
         )
     z, m, filt = np.concatenate(zs), np.concatenate(ms), np.concatenate(fs)
@@ -334,9 +344,11 @@ def compute(dumps: list[Dump], cfg: AnalyzeConfig) -> Analysis:
                 )
 
     v_sweep = cfg.v if cfg.v is not None else 1.0
-    sweep = {"v": v_sweep, "mask_mode": cfg.mask_mode, "rows": []}
+    modes = {r["mask_mode"] for r in rows_meta}
+    sweep_mode = cfg.mask_mode or (modes.pop() if len(modes) == 1 else "skip")
+    sweep = {"v": v_sweep, "mask_mode": sweep_mode, "rows": []}
     for q in tqdm(cfg.sweep_q, desc="Q/V sweep"):
-        stats = _stats(_filter(z, m, q, v_sweep, cfg.mask_mode), m, cfg, band=True)[0]
+        stats = _stats(_filter(z, m, q, v_sweep, sweep_mode), m, cfg, band=True)[0]
         sweep["rows"].append({"q": q, "q_over_v": q / v_sweep, **stats})
 
     qs = sorted({r["q"] for r in rows_meta})
@@ -479,7 +491,8 @@ def _report(results: dict, table: str, sweep_table: str, figures: dict, cfg: Ana
         lines.append(
             f"- `{r['file']}` (step {r['step']}): {r['rows_used']}/{r['rows']} rows used, {r['empty_rows']} empty, "
             f"{r['on_policy_rows']} on-policy (all log-ratios exactly 0); filtered: {r['filtered']} "
-            f"(Q={r['q']:g}, V={r['v']:g})"
+            f"(Q={r['q']:g}, V={r['v']:g}, mask_mode {r['mask_mode']})"
+            + (f"; loss {r['loss']}" if r["loss"] else "")
         )
     if inp["on_policy_rows"] and not cfg.off_policy_only:
         lines += [
@@ -515,7 +528,7 @@ def _report(results: dict, table: str, sweep_table: str, figures: dict, cfg: Ana
     lines += [
         "## Figure 4 (offline): the same statistics after filtering at each Q/V",
         "",
-        f"mask_mode {cfg.mask_mode}, on band [1-{cfg.eps_low:g}, 1+{cfg.eps_high:g}].",
+        f"mask_mode {results['sweep']['mask_mode']}, on band [1-{cfg.eps_low:g}, 1+{cfg.eps_high:g}].",
         "",
         sweep_table,
         "![Q/V sweep](figure4_sweep.png)",
@@ -585,9 +598,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--mask-mode",
-        choices=("skip", "advance", "zero"),
-        default=d.mask_mode,
-        help="kalman_filter mask_mode when re-filtering (default skip)",
+        choices=MASK_MODES,
+        default=None,
+        help="kalman_filter mask_mode when re-filtering (default: the dump's, else skip); setting it re-filters",
     )
     p.add_argument("--examples", type=int, default=d.examples, help="responses in figure1_traces.png (3)")
     p.add_argument("--max-windows", type=int, default=d.max_windows, help="Figure 1 windows per sample (80)")
