@@ -108,6 +108,11 @@ def loss_hparams(name: str, config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _agg_mode(name: str, loss_agg_mode: str) -> str | None:
+    """verl's mode, or None (the loss's own plain mean over sequences) for a sequence-level loss."""
+    return None if get_loss_spec(name).agg_modes == (SEQ_AGG_MODE,) else loss_agg_mode
+
+
 def _global_batch_kwargs(info: Mapping[str, Any] | None) -> dict[str, Any]:
     if not info:
         return {}
@@ -122,8 +127,7 @@ def _global_batch_kwargs(info: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def verl_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, float]]]:
     """verl ``PolicyLossFn`` computing kpo loss ``name`` (see the module docstring for the mapping)."""
-    spec = get_loss_spec(name)
-    sequence_level = spec.agg_modes == (SEQ_AGG_MODE,)
+    get_loss_spec(name)  # an unknown name fails here, not at the first training step
 
     def fn(
         old_log_prob: torch.Tensor,
@@ -135,7 +139,9 @@ def verl_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, f
         rollout_is_weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         if config is None:
-            raise ValueError(f"kpo loss {name!r} reads its hyperparameters from the actor config; pass config=")
+            raise ValueError(
+                f"kpo loss {name!r} reads its hyperparameters from the actor config; pass config="
+            )
         kwargs = loss_hparams(name, config)
         kwargs.update(_global_batch_kwargs(config.get("global_batch_info", None)))
         if rollout_is_weights is not None:
@@ -146,7 +152,7 @@ def verl_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, f
             old_log_prob,
             advantages,
             response_mask,
-            loss_agg_mode=None if sequence_level else loss_agg_mode,
+            loss_agg_mode=_agg_mode(name, loss_agg_mode),
             **kwargs,
         )
         return loss, {f"actor/{key}": value for key, value in metrics.items() if key != "pg_loss"}
@@ -264,7 +270,7 @@ class KPOActorConfig(FSDPActorConfig):
                 one,
                 one[:, 0],
                 torch.ones(1, 1, dtype=torch.bool),
-                loss_agg_mode=None if get_loss_spec(loss_mode).agg_modes == (SEQ_AGG_MODE,) else self.loss_agg_mode,
+                loss_agg_mode=_agg_mode(loss_mode, self.loss_agg_mode),
                 **loss_hparams(loss_mode, self),
             )
         except (TypeError, ValueError) as err:

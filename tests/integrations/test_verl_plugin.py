@@ -1,0 +1,275 @@
+"""kpo as a verl 0.9.1 plugin: names arrive through the entry point, verl's call equals kpo.policy_loss exactly,
+the adapter reads global batch info and IS weights as verl's own losses do, and the actor config subclass goes
+through verl's hydra instantiation. Needs verl (scripts/install_verl_cpu.sh); skips without it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib.metadata import entry_points
+
+import pytest
+import torch
+
+pytest.importorskip("verl", reason="verl not installed: run scripts/install_verl_cpu.sh .venv")
+
+import verl  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.errors import InstantiationException  # noqa: E402
+from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, get_policy_loss_fn  # noqa: E402
+from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
+from verl.workers.config import PolicyLossConfig  # noqa: E402
+
+from kpo.integrations.verl import (  # noqa: E402
+    VERL_EQUIVALENTS,
+    VERL_LOSSES,
+    KPOActorConfig,
+    verl_policy_loss,
+)
+from kpo.losses import get_loss_spec, list_losses, policy_loss  # noqa: E402
+
+MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum")
+VERL_BUILTINS = (
+    "vanilla", "dppo_tv", "dppo_kl", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "dro", "cispo",
+    "bypass_mode",
+)  # fmt: skip
+
+# Per registered loss: KPOActorConfig fields, and the kpo.policy_loss keywords they must become. verl's own
+# actor fields (clip_ratio 0.2, clip_ratio_low 0.2, clip_ratio_high 0.2, clip_ratio_c 3.0 by default) are
+# passed to every loss that accepts them.
+CLIP = {"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2}
+CASES = {
+    "kpo": (
+        {"q": 1e-3, "v": 2.0, "mask_mode": "advance"},
+        {**CLIP, "q": 1e-3, "v": 2.0, "mask_mode": "advance"},
+    ),
+    "kpo_unclipped": ({"q": 1e-2, "x0": 0.01}, {"q": 1e-2, "x0": 0.01}),
+    "aspo": ({"entropy_quantile": 0.5}, {**CLIP, "clip_ratio_c": 3.0, "entropy_quantile": 0.5}),
+    "ctpo": ({"la_clip_high": 0.1, "ratio_mode": "geomean"}, {"la_clip_high": 0.1, "ratio_mode": "geomean"}),
+    "holder": ({"holder_p": 0.5}, {**CLIP, "p": 0.5}),
+    "vespo": ({"k_pos": 1.5}, {"k_pos": 1.5}),
+}
+
+
+def actor_config(loss_mode: str, loss_agg_mode: str = "token-mean", **fields) -> KPOActorConfig:
+    return KPOActorConfig(
+        rollout_n=8,
+        ppo_micro_batch_size_per_gpu=1,
+        policy_loss=PolicyLossConfig(loss_mode=loss_mode),
+        loss_agg_mode=loss_agg_mode,
+        **fields,
+    )
+
+
+def make_batch(seed: int = 0, B: int = 6, T: int = 9, empty_row: bool = True):
+    """Right-padded rows of lengths 9, 7, 5, 3, 1 (and an all-padding row), a hole inside row 1, per-row
+    advantages broadcast over tokens as verl passes them, and IS weights in [0.5, 2]."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([9, 7, 5, 3, 1, 0 if empty_row else 4])[:B]
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    mask[1, 3] = False
+    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
+    new = (old + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)).requires_grad_(True)
+    adv = torch.randn(B, 1, generator=g, dtype=torch.float64).expand(B, T).clone()
+    weights = 0.5 + 1.5 * torch.rand(B, T, generator=g, dtype=torch.float64)
+    return new, old, adv, mask, weights
+
+
+def verl_call(fn, new, old, adv, mask, mode, config, weights):
+    """The keywords verl 0.9.1's ppo_loss (verl/workers/utils/losses.py) passes."""
+    return fn(
+        old_log_prob=old,
+        log_prob=new,
+        advantages=adv,
+        response_mask=mask,
+        loss_agg_mode=mode,
+        config=config,
+        rollout_is_weights=weights,
+    )
+
+
+def test_entry_point_registers_in_a_clean_interpreter():
+    # Only `import verl`: the names can arrive through the verl.plugins entry point and nothing else.
+    code = (
+        "import json, verl\n"
+        "from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as R\n"
+        "print(json.dumps({k: f.__module__ for k, f in R.items()}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_USE_EXTERNAL")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    modules = json.loads(out.stdout.strip().splitlines()[-1])
+    for name in VERL_LOSSES:
+        assert modules.get(name) == "kpo.integrations.verl", f"{name} not registered by kpo: {modules}"
+    for name in VERL_BUILTINS:
+        assert modules[name] == "verl.trainer.ppo.core_algos", f"verl's {name!r} was replaced"
+
+
+def test_entry_point_is_declared():
+    eps = {ep.name: ep.value for ep in entry_points(group="verl.plugins")}
+    assert eps.get("kpo") == "kpo.integrations.verl"
+
+
+def test_every_kpo_loss_is_registered_or_has_a_verl_equivalent():
+    assert set(VERL_LOSSES).isdisjoint(VERL_BUILTINS)
+    assert set(VERL_LOSSES) | set(VERL_EQUIVALENTS) == set(list_losses())
+    assert set(VERL_EQUIVALENTS.values()) <= set(VERL_BUILTINS)
+    for name in VERL_LOSSES:
+        assert POLICY_LOSS_REGISTRY[name].kpo_loss == name
+
+
+@pytest.mark.parametrize("name", VERL_LOSSES)
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_verl_call_is_exactly_kpo_policy_loss(name, mode):
+    fields, hparams = CASES[name]
+    assert set(get_loss_spec(name).hparams) >= set(hparams)
+    config = actor_config(name, mode, **fields)
+    # What verl's ppo_loss writes before the call: dp_size 2, global counts of a bigger mini-batch.
+    config.global_batch_info.update(
+        dp_size=2, batch_num_tokens=50, global_batch_size=12, loss_scale_factor=None
+    )
+    new, old, adv, mask, weights = make_batch()
+    loss, metrics = verl_call(get_policy_loss_fn(name), new, old, adv, mask, mode, config, weights)
+    (grad,) = torch.autograd.grad(loss, new)
+
+    expected, expected_metrics = policy_loss(
+        name, new, old, adv, mask,
+        loss_agg_mode="seq-mean" if name == "holder" else mode,
+        rollout_is_weights=weights, dp_size=2, global_num_tokens=50, global_num_seqs=12,
+        **hparams,
+    )  # fmt: skip
+    (expected_grad,) = torch.autograd.grad(expected, new)
+    assert torch.equal(loss, expected)
+    assert torch.equal(grad, expected_grad)
+    assert grad.abs().sum() > 0
+    assert metrics == {f"actor/{k}": v for k, v in expected_metrics.items() if k != "pg_loss"}
+    assert {"actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"} <= set(metrics)
+
+
+# kpo loss -> verl 0.9.1's own loss with the same formula: the adapter must feed global_batch_info and
+# rollout_is_weights into kpo exactly where verl's implementation uses them.
+@pytest.mark.parametrize(
+    "kpo_name, verl_name, modes",
+    [
+        ("vanilla", "vanilla", MODES),
+        ("gspo_token", "gspo", MODES),
+        ("cispo", "cispo", MODES),
+        ("sapo", "sapo", ("seq-mean-token-mean",)),
+    ],
+)
+@pytest.mark.parametrize("dp_size", [1, 2])
+def test_adapter_matches_verl_own_losses(kpo_name, verl_name, modes, dp_size):
+    new, old, adv, mask, weights = make_batch(seed=1)
+    for mode in modes:
+        config = actor_config(verl_name, mode, clip_ratio_low=0.1, clip_ratio_high=0.15, loss_scale_factor=16)
+        config.global_batch_info.update(
+            dp_size=dp_size, batch_num_tokens=40, global_batch_size=10, loss_scale_factor=16
+        )
+        ours, our_metrics = verl_call(verl_policy_loss(kpo_name), new, old, adv, mask, mode, config, weights)
+        theirs, their_metrics = verl_call(
+            POLICY_LOSS_REGISTRY[verl_name], new, old, adv, mask.float(), mode, config, weights
+        )
+        (g_ours,) = torch.autograd.grad(ours, new)
+        (g_theirs,) = torch.autograd.grad(theirs, new)
+        torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-14, msg=f"{kpo_name} {mode}")
+        torch.testing.assert_close(g_ours, g_theirs, rtol=1e-10, atol=1e-14, msg=f"{kpo_name} {mode}")
+        for key in ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"):
+            assert our_metrics[key] == pytest.approx(their_metrics[key], rel=1e-12, abs=1e-15), key
+
+
+def test_adapter_matches_verl_geo_mean():
+    # verl's geo_mean ignores global_batch_info (plain torch.mean over rows) and counts empty rows, so the
+    # comparison uses one micro-batch = the whole batch without empty rows; IS weights enter as the row's
+    # geometric mean in both.
+    new, old, adv, mask, weights = make_batch(seed=2, empty_row=False)
+    config = actor_config("geo_mean", clip_ratio_low=0.1, clip_ratio_high=0.15)
+    ours, _ = verl_call(verl_policy_loss("gmpo"), new, old, adv, mask, "token-mean", config, weights)
+    theirs, _ = verl_call(
+        POLICY_LOSS_REGISTRY["geo_mean"], new, old, adv, mask.float(), "token-mean", config, weights
+    )
+    (g_ours,) = torch.autograd.grad(ours, new)
+    (g_theirs,) = torch.autograd.grad(theirs, new)
+    torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-14)
+    torch.testing.assert_close(g_ours, g_theirs, rtol=1e-8, atol=1e-14)
+
+
+@pytest.mark.parametrize("name", ["kpo", "holder", "vespo"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dp_size", [1, 2])
+def test_global_batch_info_makes_split_batch_equal_unsplit(name, mode, dp_size):
+    """Micro-batches 0-2 and 3-5 (or two dp ranks holding them): sum (mean over ranks) of their losses and
+    gradients = the unsplit batch's, as in verl's gradient accumulation and data-parallel averaging."""
+    new, old, adv, mask, weights = make_batch(seed=3)
+    fields = CASES[name][0]
+    fn = get_policy_loss_fn(name)
+    n_tok, n_seq = int(mask.sum()), int(mask.any(dim=-1).sum())  # verl's counts: valid tokens, non-empty rows
+
+    whole_cfg = actor_config(name, mode, **fields)
+    whole, _ = verl_call(fn, new, old, adv, mask, mode, whole_cfg, weights)
+    (g_whole,) = torch.autograd.grad(whole, new)
+
+    total = 0.0
+    for rows in (slice(0, 3), slice(3, 6)):
+        cfg = actor_config(name, mode, **fields)
+        cfg.global_batch_info.update(dp_size=dp_size, batch_num_tokens=n_tok, global_batch_size=n_seq)
+        part, _ = verl_call(fn, new[rows], old[rows], adv[rows], mask[rows], mode, cfg, weights[rows])
+        total = total + part / dp_size
+    (g_split,) = torch.autograd.grad(total, new)
+    torch.testing.assert_close(total, whole, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(g_split, g_whole, rtol=1e-12, atol=1e-15)
+    assert g_whole.abs().sum() > 0
+
+
+def test_config_rejects_bad_or_unused_settings():
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor \(loss_mode='kpo'\).*q > 0"):
+        actor_config("kpo", q=-1.0)
+    with pytest.raises(ValueError, match="does not use holder_p"):
+        actor_config("kpo", holder_p=2.0)
+    with pytest.raises(ValueError, match="verl's own loss"):
+        actor_config("vanilla", q=1e-6)
+    # No kpo field set: verl's own losses and kpo's defaults are fine.
+    assert actor_config("vanilla").q is None
+    assert actor_config("kpo_unclipped").q is None
+
+
+def _compose(*overrides: str):
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return compose(
+            "ppo_trainer", overrides=["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", *overrides]
+        )
+
+
+def test_config_subclass_through_verl_hydra_instantiation():
+    kpo_keys = ["+actor_rollout_ref.actor.q=1e-6", "+actor_rollout_ref.actor.v=1.0"]
+    cfg = _compose(
+        "actor_rollout_ref.actor._target_=kpo.integrations.verl.KPOActorConfig",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=kpo",
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+        "actor_rollout_ref.actor.clip_ratio_low=3e-4",
+        "actor_rollout_ref.actor.clip_ratio_high=4e-4",
+        *kpo_keys,
+    )
+    # verl's own path (validate_config and the actor worker both call it).
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert type(actor) is KPOActorConfig
+    assert (actor.q, actor.v, actor.p0, actor.clip_ratio_low, actor.clip_ratio_high) == (
+        1e-6,
+        1.0,
+        None,
+        3e-4,
+        4e-4,
+    )
+    assert actor.policy_loss.loss_mode == "kpo"
+
+    new, old, adv, mask, weights = make_batch(seed=4)
+    loss, _ = verl_call(get_policy_loss_fn("kpo"), new, old, adv, mask, actor.loss_agg_mode, actor, None)
+    expected, _ = policy_loss("kpo", new, old, adv, mask, clip_ratio=0.2, clip_ratio_low=3e-4,
+                              clip_ratio_high=4e-4, q=1e-6, v=1.0)  # fmt: skip
+    assert torch.equal(loss, expected)
+
+    # Without the subclass verl's own FSDPActorConfig refuses the extra keys: why KPOActorConfig exists.
+    with pytest.raises(InstantiationException, match="'q'"):
+        omega_conf_to_dataclass(_compose(*kpo_keys).actor_rollout_ref.actor)
