@@ -1,0 +1,124 @@
+"""Train/inference mismatch: TIS and MIS from rollout log-probs, precomputed weights, and how each loss family
+uses them (per token, geometric mean per row for GMPO/HolderPO, folded into W for VESPO)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kpo import policy_loss
+
+LOG_HALF = math.log(0.5)
+
+
+def _on_policy(rollout_ratios, adv=1.0):
+    """One row, log_prob = old_log_prob = log 0.5 (r = 1); rollout log-probs so that pi_old/pi_rollout = given."""
+    n = len(rollout_ratios)
+    old = torch.full((1, n), LOG_HALF, dtype=torch.float64)
+    lp = old.clone().requires_grad_()
+    rollout = old - torch.log(torch.tensor([rollout_ratios], dtype=torch.float64))
+    return lp, old, torch.tensor([adv], dtype=torch.float64), torch.ones(1, n, dtype=torch.bool), rollout
+
+
+def _vanilla(lp, old, adv, mask, **kw):
+    loss, metrics = policy_loss("vanilla", lp, old, adv, mask, **kw)
+    loss.backward()
+    return loss.item(), lp.grad, metrics
+
+
+def test_token_tis_default():
+    # Per-token loss -A r = -1; weights min([3, 0.5], 2) = [2, 0.5]; token-mean = (-2 - 0.5) / 2.
+    lp, old, adv, mask, rollout = _on_policy([3.0, 0.5])
+    loss, grad, m = _vanilla(lp, old, adv, mask, rollout_log_prob=rollout)
+    assert loss == pytest.approx(-1.25)
+    torch.testing.assert_close(grad, torch.tensor([[-1.0, -0.25]], dtype=torch.float64))
+    assert m["rollout_is_mean"] == pytest.approx(1.25) and m["rollout_is_max"] == pytest.approx(2.0)
+
+
+def test_sequence_tis():
+    # Sequence weight 3 * 0.5 = 1.5 on both tokens -> loss -1.5; with threshold 1.2 -> -1.2.
+    lp, old, adv, mask, rollout = _on_policy([3.0, 0.5])
+    assert _vanilla(lp, old, adv, mask, rollout_log_prob=rollout, rollout_is="sequence")[0] == pytest.approx(
+        -1.5
+    )
+    lp.grad = None
+    loss = _vanilla(
+        lp, old, adv, mask, rollout_log_prob=rollout, rollout_is="sequence", rollout_is_threshold=1.2
+    )[0]
+    assert loss == pytest.approx(-1.2)
+
+
+def test_token_mis_keeps_denominator():
+    # rollout_rs alone: no IS weight; token ratio 3 > 2 is dropped: (0 + -1) / 2 tokens (the count stays).
+    lp, old, adv, mask, rollout = _on_policy([3.0, 0.5])
+    loss, grad, m = _vanilla(lp, old, adv, mask, rollout_log_prob=rollout, rollout_rs="token")
+    assert loss == pytest.approx(-0.5)
+    torch.testing.assert_close(grad, torch.tensor([[0.0, -0.5]], dtype=torch.float64))
+    assert m["rollout_rs_masked_fraction"] == pytest.approx(0.5)
+    # A lower bound of 0.6 also drops the 0.5 token.
+    lp.grad = None
+    loss = _vanilla(
+        lp, old, adv, mask, rollout_log_prob=rollout, rollout_rs="token", rollout_rs_threshold_lower=0.6
+    )[0]
+    assert loss == 0.0
+
+
+def test_sequence_mis_with_token_tis():
+    # Sequence ratio 1.5: kept under 2, dropped under 1.4. Token TIS weights [2, 0.5] apply to kept rows.
+    lp, old, adv, mask, rollout = _on_policy([3.0, 0.5])
+    kw = {"rollout_log_prob": rollout, "rollout_is": "token", "rollout_rs": "sequence"}
+    assert _vanilla(lp, old, adv, mask, **kw)[0] == pytest.approx(-1.25)
+    lp.grad = None
+    assert _vanilla(lp, old, adv, mask, **kw, rollout_rs_threshold=1.4)[0] == 0.0
+
+
+def test_precomputed_weights_and_errors():
+    lp, old, adv, mask, rollout = _on_policy([3.0, 0.5])
+    w = torch.tensor([[2.0, 0.5]], dtype=torch.float64)
+    assert _vanilla(lp, old, adv, mask, rollout_is_weights=w)[0] == pytest.approx(-1.25)
+    with pytest.raises(ValueError, match="not both"):
+        policy_loss("vanilla", lp, old, adv, mask, rollout_log_prob=rollout, rollout_is_weights=w)
+    with pytest.raises(ValueError, match="need rollout_log_prob"):
+        policy_loss("vanilla", lp, old, adv, mask, rollout_is="token")
+    with pytest.raises(ValueError, match="rollout_is must be one of"):
+        policy_loss("vanilla", lp, old, adv, mask, rollout_log_prob=rollout, rollout_is="tok")
+    with pytest.raises(ValueError, match=r"rollout_is_weights is nan at row 0, position 1"):
+        policy_loss(
+            "vanilla", lp, old, adv, mask, rollout_is_weights=torch.tensor([[1.0, math.nan]]).double()
+        )
+
+
+def test_gmpo_and_holder_use_the_geometric_mean_of_row_weights():
+    # r = 1 so rho = 1 and the row loss is -A = -1; weights [4, 1] -> geometric mean 2 -> loss -2;
+    # weights [2, 0.5] -> geometric mean 1 -> loss -1.
+    lp, old, adv, mask, _ = _on_policy([1.0, 1.0])
+    for name in ("gmpo", "holder"):
+        for w, want in (([4.0, 1.0], -2.0), ([2.0, 0.5], -1.0)):
+            loss, _ = policy_loss(
+                name, lp, old, adv, mask, rollout_is_weights=torch.tensor([w], dtype=torch.float64)
+            )
+            assert loss.item() == pytest.approx(want, rel=1e-9), (name, w)
+
+
+def test_vespo_folds_weights_into_w():
+    # VESPO does not multiply the loss by the weights: they enter log W. With r = 1:
+    # weights [2, 0.5] -> log W = log 2 + log 0.5 = 0 -> phi = 1 -> loss = -A mean(lp) = -log 0.5.
+    # weights [e^0.1, e^0.1] -> log W = 0.2 -> phi = exp(3 + 2*0.2 - 3 e^0.2) (A > 0: k=2, lambda=3).
+    lp, old, adv, mask, _ = _on_policy([1.0, 1.0])
+    w1 = torch.tensor([[2.0, 0.5]], dtype=torch.float64)
+    assert policy_loss("vespo", lp, old, adv, mask, rollout_is_weights=w1)[0].item() == pytest.approx(
+        -LOG_HALF
+    )
+    w2 = torch.full((1, 2), math.exp(0.1), dtype=torch.float64)
+    phi = math.exp(3 + 0.4 - 3 * math.exp(0.2))
+    loss = policy_loss("vespo", lp, old, adv, mask, rollout_is_weights=w2)[0]
+    assert loss.item() == pytest.approx(-phi * LOG_HALF, rel=1e-12)
+
+
+def test_kpo_weights_multiply_the_token_loss():
+    # r = 1 -> filtered ratio 1, loss -A per token; weights [2, 0.5] -> row mean (-2 - 0.5) / 2.
+    lp, old, adv, mask, _ = _on_policy([1.0, 1.0])
+    w = torch.tensor([[2.0, 0.5]], dtype=torch.float64)
+    assert policy_loss("kpo", lp, old, adv, mask, rollout_is_weights=w)[0].item() == pytest.approx(-1.25)
