@@ -1,0 +1,192 @@
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from kpo.evaluation import GenerationCache, evaluate, sample_seed
+from kpo.evaluation import runner as runner_mod
+from kpo.evaluation.cli import main as cli_main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _records(path):
+    return {(r["id"], r["sample"]): r["completion"] for r in map(json.loads, path.read_text().splitlines())}
+
+
+def test_sampler_draws_from_the_nucleus_distribution():
+    import torch
+
+    # p = (0.5, 0.3, 0.15, 0.05); top_p = 0.8 keeps {0, 1} (mass before token 2 is 0.8) -> (0.625, 0.375).
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    rows = 4000
+    gens = [torch.Generator().manual_seed(sample_seed(0, "t", str(i), 0)) for i in range(rows)]
+    scores = probs.log().expand(rows, 4)
+    picks = runner_mod._SeededSampler(gens, temperature=1.0, top_p=0.8)(None, scores).argmax(-1)
+    freq = torch.bincount(picks, minlength=4).double() / rows
+    assert freq[2] == 0 and freq[3] == 0
+    # binomial sd at p=0.625, n=4000: sqrt(.625*.375/4000) = 0.0077; 4 sd tolerance
+    assert abs(freq[0].item() - 0.625) < 0.031
+    # Temperature 2 flattens: p^(1/2) normalised = (0.3992, 0.3092, 0.2186, 0.0730).
+    gens = [torch.Generator().manual_seed(sample_seed(1, "t", str(i), 0)) for i in range(rows)]
+    picks = runner_mod._SeededSampler(gens, temperature=2.0, top_p=1.0)(None, scores).argmax(-1)
+    freq = torch.bincount(picks, minlength=4).double() / rows
+    expected = probs.sqrt() / probs.sqrt().sum()
+    assert torch.allclose(freq, expected.double(), atol=0.031)
+
+
+def test_samples_do_not_depend_on_batch_size(tiny_model, tmp_path):
+    kw = dict(n=3, ks=(1, 3), limit=5, max_new_tokens=12, show_progress=False)
+    a = evaluate(tiny_model, "synthetic", batch_size=1, cache=tmp_path / "a.jsonl", **kw)
+    b = evaluate(tiny_model, "synthetic", batch_size=7, cache=tmp_path / "b.jsonl", **kw)
+    assert _records(tmp_path / "a.jsonl") == _records(tmp_path / "b.jsonl")
+    assert a["benchmarks"] == b["benchmarks"]
+    # Different samples of one problem differ (they have their own seeds); greedy repeats itself.
+    recs = _records(tmp_path / "a.jsonl")
+    assert len({recs[("test-000000", j)] for j in range(3)}) > 1
+    evaluate(tiny_model, "synthetic", temperature=0.0, batch_size=4, cache=tmp_path / "g.jsonl", **kw)
+    greedy = _records(tmp_path / "g.jsonl")
+    assert len({greedy[("test-000000", j)] for j in range(3)}) == 1
+
+
+def test_outputs_and_cache_reuse(tiny_model, tmp_path):
+    out = tmp_path / "res" / "results.json"
+    kw = dict(n=2, ks=(1, 2), limit=4, batch_size=3, max_new_tokens=8, show_progress=False, output=out)
+    first = evaluate(tiny_model, "synthetic", **kw)
+    cache = out.with_suffix(".generations.jsonl")
+    assert len(cache.read_text().splitlines()) == 8  # 4 problems x 2 samples
+    saved = json.loads(out.read_text())
+    assert saved["benchmarks"]["synthetic"]["problems"] == 4 and saved["params"]["n"] == 2
+    b = saved["benchmarks"]["synthetic"]
+    assert set(b) >= {"avg@2", "pass@1", "pass@2", "mean_response_tokens", "truncated_frac", "per_problem"}
+    assert 1 <= b["mean_response_tokens"] <= 8
+    assert "| synthetic | 4 |" in out.with_suffix(".md").read_text()
+    # Rerun: everything comes from the cache; same results, nothing appended.
+    assert evaluate(tiny_model, "synthetic", **kw) == first
+    assert len(cache.read_text().splitlines()) == 8
+    # More samples reuse the first two of each problem and add the rest.
+    evaluate(tiny_model, "synthetic", **{**kw, "n": 3, "ks": (1,)})
+    assert len(cache.read_text().splitlines()) == 12
+    # A different sampling parameter is a different key.
+    evaluate(tiny_model, "synthetic", **{**kw, "temperature": 0.5})
+    assert len(cache.read_text().splitlines()) == 20
+
+
+def test_cache_drops_a_partial_tail_and_rejects_corruption(tmp_path):
+    rec = {
+        "model": "m",
+        "dataset": "d",
+        "id": "1",
+        "sample": 0,
+        "params": "{}",
+        "prompt_sha": "x",
+        "completion": "c",
+    }
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps(rec) + "\n" + '{"model": "m", "data')  # killed mid-write
+    cache = GenerationCache(path)
+    assert len(cache) == 1 and cache.get(GenerationCache.key(rec))["completion"] == "c"
+    assert path.read_text().endswith("}\n")  # the partial tail is gone, appends start on a clean line
+    cache.append([{**rec, "sample": 1}])
+    assert len(GenerationCache(path)) == 2
+    path.write_text("garbage\n" + json.dumps(rec) + "\n")
+    with pytest.raises(ValueError, match="line 1 is not a generation record"):
+        GenerationCache(path)
+
+
+class _FakeBackend:
+    """Answers the problem's own reference in a box for even sample seeds, a wrong number otherwise."""
+
+    name = "fake"
+
+    def __init__(self, answers, chat_template=None):
+        from transformers import PreTrainedTokenizerBase
+
+        self.answers = answers
+        self.tokenizer = PreTrainedTokenizerBase()
+        self.tokenizer.chat_template = chat_template
+        self.prompts = []
+
+    def generate(self, prompts, seeds, *, temperature, top_p, max_new_tokens):
+        self.prompts += prompts
+        out = []
+        for prompt, seed in zip(prompts, seeds):
+            answer = next(a for p, a in self.answers.items() if p in prompt)
+            text = f"so \\boxed{{{answer}}}" if seed % 2 == 0 else "so \\boxed{-12345}"
+            out.append((text, len(text), True))
+        return out
+
+
+def test_math_pipeline_grades_and_scores(tmp_path, monkeypatch, capsys):
+    problems = {"Compute 1/2.": "\\frac{1}{2}", "Name the pair.": "(1, 2)", "How many?": "7"}
+    data = tmp_path / "toy.jsonl"
+    data.write_text("".join(json.dumps({"problem": p, "answer": a}) + "\n" for p, a in problems.items()))
+    fake = _FakeBackend(problems)
+    monkeypatch.setattr(runner_mod, "_make_backend", lambda *a: fake)
+    res = evaluate("fake-model", data, n=8, ks=(1, 8), show_progress=False)
+    per = {p["id"]: p["correct"] for p in res["benchmarks"]["toy"]["per_problem"]}
+    seeds = {pid: [sample_seed(0, "toy", pid, j) % 2 == 0 for j in range(8)] for pid in ("0", "1", "2")}
+    assert per == {pid: sum(s) for pid, s in seeds.items()}
+    expected_avg = sum(sum(s) for s in seeds.values()) / 24
+    assert res["benchmarks"]["toy"]["avg@8"] == pytest.approx(expected_avg)
+    assert res["benchmarks"]["toy"]["pass@8"] == pytest.approx(sum(any(s) for s in seeds.values()) / 3)
+    assert res["macro"]["avg@8"] == res["benchmarks"]["toy"]["avg@8"]
+    # Default prompt: the problem, then the \boxed instruction; no chat template on this tokenizer.
+    assert (
+        fake.prompts[0]
+        == "Compute 1/2.\nPlease reason step by step, and put your final answer within \\boxed{}."
+    )
+    # The CLI prints the table and reports bad arguments as errors, not tracebacks.
+    assert (
+        cli_main(["--model", "fake-model", "--data", str(data), "--n", "2", "--k", "1,2", "--no-progress"])
+        == 0
+    )
+    assert "| toy | 3 |" in capsys.readouterr().out
+    assert cli_main(["--model", "m", "--data", str(data), "--n", "2", "--k", "1,4"]) == 2
+    assert "ks=[1, 4]: [4] outside [1, n=2]" in capsys.readouterr().err
+
+
+def test_chat_template_modes(tiny_model):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    row = {"id": "0", "problem": "P?", "answer": "1"}
+    assert (
+        runner_mod._build_prompt(row, tok, "Q: {problem}", runner_mod._use_chat_template(tok, "auto"))
+        == "Q: P?"
+    )
+    with pytest.raises(ValueError, match="no chat template"):
+        runner_mod._use_chat_template(tok, "on")
+    tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
+    assert runner_mod._build_prompt(row, tok, "Q: {problem}", runner_mod._use_chat_template(tok, "auto")) == (
+        "<user>Q: P?<assistant>"
+    )
+    assert (
+        runner_mod._build_prompt(row, tok, "Q: {problem}", runner_mod._use_chat_template(tok, "off"))
+        == "Q: P?"
+    )
+    # Synthetic rows carry their exact raw prompt: never templated.
+    assert runner_mod._build_prompt({**row, "prompt": "1+2="}, tok, "Q: {problem}", True) == "1+2="
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"n": 4, "ks": (1, 8)}, r"\[8\] outside \[1, n=4\]"),
+        ({"top_p": 0.0}, "top_p=0.0"),
+        ({"temperature": -1.0}, "temperature=-1.0"),
+        ({"prompt_template": "no slot"}, "must contain '{problem}'"),
+    ],
+)
+def test_bad_arguments(kw, match):
+    with pytest.raises(ValueError, match=match):
+        evaluate("unused", "synthetic", **kw)
+
+
+def test_pass_at_k_keys_are_consistent_with_metrics(tiny_model):
+    res = evaluate(tiny_model, "synthetic", n=2, ks=(1, 2), limit=2, max_new_tokens=4, show_progress=False)
+    b = res["benchmarks"]["synthetic"]
+    assert b["pass@1"] == pytest.approx(b["avg@2"]) and 0.0 <= b["pass@1"] <= b["pass@2"] <= 1.0
+    assert math.isclose(res["macro"]["pass@2"], b["pass@2"])
