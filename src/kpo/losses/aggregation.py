@@ -18,11 +18,15 @@ loss of the unsplit global mini-batch. Without global counts the local counts ar
 whole batch); ``dp_size > 1`` then is an error, as in verl.
 
 Local counts: tokens are the valid tokens; sequences are the rows with at least one valid token (verl's rule),
-so a fully masked row contributes nothing and changes no denominator. Denominators are clamped at 1, so an
+so a fully masked row contributes nothing and changes no denominator. For exact split invariance pass as
+``global_num_seqs`` the same count over the global mini-batch; verl passes all its sequences
+(``ppo_mini_batch_size * rollout.n``), which is the same number unless a response has no valid token. Denominators are clamped at 1, so an
 all-masked batch gives a loss of exactly 0, never NaN (verl would divide 0 by 0 there).
 """
 
 from __future__ import annotations
+
+import operator
 
 import torch
 
@@ -38,8 +42,13 @@ SEQ_AGG_MODE = "seq-mean"
 GLOBAL_BATCH_KEYS = ("global_num_tokens", "global_num_seqs", "dp_size", "loss_scale_factor")
 
 
-def _check_global(global_num_tokens, global_num_seqs, dp_size, loss_scale_factor) -> None:
-    if not isinstance(dp_size, int) or isinstance(dp_size, bool) or dp_size < 1:
+def _check_global(global_num_tokens, global_num_seqs, dp_size, loss_scale_factor) -> int:
+    """Validate the global-batch keywords; returns dp_size as an int."""
+    try:
+        valid = not isinstance(dp_size, bool) and operator.index(dp_size) >= 1
+    except TypeError:
+        valid = False
+    if not valid:
         raise ValueError(f"dp_size must be an int >= 1, got {dp_size!r}")
     for name, value in (("global_num_tokens", global_num_tokens), ("global_num_seqs", global_num_seqs)):
         if value is not None and not float(value) >= 0:
@@ -48,6 +57,7 @@ def _check_global(global_num_tokens, global_num_seqs, dp_size, loss_scale_factor
         raise ValueError(
             f"loss_scale_factor must be > 0 (e.g. the max response length), got {loss_scale_factor!r}"
         )
+    return operator.index(dp_size)
 
 
 def _count(local: torch.Tensor, global_count, dp_size: int, what: str, key: str):
@@ -84,7 +94,7 @@ def aggregate(
     """
     if mode not in TOKEN_AGG_MODES:
         raise ValueError(f"unknown loss_agg_mode {mode!r}; valid modes: {', '.join(TOKEN_AGG_MODES)}")
-    _check_global(global_num_tokens, global_num_seqs, dp_size, loss_scale_factor)
+    dp_size = _check_global(global_num_tokens, global_num_seqs, dp_size, loss_scale_factor)
     m = mask.to(torch.bool)
     masked = torch.where(m, loss_mat, torch.zeros((), dtype=loss_mat.dtype, device=loss_mat.device))
     if mode == "token-sum":
@@ -121,7 +131,7 @@ def aggregate_sequences(
     ``global_num_tokens`` and ``loss_scale_factor`` are accepted (and ignored) so that one set of global-batch
     keywords serves every loss.
     """
-    _check_global(global_num_tokens, global_num_seqs, dp_size, loss_scale_factor)
+    dp_size = _check_global(global_num_tokens, global_num_seqs, dp_size, loss_scale_factor)
     nonempty = mask.to(torch.bool).any(dim=-1)
     n_seq = _count(
         nonempty.sum().to(seq_loss.dtype), global_num_seqs, dp_size, "sequences", "global_num_seqs"
