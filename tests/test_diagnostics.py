@@ -176,6 +176,9 @@ def test_window_stats_hand_case():
     np.testing.assert_allclose(w["mean"], [0.75, 0.0], atol=1e-15)
     np.testing.assert_allclose(w["var"], [0.0625, 0.0], atol=1e-15)
     assert np.isnan(w["freq"][1, 1]) and np.isnan(w["freq"][2]).all()
+    # no sample with a full window: empty curves, not NaN-filled ones
+    short = window_stats(z, m, window=7)
+    assert short["mean"].shape == (0,) and short["freq"].shape == (3, 0)
 
 
 @pytest.mark.parametrize(

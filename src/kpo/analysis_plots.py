@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from kpo.diagnostics import STAT_KEYS
 
@@ -77,6 +78,14 @@ def traces(
     return path
 
 
+def _legend_or_note(ax, note: str, fontsize: int = 8) -> None:
+    """A legend when the panel has labelled data, else the reason it is empty written in the panel."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=fontsize)
+    else:
+        ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes, fontsize=9, wrap=True)
+
+
 def _run_hist(ax, runs: dict[str, np.ndarray], title: str) -> None:
     longest = max([1] + [int(r.max()) for r in runs.values() if r.size])
     edges = np.unique(np.geomspace(1, longest + 1, 30).astype(np.int64))
@@ -95,10 +104,12 @@ def _run_hist(ax, runs: dict[str, np.ndarray], title: str) -> None:
             )
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.xaxis.set_major_formatter(ScalarFormatter())  # plain 1, 10, 100: short ranges stay readable
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("run length (tokens)")
     ax.set_ylabel("fraction of runs")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7)
+    _legend_or_note(ax, "no valid token", fontsize=7)
 
 
 def dynamics(
@@ -128,7 +139,7 @@ def dynamics(
     ax[0].set_xlabel(f"window index ({window} valid tokens each)")
     ax[0].set_ylabel("off-policy frequency (up + down) / window")
     ax[0].set_title("window-wise off-policy frequency", fontsize=10)
-    ax[0].legend(fontsize=8)
+    _legend_or_note(ax[0], f"no sample has a full window\nof {window} valid tokens")
     _run_hist(ax[1], runs_before, "run lengths before KF")
     _run_hist(ax[2], runs_after, "run lengths after KF")
     bins = np.linspace(0.0, 1.0, 41)
@@ -146,7 +157,7 @@ def dynamics(
     ax[3].set_xlabel("switch frequency per sample")
     ax[3].set_ylabel("samples")
     ax[3].set_title("token switch frequency", fontsize=10)
-    ax[3].legend(fontsize=8)
+    _legend_or_note(ax[3], "no valid token")
     fig.suptitle("Figure 1: local structure of token importance ratios", fontsize=11)
     fig.savefig(path, dpi=110)
     return path
