@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+from tests.evaluation.tiny_model import save_tiny_model
 
 from kpo.evaluation import GenerationCache, evaluate, sample_seed
 from kpo.evaluation import runner as runner_mod
@@ -72,6 +73,17 @@ def test_outputs_and_cache_reuse(tiny_model, tmp_path):
     # A different sampling parameter is a different key.
     evaluate(tiny_model, "synthetic", **{**kw, "temperature": 0.5})
     assert len(cache.read_text().splitlines()) == 20
+
+
+def test_a_checkpoint_rewritten_in_place_misses_the_cache(tmp_path):
+    model = save_tiny_model(tmp_path / "ckpt", seed=0)
+    kw = dict(n=2, ks=(1,), limit=2, max_new_tokens=4, show_progress=False, cache=tmp_path / "c.jsonl")
+    evaluate(model, "synthetic", **kw)
+    evaluate(model, "synthetic", **kw)
+    assert len((tmp_path / "c.jsonl").read_text().splitlines()) == 4
+    save_tiny_model(model, seed=1)  # "retrained": new weights at the same path
+    evaluate(model, "synthetic", **kw)
+    assert len((tmp_path / "c.jsonl").read_text().splitlines()) == 8
 
 
 def test_cache_drops_a_partial_tail_and_rejects_corruption(tmp_path):

@@ -188,9 +188,13 @@ class TransformersBackend:
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(
             self.device
         )
+        # Explicit neutral values: transformers fills unset fields from the model's generation_config (e.g. a
+        # repetition penalty), which would silently change the sampling distribution.
         config = GenerationConfig(
             max_new_tokens=max_new_tokens,
             do_sample=False,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
             eos_token_id=sorted(self.eos_ids),
             pad_token_id=self.tokenizer.pad_token_id,
         )
@@ -333,7 +337,8 @@ def evaluate(
     """Sample `n` completions per problem, grade them and report avg@n / pass@k per benchmark.
 
     Args:
-        model: a Hugging Face model directory (tokenizer saved beside it).
+        model: a Hugging Face model directory (tokenizer saved beside it). Its cache identity is the resolved
+            path plus a fingerprint of its weight/config files, so retraining in place invalidates the cache.
         data: a benchmark file (any format :func:`kpo.data.math.load_problems` reads), ``"synthetic"`` (the
             embedded arithmetic task's test split, graded by :func:`kpo.data.synthetic.grade`), or a list.
         n: samples per problem; ks: the k of each pass@k (each 1 <= k <= n).
@@ -383,7 +388,7 @@ def evaluate(
     store = GenerationCache(cache) if cache is not None else None
     engine = _make_backend(backend, model, device, dtype)
     use_chat = _use_chat_template(engine.tokenizer, chat_template)
-    model_id = str(Path(model).resolve()) if Path(model).exists() else str(model)
+    model_id = _model_id(model)
 
     results: dict[str, Any] = {"model": model_id, "benchmarks": {}}
     for name, (rows, grader) in benchmarks.items():
@@ -421,6 +426,19 @@ def evaluate(
         out.write_text(json.dumps(results, indent=2) + "\n")
         out.with_suffix(".md").write_text(format_table(results) + "\n")
     return results
+
+
+def _model_id(model: str | Path) -> str:
+    """Resolved path plus a fingerprint of the weight and config files (names, sizes, mtimes), so a
+    checkpoint retrained in place never reuses the old checkpoint's cached generations."""
+    path = Path(model)
+    if not path.is_dir():
+        return str(model)
+    files = sorted(
+        p for p in path.iterdir() if p.suffix in {".safetensors", ".bin", ".pt", ".json"} and p.is_file()
+    )
+    stamp = "\n".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
+    return f"{path.resolve()}@{hashlib.sha256(stamp.encode()).hexdigest()[:12]}"
 
 
 def _default_budget(name: str, synthetic_kw: dict | None) -> int:
