@@ -1,0 +1,260 @@
+"""``kpo compare``: train, evaluate and analyze several methods and seeds into one report.
+
+Every (method, seed) run trains on the embedded task under the paper's off-policy protocol with the method's
+paper hyperparameters (nothing tuned per method: every run shares one set of protocol flags, and the seed fixes
+the warm start and the data order), then its final model is evaluated on the held-out split (avg@n, pass@k)
+and its dumped ratios are analyzed. The report (``report.md`` + PNGs) holds the analogs of the paper's
+Figure 3, Table 1, Figure 4 and Table 2, and a "claims" section that says, with numbers, whether each claim holds.
+
+Runs execute in parallel worker processes (one torch thread each); a run whose ``eval.json`` exists is done
+and is not rerun, so an interrupted compare resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass
+from multiprocessing import get_context
+from pathlib import Path
+
+__all__ = ["CompareConfig", "Run", "plan_runs", "sweep_runs", "run_compare", "main"]
+
+DEFAULT_METHODS = ("vanilla", "gspo", "gmpo", "kpo", "kpo_unclipped")
+SWEEP_Q = (1e-6, 1e-4, 1e-2)  # the paper's Figure 4 values of Q (V = 1)
+
+
+@dataclass
+class CompareConfig:
+    """Settings of one comparison; each field is the command-line option of the same name."""
+
+    out: str = "runs/compare"
+    methods: tuple[str, ...] = DEFAULT_METHODS
+    seeds: int = 3
+    steps: int | None = None  # optimizer steps per run; None = kpo train's default (quick: 48)
+    minibatches: int = 4  # optimizer steps per generation batch (3 of 4 off-policy in the paper)
+    sweep_q: tuple[float, ...] = SWEEP_Q  # KPO's Q/V sweep (Figure 4); empty = no sweep
+    sweep_seeds: int | None = None  # seeds of the sweep runs; None = all seeds (quick: 1)
+    eval_n: int = 8  # samples per held-out problem
+    eval_limit: int = 128  # held-out problems
+    dump_every: int = 5  # ratio dumps every N optimizer steps (analysis input)
+    jobs: int | None = None  # parallel runs; None = CPU count
+    train_args: tuple[str, ...] = ()  # extra `kpo train` flags shared by every run, e.g. ("--n-terms", "4")
+    quick: bool = False
+
+    def __post_init__(self) -> None:
+        if self.quick:
+            self.steps = 48 if self.steps is None else self.steps
+            self.sweep_seeds = 1 if self.sweep_seeds is None else self.sweep_seeds
+            self.eval_limit = min(self.eval_limit, 64)
+            self.eval_n = min(self.eval_n, 4)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run: a method (registry name) at a seed, with optional loss overrides (the Q/V sweep)."""
+
+    method: str
+    seed: int
+    loss_kwargs: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def name(self) -> str:
+        extra = "".join(f"-{k}{v:g}" for k, v in self.loss_kwargs)
+        return f"{self.method}{extra}-seed{self.seed}"
+
+
+def sweep_runs(cfg: CompareConfig) -> dict[float, list[Run]]:
+    """KPO's Q/V sweep: Q -> its runs; at the default Q the sweep's run is the plain ``kpo`` run."""
+    from kpo.losses import get_loss_spec
+
+    default_q = get_loss_spec("kpo").hparams["q"]
+    seeds = range(cfg.seeds if cfg.sweep_seeds is None else min(cfg.sweep_seeds, cfg.seeds))
+    return {q: [Run("kpo", s, () if q == default_q else (("q", q),)) for s in seeds] for q in cfg.sweep_q}
+
+
+def plan_runs(cfg: CompareConfig) -> list[Run]:
+    """Every run of the comparison once: the methods at every seed, then the sweep's extra runs."""
+    runs = [Run(m, s) for s in range(cfg.seeds) for m in cfg.methods]
+    for members in sweep_runs(cfg).values():
+        runs += [r for r in members if r not in runs]
+    return runs
+
+
+def _train_argv(cfg: CompareConfig, run: Run, out: Path) -> list[str]:
+    argv = ["--loss", run.method, "--seed", str(run.seed), "--output-dir", str(out), "--minibatches",
+            str(cfg.minibatches), "--dump-ratios-every", str(cfg.dump_every), "--report-to", "none",
+            "--progress", "false", "--num-threads", "1", "--overwrite"]  # fmt: skip
+    if cfg.steps is not None:
+        argv += ["--max-steps", str(cfg.steps)]
+    if run.loss_kwargs:
+        argv += ["--loss-kwargs", *(f"{k}={v!r}" for k, v in run.loss_kwargs)]
+    return argv + list(cfg.train_args)
+
+
+def _execute(cfg: CompareConfig, run: Run, out: Path) -> dict:
+    """Worker: train one run, then evaluate its final model. Output goes to ``out/log.txt``."""
+    import torch
+
+    from kpo.evaluation import evaluate
+    from kpo.train.config import parse_args
+    from kpo.train.run import run_training
+
+    out.mkdir(parents=True, exist_ok=True)
+    log = open(out / "log.txt", "a", buffering=1)  # noqa: SIM115 - lives as long as the worker's job
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    torch.set_num_threads(1)
+    start = time.time()
+    config = parse_args(_train_argv(cfg, run, out))
+    run_training(config)
+    results = evaluate(
+        out / "final", "synthetic", n=cfg.eval_n, ks=sorted({1, cfg.eval_n}), limit=cfg.eval_limit,
+        seed=run.seed, output=out / "eval.json", show_progress=False,
+        synthetic_kw={"n_terms": config.n_terms, "max_value": config.max_value},
+    )  # fmt: skip
+    return {"run": run.name, "seconds": time.time() - start, "macro": results["macro"]}
+
+
+def _done(out: Path) -> bool:
+    return (out / "eval.json").exists() and (out / "metrics.jsonl").exists()
+
+
+def _steps_logged(out: Path) -> int:
+    path = out / "metrics.jsonl"
+    return sum(1 for _ in path.open()) if path.exists() else 0
+
+
+def _warm_starts(cfg: CompareConfig, seeds: list[int]) -> None:
+    """Build each seed's cached warm start once, before parallel runs of that seed could race to build it."""
+    from kpo.train.config import parse_args
+    from kpo.train.run import prepare_model
+
+    for seed in seeds:
+        prepare_model(parse_args(["--seed", str(seed), *cfg.train_args]))
+
+
+def run_compare(cfg: CompareConfig) -> Path:
+    """Run every missing (method, seed), then write the report; returns the report's path."""
+    from tqdm.auto import tqdm
+
+    from kpo.losses import get_loss_spec
+
+    for method in cfg.methods:
+        get_loss_spec(method)  # unknown names fail here, before any training
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
+    runs = plan_runs(cfg)
+    todo = [r for r in runs if not _done(out / "runs" / r.name)]
+    print(f"kpo compare: {len(runs)} runs, {len(runs) - len(todo)} already done; report in {out}", flush=True)
+    if todo:
+        _warm_starts(cfg, sorted({r.seed for r in todo}))
+        jobs = cfg.jobs or os.cpu_count() or 1
+        steps = cfg.steps or _default_steps()
+        bar = tqdm(total=steps * len(todo), desc="compare (optimizer steps)", unit="step")
+        failures = []
+        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=get_context("spawn")) as pool:
+            pending = {pool.submit(_execute, cfg, r, out / "runs" / r.name): r for r in todo}
+            while pending:
+                finished, _ = wait(pending, timeout=5, return_when=FIRST_COMPLETED)
+                bar.n = sum(min(_steps_logged(out / "runs" / r.name), steps) for r in todo)
+                bar.refresh()
+                for fut in finished:
+                    run = pending.pop(fut)
+                    try:
+                        info = fut.result()
+                    except Exception as e:  # noqa: BLE001 - report every failed run, then stop
+                        failures.append(
+                            f"{run.name}: {type(e).__name__}: {e} (log: {out / 'runs' / run.name / 'log.txt'})"
+                        )
+                        continue
+                    macro = ", ".join(f"{k} {v:.3f}" for k, v in info["macro"].items() if "@" in k)
+                    bar.write(f"done {run.name} in {info['seconds'] / 60:.1f} min: {macro}")
+        bar.close()
+        if failures:
+            raise RuntimeError("kpo compare: runs failed:\n  " + "\n  ".join(failures))
+    from kpo.compare_report import write_report
+
+    return write_report(cfg, runs, out)
+
+
+def _default_steps() -> int:
+    from kpo.train.config import TrainConfig
+
+    return TrainConfig().max_steps
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(",") if x.strip())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = CompareConfig()
+    p = argparse.ArgumentParser(
+        prog="kpo compare",
+        description="Train every method with every seed on the embedded task under the paper's off-policy "
+        "protocol, evaluate, analyze, and write one report. Finished runs are reused.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--out", default=d.out, help="Report and run directory.")
+    p.add_argument("--methods", default=",".join(d.methods), help="Comma-separated loss names.")
+    p.add_argument("--seeds", type=int, default=d.seeds, help="Seeds per method.")
+    p.add_argument("--steps", type=int, default=None, help="Optimizer steps per run (default: kpo train's).")
+    p.add_argument(
+        "--minibatches",
+        type=int,
+        default=d.minibatches,
+        help="Optimizer steps per generation batch: more = more off-policy updates.",
+    )
+    p.add_argument("--sweep-q", type=_floats, default=d.sweep_q, help="KPO Q values (V = 1); '' = no sweep.")
+    p.add_argument("--sweep-seeds", type=int, default=None, help="Seeds of the Q/V sweep (default: all).")
+    p.add_argument("--eval-n", type=int, default=d.eval_n, help="Samples per held-out problem.")
+    p.add_argument("--eval-limit", type=int, default=d.eval_limit, help="Held-out problems.")
+    p.add_argument(
+        "--dump-every", type=int, default=d.dump_every, help="Ratio dump period (optimizer steps)."
+    )
+    p.add_argument("--jobs", type=int, default=None, help="Parallel runs (default: CPU count).")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="48 steps, one sweep seed, 64 problems x 4 samples: minutes instead of an hour.",
+    )
+    p.add_argument(
+        "train_args",
+        nargs=argparse.REMAINDER,
+        help="After `--`: extra `kpo train` flags for every run (e.g. -- --n-terms 4 --max-value 20).",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    extra = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
+    cfg = CompareConfig(
+        out=args.out, methods=tuple(m for m in args.methods.split(",") if m), seeds=args.seeds,
+        steps=args.steps, minibatches=args.minibatches, sweep_q=args.sweep_q, sweep_seeds=args.sweep_seeds,
+        eval_n=args.eval_n, eval_limit=args.eval_limit, dump_every=args.dump_every, jobs=args.jobs,
+        train_args=tuple(extra), quick=args.quick,
+    )  # fmt: skip
+    errors = [
+        f"--{k}={getattr(cfg, k)}: must be >= 1"
+        for k in ("seeds", "minibatches", "eval_n", "eval_limit", "dump_every")
+        if getattr(cfg, k) < 1
+    ]
+    if not cfg.methods:
+        errors.append("--methods: give at least one loss name")
+    if errors:
+        print("kpo compare: " + "; ".join(errors), file=sys.stderr)
+        return 2
+    report = run_compare(cfg)
+    print(f"report: {report}\nfigures: {', '.join(str(p) for p in sorted(report.parent.glob('*.png')))}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
