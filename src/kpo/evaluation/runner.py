@@ -288,7 +288,7 @@ def _load_benchmarks(
             from kpo.data.math import load_problems
 
             path = Path(spec)
-            name = path.name.split(".")[0]
+            name = path.stem
             rows, grader = load_problems(path, problem_key, answer_key)[:limit], math_reward
         if name in out:
             raise ValueError(f"data: two benchmarks named {name!r} ({spec}); evaluate them in separate runs")
