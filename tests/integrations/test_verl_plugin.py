@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ import verl  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.errors import InstantiationException  # noqa: E402
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, get_policy_loss_fn  # noqa: E402
-from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
+from verl.utils.config import omega_conf_to_dataclass, validate_config  # noqa: E402
 from verl.workers.config import PolicyLossConfig  # noqa: E402
 
 from kpo.integrations.verl import (  # noqa: E402
@@ -234,12 +235,11 @@ def test_config_rejects_bad_or_unused_settings():
     assert actor_config("kpo_unclipped").q is None
 
 
-def _compose(*overrides: str):
+def _compose(*overrides: str, micro_batch: bool = True):
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    base = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"] if micro_batch else []
     with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return compose(
-            "ppo_trainer", overrides=["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", *overrides]
-        )
+        return compose("ppo_trainer", overrides=[*base, *overrides])
 
 
 def test_config_subclass_through_verl_hydra_instantiation():
@@ -273,3 +273,51 @@ def test_config_subclass_through_verl_hydra_instantiation():
     # Without the subclass verl's own FSDPActorConfig refuses the extra keys: why KPOActorConfig exists.
     with pytest.raises(InstantiationException, match="'q'"):
         omega_conf_to_dataclass(_compose(*kpo_keys).actor_rollout_ref.actor)
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "verl"
+
+
+@pytest.mark.parametrize(
+    "script, env, loss, q, nnodes",
+    [
+        ("run_kpo_qwen3_4b.sh", {}, "kpo", 1e-6, 1),
+        ("run_kpo_qwen3_4b.sh", {"LOSS": "kpo_unclipped"}, "kpo_unclipped", 1e-4, 1),
+        ("run_kpo_qwen3_4b_multinode.sh", {"NNODES": "4"}, "kpo", 1e-6, 4),
+    ],
+)
+def test_launch_scripts_pass_verl_config_validation(script, env, loss, q, nnodes):
+    """The launch scripts' overrides, composed with verl's ppo_trainer config and checked by the same
+    validate_config that verl's main_ppo runs before starting Ray."""
+    args = ["train"] if "multinode" in script else []
+    out = subprocess.run(
+        ["bash", str(EXAMPLES / script), *args],
+        env={**os.environ, "DRY_RUN": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    cfg = _compose(*out.stdout.splitlines(), micro_batch=False)
+    # What verl.trainer.ppo.utils.need_reference_policy/need_critic derive (importing them needs `datasets`):
+    # no KL loss or KL reward -> no reference model; GRPO advantages -> no critic.
+    assert not cfg.actor_rollout_ref.actor.use_kl_loss and not cfg.algorithm.use_kl_in_reward
+    assert cfg.algorithm.adv_estimator == "grpo"
+    validate_config(cfg, use_reference_policy=False, use_critic=False)
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert type(actor) is KPOActorConfig
+    assert (actor.policy_loss.loss_mode, actor.q, actor.v, actor.loss_agg_mode) == (
+        loss,
+        q,
+        1.0,
+        "seq-mean-token-mean",
+    )
+    assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.optim.lr) == (3e-4, 4e-4, 1e-6)
+    assert (cfg.data.train_batch_size, actor.ppo_mini_batch_size, cfg.actor_rollout_ref.rollout.n) == (
+        32,
+        8,
+        8,
+    )
+    assert cfg.data.max_response_length == 4096 and cfg.actor_rollout_ref.rollout.val_kwargs.n == 16
+    assert len(cfg.data.val_files) == 6 and cfg.trainer.nnodes == nnodes
+    assert Path(cfg.reward.custom_reward_function.path).is_file()
