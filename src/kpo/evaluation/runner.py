@@ -160,7 +160,9 @@ class TransformersBackend:
 
         self.device = _resolve_device(device)
         torch_dtype = (
-            getattr(torch, dtype) if dtype else (torch.bfloat16 if self.device == "cuda" else torch.float32)
+            getattr(torch, dtype)
+            if dtype
+            else (torch.bfloat16 if self.device.startswith("cuda") else torch.float32)
         )
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.tokenizer.padding_side = "left"
@@ -246,11 +248,8 @@ def _make_backend(name: str, model_path: str | Path, device: str, dtype: str | N
 
         import torch
 
-        name = (
-            "vllm"
-            if importlib.util.find_spec("vllm") and torch.cuda.is_available() and device != "cpu"
-            else ("transformers")
-        )
+        gpu = torch.cuda.is_available() and device != "cpu"
+        name = "vllm" if gpu and importlib.util.find_spec("vllm") else "transformers"
     if name == "transformers":
         return TransformersBackend(model_path, device=device, dtype=dtype)
     if name == "vllm":
