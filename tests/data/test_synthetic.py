@@ -38,6 +38,11 @@ def test_grade_is_strict_and_never_raises():
     assert grade("75", "75") == 1.0
     assert grade(" 75 ", "75") == 1.0
     assert grade("68+7=76", "75") == 0.0
+    # right final number, wrong intermediate sum: 60+7 = 67 != 75
+    assert grade("60+7=75", "75") == 0.0
+    assert grade("68+7=75+0=75", "75") == 1.0  # an extra step that keeps the sum is still correct
+    assert grade("68+=75", "75") == 0.0  # empty term
+    assert grade("68+7=075", "75") == 0.0  # the last expression must be exactly the answer
     assert grade("75=", "75") == 0.0  # the last '=' leaves nothing
     assert grade("7500", "75") == 0.0
     assert grade("", "75") == 0.0

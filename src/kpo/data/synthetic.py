@@ -8,6 +8,8 @@ the reference solution reduces the chain one addition at a time (the chain of th
     solution  "68+7=75"       (step 1: 23+45 -> 68; step 2: 68+7 -> 75)
     answer    "75"
 
+:func:`grade` checks the whole chain: every expression must sum to the answer and the last must be it.
+
 Every string uses only the characters in :data:`ALPHABET`, so a character-level tokenizer covers it.
 Train and test are disjoint by construction: a problem belongs to the test split if and only if a stable
 hash of its text falls in the test bucket, so no seed or size can leak a test problem into training.
@@ -138,9 +140,23 @@ def load_split(
 
 
 def grade(completion: str, answer: str) -> float:
-    """1.0 if the text after the completion's last ``=`` (or the whole completion if it has none) is exactly
-    ``answer`` once surrounding whitespace is stripped, else 0.0. Never raises on garbage input."""
+    """1.0 if the completion is a correct chain for ``answer``, else 0.0. Never raises on garbage input.
+
+    The completion (surrounding whitespace ignored) is split at ``=`` into expressions; it is correct when every
+    expression is digits joined by ``+``, every expression sums to ``answer`` (each chain-of-thought step keeps
+    the total, so a wrong intermediate sum fails even when the final number is right), and the last
+    expression is exactly the number ``answer``. A bare final answer (``"75"``) is a correct one-step chain.
+    """
     if not isinstance(completion, str) or not isinstance(answer, str):
         return 0.0
-    final = completion.rsplit("=", 1)[-1].strip()
-    return 1.0 if final and final == answer.strip() else 0.0
+    target = answer.strip()
+    if not target.isdigit():
+        return 0.0
+    parts = completion.strip().split("=")
+    if parts[-1] != target:
+        return 0.0
+    for expr in parts:
+        terms = expr.split("+")
+        if not all(t.isdigit() and t.isascii() for t in terms) or sum(int(t) for t in terms) != int(target):
+            return 0.0
+    return 1.0
