@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from kpo.filter import _filter, compiled, triton_kernel
+from kpo.filter import _filter, compiled, triton_kernels
 from kpo.filter.reference import kalman_filter_reference
 
 # bytes a filter pass moves per token: read z (4) and the bool mask (1), write the result (4)
@@ -105,7 +105,7 @@ def _run_filter(args: argparse.Namespace) -> int:
     paths = ["torch"]
     if device.type == "cpu" and compiled is not None:
         paths.insert(0, "numba")
-    if device.type == "cuda" and triton_kernel is not None:
+    if device.type == "cuda" and triton_kernels() is not None:
         paths.insert(0, "triton")
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
     print(

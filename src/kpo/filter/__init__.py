@@ -14,6 +14,8 @@ CPU tensors, torch otherwise).
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
 import threading
 
@@ -29,10 +31,18 @@ try:
 except ImportError:  # numba missing: the torch path serves CPU tensors
     compiled = None
 
-try:
-    from kpo.filter import triton as triton_kernel
-except ImportError:  # triton missing: the torch path serves CUDA tensors
-    triton_kernel = None
+
+@functools.cache
+def triton_kernels():
+    """The Triton kernel module, or None without triton (then the torch path serves CUDA tensors).
+
+    Imported on first use: importing triton is slow, and TRITON_INTERPRET must be set before it is.
+    """
+    try:
+        return importlib.import_module("kpo.filter.triton")
+    except ImportError:
+        return None
+
 
 BACKENDS = ("auto", "numba", "torch", "triton")
 _numba_lock = threading.Lock()  # numba's default thread pool refuses concurrent launches
@@ -108,11 +118,11 @@ def _check_mask(z: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def _resolve(backend: str, z: torch.Tensor) -> str:
     if backend == "auto":
         if z.is_cuda:
-            return "triton" if triton_kernel is not None else "torch"
+            return "triton" if triton_kernels() is not None else "torch"
         return "numba" if compiled is not None and z.device.type == "cpu" else "torch"
     if backend == "numba" and (compiled is None or z.device.type != "cpu"):
         raise RuntimeError("backend 'numba' needs numba (pip install 'kpo[fast]') and a CPU tensor")
-    if backend == "triton" and triton_kernel is None:
+    if backend == "triton" and triton_kernels() is None:
         raise RuntimeError("backend 'triton' needs triton (pip install 'kpo[gpu]')")
     return backend
 
@@ -156,7 +166,7 @@ class _Filter(torch.autograd.Function):
         if path == "numba":
             out, x_end = _numba_forward(z, mask, mode, q, v, p0, x0)
         elif path == "triton":
-            out, x_end = triton_kernel.forward(z, mask, mode, q, v, p0, x0)
+            out, x_end = triton_kernels().forward(z, mask, mode, q, v, p0, x0)
         else:
             out, x_end = scan.forward(z, mask, mode, q, v, p0, x0)
         if not bool(torch.isfinite(x_end).all()):
@@ -174,7 +184,7 @@ class _Filter(torch.autograd.Function):
         if ctx.path == "numba":
             dz = _numba_backward(grad, mask, mode, q, v, p0)
         elif ctx.path == "triton":
-            dz = triton_kernel.backward(grad, mask, mode, q, v, p0)
+            dz = triton_kernels().backward(grad, mask, mode, q, v, p0)
         else:
             dz = scan.backward(grad, mask, mode, q, v, p0)
         return dz, None, None, None

@@ -1,0 +1,184 @@
+"""Triton GPU kernels of the filter (extra ``gpu``): one pass over memory forward, one backward.
+
+Each program owns one row and walks T in tiles. Inside a tile the recurrence x_t = (1 - c_t) x_{t-1} + b_t
+(c = gain, b = gain * z) is a scan of affine maps, done with ``tl.associative_scan``; the state between
+tiles is carried in float64. Maps are stored as (c, b) rather than (1 - c, b): composing keeps c's relative
+precision, where 1 - c in float32 would lose the gain itself when it is small (c ~ 1e-4 at q/v = 1e-8).
+
+Gains come from the float64 table (cast to the compute dtype) at the token's position (``zero``, no mask)
+or rank among valid tokens (``skip``). In ``advance`` mode they depend on the hole pattern: the variance
+steps are Moebius maps (see ``scan._advance_priors``), scanned in float64 in the kernel; the posterior
+after token t is v K_t, so K_t = posterior / v needs no shifted scan. The backward is the reverse scan
+u_t = w_t + (1 - K_{t+1}) u_{t+1}, dz_t = K_t u_t, walking tiles from the end with reversed offsets.
+
+``TRITON_INTERPRET=1`` runs these kernels on CPU tensors (the tests do).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kpo.filter.gains import gain_tensors
+
+NOMASK, SKIP, ADVANCE, ZERO = 0, 1, 2, 3
+_MODE_CODE = {"skip": SKIP, "advance": ADVANCE, "zero": ZERO}
+BLOCK = 1024
+
+
+@triton.jit
+def _affine(c1, b1, c2, b2):
+    # map 1 then map 2: x -> (1 - c2)((1 - c1) x + b1) + b2
+    return c1 + c2 - c1 * c2, b2 + b1 - c2 * b1
+
+
+@triton.jit
+def _moebius(a11, a12, a21, a22, b11, b12, b21, b22):
+    # map a then map b: the product b @ a, rescaled (a Moebius map is unchanged by scaling)
+    c11 = b11 * a11 + b12 * a21
+    c12 = b11 * a12 + b12 * a22
+    c21 = b21 * a11 + b22 * a21
+    c22 = b21 * a12 + b22 * a22
+    s = c11 + c12 + c21 + c22
+    return c11 / s, c12 / s, c21 / s, c22 / s
+
+
+@triton.jit
+def _last(x, idx, BLOCK: tl.constexpr):
+    return tl.sum(tl.where(idx == BLOCK - 1, x, 0.0), axis=0)
+
+
+@triton.jit
+def _advance_gains(valid, inb, p, q, v, idx, BLOCK: tl.constexpr):
+    """Gains of one tile in ``advance`` mode from the posterior p before it; returns (gains, p after)."""
+    one = tl.full([BLOCK], 1.0, tl.float64)
+    zero = tl.zeros([BLOCK], tl.float64)
+    # update [[v, vq], [1, q + v]]; hole [[1, q], [0, 1]]; beyond T the identity
+    m11 = tl.where(valid, one * v, one)
+    m12 = tl.where(valid, one * (v * q), tl.where(inb, one * q, zero))
+    m21 = tl.where(valid, one, zero)
+    m22 = tl.where(valid, one * (q + v), one)
+    s11, s12, s21, s22 = tl.associative_scan((m11, m12, m21, m22), 0, _moebius)
+    post = (s11 * p + s12) / (s21 * p + s22)
+    return tl.where(valid, post / v, 0.0), _last(post, idx, BLOCK)
+
+
+@triton.jit
+def _forward_kernel(
+    z_ptr, m_ptr, out_ptr, gain_ptr, param_ptr, xend_ptr, kbuf_ptr, T,
+    MODE: tl.constexpr, WRITE_GAINS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    q = tl.load(param_ptr + 0)
+    v = tl.load(param_ptr + 1)
+    p = tl.load(param_ptr + 2)
+    x = tl.load(param_ptr + 3)
+    idx = tl.arange(0, BLOCK)
+    cnt = 0
+    for start in range(0, T, BLOCK):
+        offs = start + idx
+        inb = offs < T
+        if MODE == NOMASK:
+            valid = inb
+        else:
+            valid = tl.load(m_ptr + row * T + offs, mask=inb, other=0) != 0
+        if MODE == SKIP:
+            rank = cnt + tl.cumsum(valid.to(tl.int32), axis=0) - 1
+            k = tl.load(gain_ptr + rank, mask=valid, other=0.0)
+            cnt += tl.sum(valid.to(tl.int32), axis=0)
+        elif MODE == ADVANCE:
+            k64, p = _advance_gains(valid, inb, p, q, v, idx, BLOCK)
+            k = k64.to(gain_ptr.dtype.element_ty)
+        else:
+            k = tl.load(gain_ptr + offs, mask=inb, other=0.0)
+        if WRITE_GAINS:
+            tl.store(kbuf_ptr + row * T + offs, k, mask=inb)
+        y = tl.load(z_ptr + row * T + offs, mask=valid, other=0.0).to(k.dtype)
+        c, b = tl.associative_scan((k, k * y), 0, _affine)
+        xc = x.to(k.dtype)
+        xt = xc + (b - c * xc)
+        tl.store(out_ptr + row * T + offs, tl.where(valid, xt, 0.0), mask=inb)
+        x = x + (_last(b, idx, BLOCK).to(tl.float64) - _last(c, idx, BLOCK).to(tl.float64) * x)
+    tl.store(xend_ptr + row, x)
+
+
+@triton.jit
+def _backward_kernel(
+    g_ptr, m_ptr, dz_ptr, gain_ptr, count_ptr, T,
+    MODE: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    idx = tl.arange(0, BLOCK)
+    u = tl.zeros([1], tl.float64).sum(axis=0)
+    cnt_hi = tl.load(count_ptr + row)  # valid tokens at or before the current tile's last index
+    for i in range(0, tl.cdiv(T, BLOCK)):
+        offs = T - 1 - i * BLOCK - idx  # descending: the scan runs from the row's end
+        inb = offs >= 0
+        nxt_in = inb & (offs + 1 < T)
+        if MODE == NOMASK:
+            valid = inb
+            valid_next = nxt_in
+        else:
+            valid = tl.load(m_ptr + row * T + offs, mask=inb, other=0) != 0
+            valid_next = tl.load(m_ptr + row * T + offs + 1, mask=nxt_in, other=0) != 0
+        if MODE == SKIP:
+            suffix = tl.cumsum(valid.to(tl.int32), axis=0)  # valid tokens in [t, tile end]
+            k = tl.load(gain_ptr + (cnt_hi - suffix), mask=valid, other=0.0)
+            k_next = tl.load(gain_ptr + (cnt_hi - suffix + valid.to(tl.int32)), mask=valid_next, other=0.0)
+            cnt_hi -= tl.sum(valid.to(tl.int32), axis=0)
+        elif MODE == ADVANCE:  # gain_ptr holds this call's per-token gains [B, T] (0 at holes)
+            k = tl.load(gain_ptr + row * T + offs, mask=inb, other=0.0)
+            k_next = tl.load(gain_ptr + row * T + offs + 1, mask=nxt_in, other=0.0)
+        else:  # every token, masked or not, is a step: K_{t+1} is the next position's gain
+            k = tl.load(gain_ptr + offs, mask=valid, other=0.0)
+            k_next = tl.load(gain_ptr + offs + 1, mask=nxt_in, other=0.0)
+        w = tl.load(g_ptr + row * T + offs, mask=valid, other=0.0).to(k.dtype)
+        c, b = tl.associative_scan((k_next, w), 0, _affine)
+        uc = u.to(k.dtype)
+        ut = uc + (b - c * uc)
+        tl.store(dz_ptr + row * T + offs, tl.where(valid, k * ut, 0.0), mask=inb)
+        u = u + (_last(b, idx, BLOCK).to(tl.float64) - _last(c, idx, BLOCK).to(tl.float64) * u)
+
+
+def _setup(x: torch.Tensor, mask, mode: str, q: float, v: float, p0: float):
+    B, T = x.shape
+    code = NOMASK if mask is None else _MODE_CODE[mode]
+    gain, _ = gain_tensors(T + 1, q, v, p0, x.device, x.dtype)  # one spare entry: the backward reads K_{t+1}
+    m = mask.view(torch.uint8) if mask is not None else x  # never read without a mask
+    return B, T, code, gain, m
+
+
+def _params(q, v, p0, x0, device):
+    return torch.tensor([q, v, p0, x0], dtype=torch.float64, device=device)
+
+
+def forward(z, mask, mode, q, v, p0, x0):
+    """Filter of z [B, T] (float32/64, contiguous) -> (out in z's dtype, 0 at masked; final states float64 [B])."""
+    B, T, code, gain, m = _setup(z, mask, mode, q, v, p0)
+    out = torch.empty_like(z)
+    x_end = torch.empty(B, dtype=torch.float64, device=z.device)
+    params = _params(q, v, p0, x0, z.device)
+    _forward_kernel[(B,)](z, m, out, gain, params, x_end, out, T, MODE=code, WRITE_GAINS=False, BLOCK=BLOCK)
+    return out, x_end
+
+
+def backward(grad, mask, mode, q, v, p0):
+    """Gradient w.r.t. z of sum(grad * filter(z)) [B, T] in grad's dtype."""
+    B, T, code, gain, m = _setup(grad, mask, mode, q, v, p0)
+    dz = torch.empty_like(grad)
+    if code == ADVANCE:
+        # the per-token gains depend on the holes: one forward pass writes them for the reverse scan
+        gain = torch.empty_like(grad)
+        scratch = torch.empty(B, dtype=torch.float64, device=grad.device)
+        params = _params(q, v, p0, 0.0, grad.device)
+        _forward_kernel[(B,)](
+            grad, m, dz, gain, params, scratch, gain, T, MODE=code, WRITE_GAINS=True, BLOCK=BLOCK
+        )
+    count = (
+        mask.sum(dim=1, dtype=torch.int32)
+        if mask is not None
+        else torch.zeros(B, dtype=torch.int32, device=grad.device)
+    )
+    _backward_kernel[(B,)](grad, m, dz, gain, count, T, MODE=code, BLOCK=BLOCK)
+    return dz

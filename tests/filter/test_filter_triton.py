@@ -1,0 +1,111 @@
+"""The Triton kernels (issue 9) against the float64 loop reference.
+
+Without a GPU they run in Triton's interpreter on CPU tensors (TRITON_INTERPRET=1, set before the kernels
+are defined), with 16-token tiles so that short rows already cross several tiles. With CUDA the same
+checks run on the device at the kernel's real tile size, plus long rows.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed (pip install 'kpo[gpu]')", allow_module_level=True)
+if not CUDA:
+    # the interpreter must be chosen before triton is first imported (its library functions are jitted then)
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip(
+            "triton was imported without TRITON_INTERPRET=1: run this file on its own",
+            allow_module_level=True,
+        )
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from tests.filter.helpers import float32_bound, make_mask, make_params  # noqa: E402
+
+from kpo.filter import MASK_MODES, _filter, triton_kernels  # noqa: E402
+from kpo.filter.reference import kalman_filter_reference  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def small_tiles():
+    """16-token tiles in the interpreter, so that short rows already cross several tiles."""
+    module = triton_kernels()
+    block = module.BLOCK
+    if not CUDA:
+        module.BLOCK = 16
+    yield
+    module.BLOCK = block
+
+
+# (B, T) per case: a single token, a tile boundary, several tiles with a ragged end
+SHAPES = [(2, 1), (3, 16), (3, 53)] if not CUDA else [(3, 1), (5, 1024), (7, 5000)]
+
+
+@pytest.mark.parametrize("mode", MASK_MODES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_forward_parity(mode, dtype):
+    rng = np.random.default_rng(21 + len(mode))
+    for B, T in SHAPES:
+        for masked in (True, False):
+            params = make_params(rng)
+            z = torch.from_numpy(rng.normal(0.4, 1.0, (B, T))).to(dtype)
+            mask = make_mask(rng, B, T) if masked else None
+            ours = _filter(
+                z.to(DEVICE), None if mask is None else mask.to(DEVICE), *params.values(), mode, "triton"
+            )
+            ref = kalman_filter_reference(z, mask, mask_mode=mode, **params)
+            err = float((ours.cpu().double() - ref).abs().max())
+            assert ours.dtype == dtype
+            assert err <= (float32_bound(z) if dtype == torch.float32 else 1e-11), (B, T, masked, params)
+
+
+@pytest.mark.parametrize("mode", MASK_MODES)
+def test_backward_matches_torch_path(mode):
+    rng = np.random.default_rng(5)
+    B, T = SHAPES[-1]
+    z = torch.from_numpy(rng.normal(0, 1, (B, T)))
+    mask = make_mask(rng, B, T)
+    g = torch.from_numpy(rng.normal(0, 1, (B, T)))
+    grads = []
+    for backend, device in (("torch", "cpu"), ("triton", DEVICE)):
+        leaf = z.to(device).requires_grad_()
+        out = _filter(leaf, mask.to(device), 3e-3, 1.0, 0.2, 0.1, mode, backend)
+        (grad,) = torch.autograd.grad((out * g.to(device)).sum(), leaf)
+        grads.append(grad.cpu())
+    assert float((grads[1] - grads[0]).abs().max()) <= 1e-12
+    assert bool((grads[1][~mask] == 0).all())
+
+
+def test_gradcheck_float64():
+    rng = np.random.default_rng(6)
+    z = torch.from_numpy(rng.normal(0, 1, (2, 37))).to(DEVICE).requires_grad_()
+    mask = make_mask(rng, 2, 37).to(DEVICE)
+    for mode in MASK_MODES:
+        assert torch.autograd.gradcheck(
+            lambda x, m=mode: _filter(x, mask, 0.3, 1.0, 0.0, 0.5, m, "triton"), (z,)
+        )
+
+
+@pytest.mark.skipif(not CUDA, reason="long rows need the GPU (the interpreter is too slow for them)")
+@pytest.mark.parametrize(
+    ("q", "p0", "mode"), [(1e-8, 0.0, "skip"), (1e-8, 1e4, "advance"), (1e2, 1e4, "zero")]
+)
+def test_long_rows_on_gpu(q, p0, mode):
+    rng = np.random.default_rng(int(q * 1e8) + len(mode))
+    T = 131072
+    z = torch.from_numpy((0.8 + 0.5 * rng.standard_normal((2, T)) + np.linspace(0, 1, T)).astype(np.float32))
+    mask = make_mask(rng, 2, T)
+    ours = _filter(z.cuda(), mask.cuda(), q, 1.0, p0, -0.3, mode, "triton").cpu()
+    ref = kalman_filter_reference(z, mask, q=q, v=1.0, p0=p0, x0=-0.3, mask_mode=mode)
+    assert float((ours.double() - ref).abs().max()) <= float32_bound(z)
+    # the float32 kernel and the float64 torch path agree to float32 rounding
+    torch_path = _filter(z.cuda(), mask.cuda(), q, 1.0, p0, -0.3, mode, "torch").cpu()
+    assert float((ours - torch_path).abs().max()) <= float32_bound(z)
