@@ -45,7 +45,6 @@ def triton_kernels():
 
 
 BACKENDS = ("auto", "numba", "torch", "triton")
-_numba_lock = threading.Lock()  # numba's default thread pool refuses concurrent launches
 
 
 def kalman_filter(
@@ -130,6 +129,23 @@ def _resolve(backend: str, z: torch.Tensor) -> str:
 _MODE_CODE = {"skip": 1, "advance": 2, "zero": 3}
 
 
+def _numba_rows(kernel, B: int, T: int, *args) -> None:
+    """Run ``kernel(*args, lo, hi)`` over row ranges, in parallel threads when the work is large enough."""
+    threads = min(torch.get_num_threads(), os.cpu_count() or 1, -(-B // compiled.ROWS))
+    if threads <= 1 or B * T < 1 << 16:
+        kernel(*args, 0, B)
+        return
+    # split on multiples of ROWS so that every thread keeps four chains in flight
+    per = -(-B // (threads * compiled.ROWS)) * compiled.ROWS
+    bounds = [(lo, min(lo + per, B)) for lo in range(0, B, per)]
+    workers = [threading.Thread(target=kernel, args=(*args, lo, hi)) for lo, hi in bounds[1:]]
+    for worker in workers:
+        worker.start()
+    kernel(*args, *bounds[0])
+    for worker in workers:
+        worker.join()
+
+
 def _numba_forward(z, mask, mode, q, v, p0, x0):
     B, T = z.shape
     gain, keep = gain_tables(T, q, v, p0)
@@ -137,8 +153,8 @@ def _numba_forward(z, mask, mode, q, v, p0, x0):
     x_end = torch.empty(B, dtype=torch.float64)
     m = mask.numpy() if mask is not None else _NO_MASK
     code = 0 if mask is None else _MODE_CODE[mode]
-    with _numba_lock:
-        compiled.forward(z.detach().numpy(), m, code, gain, keep, q, v, p0, x0, out.numpy(), x_end.numpy())
+    args = (z.detach().numpy(), m, code, gain, keep, q, v, p0, x0, out.numpy(), x_end.numpy())
+    _numba_rows(compiled.forward, B, T, *args)
     return out, x_end
 
 
@@ -148,8 +164,7 @@ def _numba_backward(grad, mask, mode, q, v, p0):
     dz = torch.empty_like(grad)
     m = mask.numpy() if mask is not None else _NO_MASK
     code = 0 if mask is None else _MODE_CODE[mode]
-    with _numba_lock:
-        compiled.backward(grad.numpy(), m, code, gain, keep, q, v, p0, dz.numpy())
+    _numba_rows(compiled.backward, B, T, grad.numpy(), m, code, gain, keep, q, v, p0, dz.numpy())
     return dz
 
 

@@ -2,8 +2,9 @@
 
 The recurrence x_t = keep_t * x_{t-1} + gain_t * z_t is a chain of dependent multiply-adds, so one row
 is bound by latency, not by memory. Each inner iteration therefore advances four rows at once (four
-independent chains in flight), and row groups run in parallel threads. The state is float64 whatever
-the input dtype, so float32 results are the float64 recurrence rounded once.
+independent chains in flight). The loops release the GIL; the caller runs row ranges in parallel threads
+(cheaper to compile than numba's own parallel mode). The state is float64 whatever the input dtype, so
+float32 results are the float64 recurrence rounded once.
 
 Modes: NOMASK (every token valid), SKIP, ADVANCE, ZERO (see ``kpo.filter.kalman_filter``).
 """
@@ -11,7 +12,7 @@ Modes: NOMASK (every token valid), SKIP, ADVANCE, ZERO (see ``kpo.filter.kalman_
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 NOMASK, SKIP, ADVANCE, ZERO = 0, 1, 2, 3
 ROWS = 4  # rows per inner iteration
@@ -46,13 +47,12 @@ def _load(z, m, has_mask, r, t):
     return zt, mt
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def forward(z, m, mode, gain, keep, q, v, p0, x0, out, x_end):
-    """out[B, T] <- filtered z[B, T]; x_end[B] <- each row's final state (non-finite iff a valid z was)."""
-    B, T = z.shape
+@njit(cache=True, nogil=True)
+def forward(z, m, mode, gain, keep, q, v, p0, x0, out, x_end, row_lo, row_hi):
+    """out[r] <- filtered z[r]; x_end[r] <- row r's final state (non-finite iff a valid z was); rows [lo, hi)."""
+    B, T = row_hi, z.shape[1]
     has_mask = mode != NOMASK
-    for g in prange((B + ROWS - 1) // ROWS):
-        r0 = g * ROWS
+    for r0 in range(row_lo, row_hi, ROWS):
         if r0 + ROWS <= B:
             xa = xb = xc = xd = x0
             ca = cb = cc = cd = 0
@@ -127,13 +127,12 @@ def _count(m, has_mask, r, T):
     return c
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def backward(g, m, mode, gain, keep, q, v, p0, dz):
-    """dz[B, T] <- gradient of sum(g * filter(z)) w.r.t. z: the reverse scan of the forward recurrence."""
-    B, T = g.shape
+@njit(cache=True, nogil=True)
+def backward(g, m, mode, gain, keep, q, v, p0, dz, row_lo, row_hi):
+    """dz[r] <- gradient of sum(g * filter(z)) w.r.t. z[r] (the reverse scan) for rows [lo, hi)."""
+    B, T = row_hi, g.shape[1]
     has_mask = mode != NOMASK
-    for grp in prange((B + ROWS - 1) // ROWS):
-        r0 = grp * ROWS
+    for r0 in range(row_lo, row_hi, ROWS):
         n = min(ROWS, B - r0)
         kb = np.empty((n, T if mode == ADVANCE else 1))
         ab = np.empty((n, T if mode == ADVANCE else 1))

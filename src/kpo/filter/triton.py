@@ -16,6 +16,8 @@ u_t = w_t + (1 - K_{t+1}) u_{t+1}, dz_t = K_t u_t, walking tiles from the end wi
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -24,7 +26,9 @@ from kpo.filter.gains import gain_tensors
 
 NOMASK, SKIP, ADVANCE, ZERO = 0, 1, 2, 3
 _MODE_CODE = {"skip": SKIP, "advance": ADVANCE, "zero": ZERO}
-BLOCK = 1024
+# tokens per tile and warps per program; overridable for tuning on a given GPU
+BLOCK = int(os.environ.get("KPO_TRITON_BLOCK", "1024"))
+NUM_WARPS = int(os.environ.get("KPO_TRITON_WARPS", "4"))
 
 
 @triton.jit
@@ -159,7 +163,9 @@ def forward(z, mask, mode, q, v, p0, x0):
     out = torch.empty_like(z)
     x_end = torch.empty(B, dtype=torch.float64, device=z.device)
     params = _params(q, v, p0, x0, z.device)
-    _forward_kernel[(B,)](z, m, out, gain, params, x_end, out, T, MODE=code, WRITE_GAINS=False, BLOCK=BLOCK)
+    _forward_kernel[(B,)](
+        z, m, out, gain, params, x_end, out, T, MODE=code, WRITE_GAINS=False, BLOCK=BLOCK, num_warps=NUM_WARPS
+    )
     return out, x_end
 
 
@@ -173,12 +179,23 @@ def backward(grad, mask, mode, q, v, p0):
         scratch = torch.empty(B, dtype=torch.float64, device=grad.device)
         params = _params(q, v, p0, 0.0, grad.device)
         _forward_kernel[(B,)](
-            grad, m, dz, gain, params, scratch, gain, T, MODE=code, WRITE_GAINS=True, BLOCK=BLOCK
+            grad,
+            m,
+            dz,
+            gain,
+            params,
+            scratch,
+            gain,
+            T,
+            MODE=code,
+            WRITE_GAINS=True,
+            BLOCK=BLOCK,
+            num_warps=NUM_WARPS,
         )
     count = (
         mask.sum(dim=1, dtype=torch.int32)
         if mask is not None
         else torch.zeros(B, dtype=torch.int32, device=grad.device)
     )
-    _backward_kernel[(B,)](grad, m, dz, gain, count, T, MODE=code, BLOCK=BLOCK)
+    _backward_kernel[(B,)](grad, m, dz, gain, count, T, MODE=code, BLOCK=BLOCK, num_warps=NUM_WARPS)
     return dz
