@@ -6,14 +6,17 @@
 #   scripts/install_verl_cpu.sh [VENV]        # VENV defaults to .venv
 #
 # What it does, and why:
-# - verl==0.9.1 --no-deps: verl's own requirements pull vLLM/flash-attn-era pins (torch==2.11 in its
-#   extras, ray[default], wandb, peft, ...) that a CPU test does not need.
-# - then only the packages `import verl` + core_algos + actor config + hydra.utils import, each with
-#   verl 0.9.1's own version range (read from the wheel's METADATA); found by importing in a bare venv.
-# - torch is pinned to the version already installed (pip constraint), so nothing can swap it for a
-#   multi-GB CUDA build. The script refuses to run without torch.
-# - a package that is already installed is kept as is (e.g. a newer transformers used by TRL), and a
-#   version outside verl's range is reported, not changed: verl only needs it to import.
+# - verl==0.9.1 --no-deps: verl's own requirements pull its GPU-era pins (torch==2.11 in its extras,
+#   ray[default], wandb, peft, ...) that a CPU test does not need.
+# - then only the packages `import verl` + core_algos + actor config + hydra.utils import (found by importing
+#   in a bare venv), each in verl 0.9.1's version range; hydra-core>=1.3 and omegaconf>=2.3 because verl's
+#   configs need them (its metadata leaves them open, and pip would otherwise backtrack to 2019 releases).
+# - nothing already installed changes: every installed distribution is a pip constraint at its current
+#   version (torch included, so no CUDA build can replace it). The one exception is
+#   antlr4-python3-runtime, which hydra-core/omegaconf pin to 4.9.*; math-verify supports 4.9.3, and the
+#   script re-checks math-verify afterwards when it is installed.
+# - a package that is present but outside verl's range (e.g. a newer transformers used by TRL) is kept and
+#   reported: verl only needs it to import.
 set -euo pipefail
 
 VENV="${1:-.venv}"
@@ -34,7 +37,7 @@ fi
 
 CONSTRAINTS="$(mktemp)"
 trap 'rm -f "$CONSTRAINTS"' EXIT
-echo "torch==${TORCH_VERSION}" > "$CONSTRAINTS"
+"$PY" -m pip freeze --exclude-editable | grep -v -e '^-e' -e '^#' -e ' @ ' -e '^antlr4-python3-runtime==' > "$CONSTRAINTS"
 
 # Requirement -> import check, in verl 0.9.1's version ranges. ray without [default]: the dashboard
 # extras are for a live cluster. orjson and codetiming are imported by verl.utils.profiler at
@@ -47,8 +50,8 @@ REQUIREMENTS = [
     ("numpy", "numpy>=2.0.0"),
     ("ray", "ray>=2.41.0"),
     ("tensordict", "tensordict>=0.8.0,<=0.10.0,!=0.9.0"),
-    ("omegaconf", "omegaconf"),
-    ("hydra-core", "hydra-core"),
+    ("omegaconf", "omegaconf>=2.3"),
+    ("hydra-core", "hydra-core>=1.3"),
     ("codetiming", "codetiming"),
     ("orjson", "orjson"),
     ("transformers", "transformers>=5.5.3,<5.11,!=5.6.0"),
@@ -73,14 +76,16 @@ EOF
 )"
 
 "$PY" -m pip install --quiet --no-deps "$VERL_SPEC"
+# pip's resolver then lists verl's uninstalled requirements as "conflicts": expected with --no-deps.
 if [ -n "$MISSING" ]; then
     # shellcheck disable=SC2086  # MISSING is a space-separated list of requirement specs
     "$PY" -m pip install --quiet -c "$CONSTRAINTS" $MISSING
 fi
 
 # Prove it: the modules kpo's plugin and tests use must import, on the original torch.
-"$PY" - <<EOF
+TORCH_VERSION="$TORCH_VERSION" "$PY" - <<'EOF'
 import importlib.metadata as md
+import os
 
 import hydra.utils  # noqa: F401  verl instantiates its dataclass configs through hydra
 import verl
@@ -88,6 +93,12 @@ import verl.trainer.ppo.core_algos  # noqa: F401
 import verl.utils.config  # noqa: F401
 import verl.workers.config  # noqa: F401
 
-assert md.version("torch") == "${TORCH_VERSION}", "torch changed during the verl install"
+assert md.version("torch") == os.environ["TORCH_VERSION"], "torch changed during the verl install"
+try:
+    from math_verify import parse, verify
+except ImportError:
+    pass
+else:  # still grading after the antlr change (1/2 == 0.5 needs the LaTeX parser)
+    assert verify(parse("$\\frac{1}{2}$"), parse("$0.5$")), "math-verify broke after the verl install"
 print(f"install_verl_cpu: verl {verl.__version__} importable with torch {md.version('torch')}")
 EOF

@@ -321,3 +321,52 @@ def test_launch_scripts_pass_verl_config_validation(script, env, loss, q, nnodes
     assert cfg.data.max_response_length == 4096 and cfg.actor_rollout_ref.rollout.val_kwargs.n == 16
     assert len(cfg.data.val_files) == 6 and cfg.trainer.nnodes == nnodes
     assert Path(cfg.reward.custom_reward_function.path).is_file()
+
+
+def test_verl_actor_loss_function_calls_kpo():
+    """verl's own actor loss (verl/workers/utils/losses.py ppo_loss, what the FSDP and Megatron workers run):
+    it fills config.global_batch_info from the micro-batch, calls the registered kpo loss and records its
+    metrics; the result is kpo.policy_loss's exactly."""
+    losses = pytest.importorskip(
+        "verl.workers.utils.losses", reason="verl's actor loss module needs datasets, pillow"
+    )
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+
+    new, old, adv, mask, weights = make_batch(seed=5, empty_row=False)
+    B, T = mask.shape
+    P = 2  # prompt tokens per row
+    lengths = torch.tensor([int(row.nonzero().max()) + 1 for row in mask])  # response lengths (holes inside)
+    # The model's flat output over prompt + response tokens; verl reads the response's log-probs shifted by one.
+    flat = torch.cat(
+        [torch.cat([new.new_zeros(P - 1), new[i, : lengths[i]], new.new_zeros(1)]) for i in range(B)]
+    )
+    data = TensorDict(
+        {
+            "prompts": torch.ones(B, P, dtype=torch.long),
+            "responses": torch.ones(B, T, dtype=torch.long),
+            "attention_mask": torch.cat(
+                [torch.ones(B, P), (torch.arange(T) < lengths[:, None]).float()], 1
+            ).long(),
+            "response_mask": mask.long(),
+            "old_log_probs": old,
+            "advantages": adv,
+            "rollout_is_weights": weights,
+        },
+        batch_size=[B],
+    )
+    tu.assign_non_tensor(data, dp_size=2, batch_num_tokens=50, global_batch_size=12)
+    config = actor_config("kpo", "seq-mean-token-mean", q=1e-3)
+
+    loss, metrics = losses.ppo_loss(config, {"log_probs": flat}, data)
+    (grad,) = torch.autograd.grad(loss, new)
+    expected, expected_metrics = policy_loss(
+        "kpo", new, old, adv, mask, loss_agg_mode="seq-mean-token-mean", rollout_is_weights=weights,
+        dp_size=2, global_num_tokens=50, global_num_seqs=12, **CLIP, q=1e-3,
+    )  # fmt: skip
+    (expected_grad,) = torch.autograd.grad(expected, new)
+    assert torch.equal(loss, expected)
+    assert torch.equal(grad, expected_grad)
+    assert metrics["actor/pg_loss"].values == [expected.item()]
+    for key in ("ppo_kl", "pg_clipfrac", "filtered_ratio_mean"):
+        assert metrics[f"actor/{key}"].values == [expected_metrics[key]]
