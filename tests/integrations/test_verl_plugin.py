@@ -27,6 +27,7 @@ from kpo.integrations.verl import (  # noqa: E402
     VERL_EQUIVALENTS,
     VERL_LOSSES,
     KPOActorConfig,
+    register_with_verl,
     verl_policy_loss,
 )
 from kpo.losses import get_loss_spec, list_losses, policy_loss  # noqa: E402
@@ -119,6 +120,20 @@ def test_every_kpo_loss_is_registered_or_has_a_verl_equivalent():
     assert set(VERL_EQUIVALENTS.values()) <= set(VERL_BUILTINS)
     for name in VERL_LOSSES:
         assert POLICY_LOSS_REGISTRY[name].kpo_loss == name
+
+
+def test_registration_never_overwrites_and_is_idempotent(monkeypatch):
+    # Registering again is a no-op for kpo's own functions.
+    assert register_with_verl() == ()
+
+    # A name that verl (say a future release) already has stays verl's, with a warning.
+    def verls_vespo(**kwargs):
+        raise AssertionError("not called")
+
+    monkeypatch.setitem(POLICY_LOSS_REGISTRY, "vespo", verls_vespo)
+    with pytest.warns(UserWarning, match="verl already registers a policy loss 'vespo'"):
+        assert register_with_verl(("vespo",)) == ()
+    assert POLICY_LOSS_REGISTRY["vespo"] is verls_vespo
 
 
 @pytest.mark.parametrize("name", VERL_LOSSES)
