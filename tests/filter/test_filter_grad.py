@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tests.filter.helpers import CPU_BACKENDS, make_mask
 
 from kpo.filter import MASK_MODES, _filter
 from kpo.filter.reference import kalman_filter_reference
+
+from .helpers import CPU_BACKENDS, make_mask
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)

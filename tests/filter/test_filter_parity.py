@@ -11,11 +11,12 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.filter.helpers import CPU_BACKENDS, float32_bound, make_mask, make_params
 
 from kpo import kalman_filter
 from kpo.filter import MASK_MODES, _filter
 from kpo.filter.reference import authors_recurrence_reference, kalman_filter_reference
+
+from .helpers import CPU_BACKENDS, float32_bound, make_mask, make_params
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

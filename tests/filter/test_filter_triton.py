@@ -28,10 +28,10 @@ if not CUDA:
         )
     os.environ["TRITON_INTERPRET"] = "1"
 
-from tests.filter.helpers import float32_bound, make_mask, make_params  # noqa: E402
-
 from kpo.filter import MASK_MODES, _filter, triton_kernels  # noqa: E402
 from kpo.filter.reference import kalman_filter_reference  # noqa: E402
+
+from .helpers import float32_bound, make_mask, make_params  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
