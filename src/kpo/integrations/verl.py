@@ -126,7 +126,12 @@ def _global_batch_kwargs(info: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def verl_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, float]]]:
-    """verl ``PolicyLossFn`` computing kpo loss ``name`` (see the module docstring for the mapping)."""
+    """verl ``PolicyLossFn`` computing kpo loss ``name`` (see the module docstring for the mapping).
+
+    The returned ``fn`` takes verl's keywords: ``old_log_prob``, ``log_prob`` (carries the gradient),
+    ``advantages``, ``response_mask`` (bool or 0/1) and ``rollout_is_weights`` (or None), all [B, T];
+    ``loss_agg_mode`` (str) and ``config`` (the actor config). Returns (0-dim loss, {"actor/<metric>": float}).
+    """
     get_loss_spec(name)  # an unknown name fails here, not at the first training step
 
     def fn(
