@@ -15,6 +15,9 @@
 #   version (torch included, so no CUDA build can replace it). The one exception is
 #   antlr4-python3-runtime, which hydra-core/omegaconf pin to 4.9.*; math-verify supports 4.9.3, and the
 #   script re-checks math-verify afterwards when it is installed.
+# - verl's wheel also installs its own test suite and dev scripts as top-level `tests` and `scripts`
+#   packages; in site-packages they shadow every project's `tests` (kpo's included: `from tests.x import y`
+#   then fails). The script deletes exactly the files verl's RECORD lists under those two names.
 # - a package that is present but outside verl's range (e.g. a newer transformers used by TRL) is kept and
 #   reported: verl only needs it to import.
 set -euo pipefail
@@ -75,8 +78,25 @@ print(" ".join(missing))
 EOF
 )"
 
+# pip's resolver lists verl's uninstalled requirements as "conflicts" here: expected with --no-deps.
 "$PY" -m pip install --quiet --no-deps "$VERL_SPEC"
-# pip's resolver then lists verl's uninstalled requirements as "conflicts": expected with --no-deps.
+"$PY" - <<'EOF'
+import importlib.metadata as md
+import os
+from pathlib import Path
+
+dist = md.distribution("verl")
+root = Path(dist.locate_file(""))  # site-packages
+stray = [f for f in dist.files if f.parts[0] in ("tests", "scripts")]
+for f in stray:
+    (root / f).unlink(missing_ok=True)
+# Then the directories left empty (another distribution's files there would keep theirs).
+for top in ("tests", "scripts"):
+    for dirpath, _, _ in sorted(os.walk(root / top), key=lambda w: len(w[0]), reverse=True):
+        if not os.listdir(dirpath):
+            os.rmdir(dirpath)
+print(f"install_verl_cpu: removed verl's top-level tests/ and scripts/ ({len(stray)} files) from site-packages")
+EOF
 if [ -n "$MISSING" ]; then
     # shellcheck disable=SC2086  # MISSING is a space-separated list of requirement specs
     "$PY" -m pip install --quiet -c "$CONSTRAINTS" $MISSING
