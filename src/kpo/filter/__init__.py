@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -129,6 +129,11 @@ def _resolve(backend: str, z: torch.Tensor) -> str:
 _MODE_CODE = {"skip": 1, "advance": 2, "zero": 3}
 
 
+@functools.cache
+def _pool(workers: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kpo-filter")
+
+
 def _numba_rows(kernel, B: int, T: int, *args) -> None:
     """Run ``kernel(*args, lo, hi)`` over row ranges, in parallel threads when the work is large enough."""
     threads = min(torch.get_num_threads(), os.cpu_count() or 1, -(-B // compiled.ROWS))
@@ -138,12 +143,10 @@ def _numba_rows(kernel, B: int, T: int, *args) -> None:
     # split on multiples of ROWS so that every thread keeps four chains in flight
     per = -(-B // (threads * compiled.ROWS)) * compiled.ROWS
     bounds = [(lo, min(lo + per, B)) for lo in range(0, B, per)]
-    workers = [threading.Thread(target=kernel, args=(*args, lo, hi)) for lo, hi in bounds[1:]]
-    for worker in workers:
-        worker.start()
+    futures = [_pool(threads).submit(kernel, *args, lo, hi) for lo, hi in bounds[1:]]
     kernel(*args, *bounds[0])
-    for worker in workers:
-        worker.join()
+    for future in futures:
+        future.result()
 
 
 def _numba_forward(z, mask, mode, q, v, p0, x0):

@@ -22,17 +22,15 @@ _F64 = torch.float64
 def token_gains(
     mask: torch.Tensor | None, mode: str, T: int, q: float, v: float, p0: float, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token (gain, keep), float64 [B, T] (or [T] when they are the same for every row).
+    """Per-token (gain, keep), float64 [B, T], or the shared [T] table entries when they serve every row.
 
-    mask: bool [B, T] or None. Masked tokens get gain 0 and keep 1 except in ``zero`` mode, where a masked
-    token is an observation (of 0) like any other.
+    mask: bool [B, T] or None. A masked token gets gain 0 and keep 1, except in ``zero`` mode (a masked
+    token is an observation of 0) and in trailing padding: when every row is a valid prefix followed by
+    padding, the positional table serves all rows, since nothing valid follows the padding.
     """
     gain, keep = gain_tensors(T, q, v, p0, device, _F64)
-    if mask is None or mode == "zero":
+    if mask is None or mode == "zero" or bool((mask[:, 1:] <= mask[:, :-1]).all()):
         return gain, keep
-    if bool((mask[:, 1:] <= mask[:, :-1]).all()):
-        # valid prefix then padding (no holes): every valid token's gain is the entry at its position
-        return torch.where(mask, gain, 0.0), torch.where(mask, keep, 1.0)
     if mode == "skip":
         # a valid token takes the table entry of its rank among the row's valid tokens
         rank = (torch.cumsum(mask, dim=1) - 1).clamp_(min=0)
@@ -108,10 +106,8 @@ def forward(z, mask, mode, q, v, p0, x0):
     """Filter of z [B, T] (float32/64) in float64 -> (out in z's dtype, 0 at masked; final states [B])."""
     B, T = z.shape
     gain, keep = token_gains(mask, mode, T, q, v, p0, z.device)
-    y = z.to(_F64)
-    if mask is not None:
-        y = torch.where(mask, y, 0.0)  # a masked z is never read (it may be NaN)
-    x, x_end = linear_scan(keep, gain * y, x0)
+    y = z if mask is None else torch.where(mask, z, 0.0)  # a masked z is never read (it may be NaN)
+    x, x_end = linear_scan(keep, gain * y.to(_F64), x0)
     if mask is not None:
         x = torch.where(mask, x, 0.0)
     return x.to(z.dtype), x_end
@@ -121,12 +117,10 @@ def backward(grad, mask, mode, q, v, p0):
     """Gradient w.r.t. z of sum(grad * filter(z)): u_t = w_t + keep_{t+1} u_{t+1}, dz_t = gain_t u_t."""
     B, T = grad.shape
     gain, keep = token_gains(mask, mode, T, q, v, p0, grad.device)
-    w = grad.to(_F64)
-    if mask is not None:
-        w = torch.where(mask, w, 0.0)
+    w = (grad if mask is None else torch.where(mask, grad, 0.0)).to(_F64)
     keep_next = torch.nn.functional.pad(keep[..., 1:], (0, 1), value=1.0)
     u, _ = linear_scan(keep_next.flip(-1), w.flip(1), 0.0)
     dz = gain * u.flip(1)
-    if mask is not None and mode == "zero":
+    if mask is not None:
         dz = torch.where(mask, dz, 0.0)
     return dz.to(grad.dtype)
