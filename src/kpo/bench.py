@@ -91,6 +91,9 @@ def _configure_filter(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=("skip", "advance", "zero"), default="skip")
     parser.add_argument("--no-backward", action="store_true", help="forward only")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--plot", metavar="PNG", default=None, help="also write a bar chart (needs matplotlib)"
+    )
 
 
 def _run_filter(args: argparse.Namespace) -> int:
@@ -112,13 +115,17 @@ def _run_filter(args: argparse.Namespace) -> int:
         f"kpo bench filter: device={device} mode={args.mode} q={args.q:g} v=1 repeats={args.repeats} (medians)"
     )
     print("tokens/s counts every [B, T] position; masks are right-padded (lengths T/2..T) bool tensors.")
+    tables = []
     for B, T in sizes:
-        _bench_size(args, device, paths, sync, gen, B, T)
+        tables += _bench_size(args, device, paths, sync, gen, B, T)
+    if args.plot:
+        _plot(tables, args.plot, f"kpo filter, {device}, mode={args.mode}, q={args.q:g}")
+        print(f"\nplot: {args.plot}")
     return 0
 
 
-def _bench_size(args, device, paths, sync, gen, B: int, T: int) -> None:
-    """Forward and forward+backward tables for one [B, T]."""
+def _bench_size(args, device, paths, sync, gen, B: int, T: int) -> list[tuple[str, dict[str, float], int]]:
+    """Forward and forward+backward tables for one [B, T]; returns (title, seconds per entry, tokens)."""
     z = (0.05 * torch.randn(B, T, generator=gen)).to(device)
     lengths = torch.randint(T // 2, T + 1, (B, 1), generator=gen).to(device)
     mask = torch.arange(T, device=device)[None] < lengths
@@ -146,7 +153,8 @@ def _bench_size(args, device, paths, sync, gen, B: int, T: int) -> None:
     loop_s, loop_tokens = _python_loop_seconds(z, mask, args.q, args.mode)
     label = f"python loop ({loop_tokens} tokens timed, scaled)"
     seconds[label], notes[label] = loop_s * n / loop_tokens, "float64 oracle"
-    _print_table(f"forward  B={B} T={T}", seconds, notes, n, seconds["memory copy (z.clone)"], device)
+    tables = [(f"forward  B={B} T={T}", seconds)]
+    _print_table(tables[-1][0], seconds, notes, n, seconds["memory copy (z.clone)"], device)
 
     if not args.no_backward:
         grad = torch.randn(B, T, generator=gen).to(device)
@@ -166,31 +174,58 @@ def _bench_size(args, device, paths, sync, gen, B: int, T: int) -> None:
             )
         both[CLOSED + " fwd+bwd"] = fwd_bwd(lambda x: authors_closed_form(x, mask, args.q, 1.0))
         seconds = _interleaved_medians(both, args.repeats, sync)
-        _print_table(
-            f"forward + backward  B={B} T={T}",
-            seconds,
-            {},
-            n,
-            seconds["memory copy x2 (fwd + bwd traffic)"],
-            device,
-        )
+        tables.append((f"forward + backward  B={B} T={T}", seconds))
+        _print_table(tables[-1][0], seconds, {}, n, seconds["memory copy x2 (fwd + bwd traffic)"], device)
+    return [(title, seconds, n) for title, seconds in tables]
 
 
 def _print_table(
     title, seconds: dict[str, float], notes: dict[str, str], n: int, copy_s: float, device
 ) -> None:
-    """One row per entry: ms, G tokens/s, speed-up over the authors' closed form, fraction of copy speed."""
+    """One row per entry: ms, G tokens/s, speed-up over the authors' closed form, speed as a fraction of the
+    copy's; on CUDA also the fraction of the copy's bandwidth (a filter pass moves 9 bytes/token, a copy 8)."""
     closed_s = next(s for label, s in seconds.items() if label.startswith(CLOSED))
+    cuda = device.type == "cuda"
     print(f"\n{title}")
-    print(f"  {'':<44} {'ms':>9} {'Gtok/s':>8} {'x closed':>9} {'/ copy':>7}  note")
+    print(
+        f"  {'':<44} {'ms':>9} {'Gtok/s':>8} {'x closed':>9} {'/ copy':>7}"
+        + ("  BW/copy" if cuda else "")
+        + "  note"
+    )
     for label, s in seconds.items():
-        print(
-            f"  {label:<44} {s * 1e3:9.2f} {n / s / 1e9:8.3f} {closed_s / s:9.2f} {copy_s / s:7.2f}  {notes.get(label, '')}"
+        bw = (
+            f"  {copy_s / s * FILTER_BYTES / COPY_BYTES:7.0%}"
+            if cuda and label.startswith("kpo")
+            else ("         " if cuda else "")
         )
-    if device.type == "cuda":
         print(
-            f"  copy bandwidth {n * COPY_BYTES / copy_s / 1e9:.0f} GB/s; a filter pass moves {FILTER_BYTES} B/token"
+            f"  {label:<44} {s * 1e3:9.3f} {n / s / 1e9:8.3f} {closed_s / s:9.2f} {copy_s / s:7.2f}{bw}  {notes.get(label, '')}"
         )
+    if cuda:
+        print(f"  copy: {n * COPY_BYTES / copy_s / 1e9:.0f} GB/s")
+
+
+def _plot(tables: list[tuple[str, dict[str, float], int]], path: str, title: str) -> None:
+    """Horizontal bars of G tokens/s (log scale), one panel per table, next to the printed tables."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(tables), 1, figsize=(9, 2.2 * len(tables) + 0.6), squeeze=False)
+    for ax, (name, seconds, n) in zip(axes[:, 0], tables):
+        labels = list(seconds)
+        rates = [n / seconds[label] / 1e9 for label in labels]
+        colors = ["tab:green" if label.startswith("kpo") else "tab:gray" for label in labels]
+        ax.barh(labels[::-1], rates[::-1], color=colors[::-1])
+        ax.set_xscale("log")
+        ax.set_title(name, fontsize=9)
+        ax.tick_params(labelsize=7)
+    axes[-1, 0].set_xlabel("G tokens/s (log)")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 BENCHMARKS: dict[
