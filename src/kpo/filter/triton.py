@@ -24,8 +24,9 @@ import triton.language as tl
 
 from kpo.filter.gains import gain_tensors
 
-NOMASK, SKIP, ADVANCE, ZERO = 0, 1, 2, 3
-_MODE_CODE = {"skip": SKIP, "advance": ADVANCE, "zero": ZERO}
+# kernels may read only constexpr globals
+NOMASK, SKIP, ADVANCE, ZERO = (tl.constexpr(code) for code in range(4))
+_MODE_CODE = {"skip": 1, "advance": 2, "zero": 3}
 # tokens per tile and warps per program; overridable for tuning on a given GPU
 BLOCK = int(os.environ.get("KPO_TRITON_BLOCK", "1024"))
 NUM_WARPS = int(os.environ.get("KPO_TRITON_WARPS", "4"))
@@ -147,7 +148,7 @@ def _backward_kernel(
 
 def _setup(x: torch.Tensor, mask, mode: str, q: float, v: float, p0: float):
     B, T = x.shape
-    code = NOMASK if mask is None else _MODE_CODE[mode]
+    code = 0 if mask is None else _MODE_CODE[mode]
     gain, _ = gain_tensors(T + 1, q, v, p0, x.device, x.dtype)  # one spare entry: the backward reads K_{t+1}
     m = mask.view(torch.uint8) if mask is not None else x  # never read without a mask
     return B, T, code, gain, m
@@ -173,7 +174,7 @@ def backward(grad, mask, mode, q, v, p0):
     """Gradient w.r.t. z of sum(grad * filter(z)) [B, T] in grad's dtype."""
     B, T, code, gain, m = _setup(grad, mask, mode, q, v, p0)
     dz = torch.empty_like(grad)
-    if code == ADVANCE:
+    if code == _MODE_CODE["advance"]:
         # the per-token gains depend on the holes: one forward pass writes them for the reverse scan
         gain = torch.empty_like(grad)
         scratch = torch.empty(B, dtype=torch.float64, device=grad.device)
