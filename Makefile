@@ -22,16 +22,22 @@ $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-install: $(STAMP)
+# verl 0.9.1 without its GPU stack, for tests/integrations (~35 s into .venv; see the script header).
+VERL_STAMP := $(VENV)/.kpo-verl-installed
+$(VERL_STAMP): $(STAMP) scripts/install_verl_cpu.sh
+	scripts/install_verl_cpu.sh $(VENV)
+	touch $(VERL_STAMP)
 
-test: $(STAMP)
+install: $(STAMP) $(VERL_STAMP)
+
+test: $(STAMP) $(VERL_STAMP)
 	$(PY) -m pytest -q tests
 
 demo: $(STAMP)
 	$(VENV)/bin/kpo bench filter
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks examples
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
