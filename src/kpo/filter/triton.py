@@ -16,6 +16,7 @@ u_t = w_t + (1 - K_{t+1}) u_{t+1}, dz_t = K_t u_t, walking tiles from the end wi
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -154,7 +155,10 @@ def _setup(x: torch.Tensor, mask, mode: str, q: float, v: float, p0: float):
     return B, T, code, gain, m
 
 
-def _params(q, v, p0, x0, device):
+@functools.lru_cache(maxsize=64)
+def _params(q: float, v: float, p0: float, x0: float, device: torch.device) -> torch.Tensor:
+    """(q, v, p0, x0) as a float64 device tensor (a Python float would reach the kernel as float32), cached:
+    building it is a host-to-device copy."""
     return torch.tensor([q, v, p0, x0], dtype=torch.float64, device=device)
 
 
