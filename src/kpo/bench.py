@@ -119,8 +119,11 @@ def _run_filter(args: argparse.Namespace) -> int:
     for B, T in sizes:
         tables += _bench_size(args, device, paths, sync, gen, B, T)
     if args.plot:
-        _plot(tables, args.plot, f"kpo filter, {device}, mode={args.mode}, q={args.q:g}")
-        print(f"\nplot: {args.plot}")
+        try:
+            _plot(tables, args.plot, f"kpo filter, {device}, mode={args.mode}, q={args.q:g}")
+            print(f"\nplot: {args.plot}")
+        except ImportError:
+            print("\nno plot: matplotlib is not installed (pip install matplotlib)")
     return 0
 
 
