@@ -51,6 +51,19 @@ def _moebius(a11, a12, a21, a22, b11, b12, b21, b22):
 
 
 @triton.jit
+def _add2(a1, b1, a2, b2):
+    return a1 + a2, b1 + b2
+
+
+@triton.jit
+def _last2(c, b, idx, BLOCK: tl.constexpr):
+    """The tile's composed map (its last scan entry) as float64, with a single reduction."""
+    is_last = idx == BLOCK - 1
+    c_last, b_last = tl.reduce((tl.where(is_last, c, 0.0), tl.where(is_last, b, 0.0)), 0, _add2)
+    return c_last.to(tl.float64), b_last.to(tl.float64)
+
+
+@triton.jit
 def _last(x, idx, BLOCK: tl.constexpr):
     return tl.sum(tl.where(idx == BLOCK - 1, x, 0.0), axis=0)
 
@@ -71,24 +84,36 @@ def _advance_gains(valid, inb, p, q, v, idx, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _load_tile(z_ptr, m_ptr, base, offs, T, MODE: tl.constexpr):
+    """(valid, z) of one tile; a masked z reads as 0 (it may be NaN)."""
+    inb = (offs >= 0) & (offs < T)
+    if MODE == NOMASK:
+        valid = inb
+    else:
+        valid = tl.load(m_ptr + base + offs, mask=inb, other=0) != 0
+    return valid, tl.load(z_ptr + base + offs, mask=valid, other=0.0)
+
+
+@triton.jit
 def _forward_kernel(
     z_ptr, m_ptr, out_ptr, gain_ptr, param_ptr, xend_ptr, kbuf_ptr, T,
     MODE: tl.constexpr, WRITE_GAINS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
+    base = row * T
     q = tl.load(param_ptr + 0)
     v = tl.load(param_ptr + 1)
     p = tl.load(param_ptr + 2)
     x = tl.load(param_ptr + 3)
     idx = tl.arange(0, BLOCK)
     cnt = 0
+    # the next tile is loaded while this one is scanned: the loads' latency hides behind the scan
+    valid_next, z_next = _load_tile(z_ptr, m_ptr, base, idx, T, MODE)
     for start in range(0, T, BLOCK):
         offs = start + idx
         inb = offs < T
-        if MODE == NOMASK:
-            valid = inb
-        else:
-            valid = tl.load(m_ptr + row * T + offs, mask=inb, other=0) != 0
+        valid, zt = valid_next, z_next
+        valid_next, z_next = _load_tile(z_ptr, m_ptr, base, offs + BLOCK, T, MODE)
         if MODE == SKIP:
             rank = cnt + tl.cumsum(valid.to(tl.int32), axis=0) - 1
             k = tl.load(gain_ptr + rank, mask=valid, other=0.0)
@@ -99,13 +124,12 @@ def _forward_kernel(
         else:
             k = tl.load(gain_ptr + offs, mask=inb, other=0.0)
         if WRITE_GAINS:
-            tl.store(kbuf_ptr + row * T + offs, k, mask=inb)
-        y = tl.load(z_ptr + row * T + offs, mask=valid, other=0.0).to(k.dtype)
-        c, b = tl.associative_scan((k, k * y), 0, _affine)
+            tl.store(kbuf_ptr + base + offs, k, mask=inb)
+        c, b = tl.associative_scan((k, k * zt.to(k.dtype)), 0, _affine)
         xc = x.to(k.dtype)
-        xt = xc + (b - c * xc)
-        tl.store(out_ptr + row * T + offs, tl.where(valid, xt, 0.0), mask=inb)
-        x = x + (_last(b, idx, BLOCK).to(tl.float64) - _last(c, idx, BLOCK).to(tl.float64) * x)
+        tl.store(out_ptr + base + offs, tl.where(valid, xc + (b - c * xc), 0.0), mask=inb)
+        c_tile, b_tile = _last2(c, b, idx, BLOCK)
+        x = x + (b_tile - c_tile * x)
     tl.store(xend_ptr + row, x)
 
 
@@ -115,36 +139,38 @@ def _backward_kernel(
     MODE: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
+    base = row * T
     idx = tl.arange(0, BLOCK)
     u = tl.zeros([1], tl.float64).sum(axis=0)
     cnt_hi = tl.load(count_ptr + row)  # valid tokens at or before the current tile's last index
+    # descending offsets: the scan runs from the row's end; the next tile is loaded during this one's scan
+    valid_next, g_next = _load_tile(g_ptr, m_ptr, base, T - 1 - idx, T, MODE)
     for i in range(0, tl.cdiv(T, BLOCK)):
-        offs = T - 1 - i * BLOCK - idx  # descending: the scan runs from the row's end
+        offs = T - 1 - i * BLOCK - idx
         inb = offs >= 0
         nxt_in = inb & (offs + 1 < T)
+        valid, gt = valid_next, g_next
+        valid_next, g_next = _load_tile(g_ptr, m_ptr, base, offs - BLOCK, T, MODE)
         if MODE == NOMASK:
-            valid = inb
-            valid_next = nxt_in
+            after = nxt_in
         else:
-            valid = tl.load(m_ptr + row * T + offs, mask=inb, other=0) != 0
-            valid_next = tl.load(m_ptr + row * T + offs + 1, mask=nxt_in, other=0) != 0
+            after = tl.load(m_ptr + base + offs + 1, mask=nxt_in, other=0) != 0
         if MODE == SKIP:
             suffix = tl.cumsum(valid.to(tl.int32), axis=0)  # valid tokens in [t, tile end]
             k = tl.load(gain_ptr + (cnt_hi - suffix), mask=valid, other=0.0)
-            k_next = tl.load(gain_ptr + (cnt_hi - suffix + valid.to(tl.int32)), mask=valid_next, other=0.0)
+            k_next = tl.load(gain_ptr + (cnt_hi - suffix + valid.to(tl.int32)), mask=after, other=0.0)
             cnt_hi -= tl.sum(valid.to(tl.int32), axis=0)
         elif MODE == ADVANCE:  # gain_ptr holds this call's per-token gains [B, T] (0 at holes)
-            k = tl.load(gain_ptr + row * T + offs, mask=inb, other=0.0)
-            k_next = tl.load(gain_ptr + row * T + offs + 1, mask=nxt_in, other=0.0)
+            k = tl.load(gain_ptr + base + offs, mask=inb, other=0.0)
+            k_next = tl.load(gain_ptr + base + offs + 1, mask=nxt_in, other=0.0)
         else:  # every token, masked or not, is a step: K_{t+1} is the next position's gain
             k = tl.load(gain_ptr + offs, mask=valid, other=0.0)
             k_next = tl.load(gain_ptr + offs + 1, mask=nxt_in, other=0.0)
-        w = tl.load(g_ptr + row * T + offs, mask=valid, other=0.0).to(k.dtype)
-        c, b = tl.associative_scan((k_next, w), 0, _affine)
+        c, b = tl.associative_scan((k_next, gt.to(k.dtype)), 0, _affine)
         uc = u.to(k.dtype)
-        ut = uc + (b - c * uc)
-        tl.store(dz_ptr + row * T + offs, tl.where(valid, k * ut, 0.0), mask=inb)
-        u = u + (_last(b, idx, BLOCK).to(tl.float64) - _last(c, idx, BLOCK).to(tl.float64) * u)
+        tl.store(dz_ptr + base + offs, tl.where(valid, k * (uc + (b - c * uc)), 0.0), mask=inb)
+        c_tile, b_tile = _last2(c, b, idx, BLOCK)
+        u = u + (b_tile - c_tile * u)
 
 
 def _setup(x: torch.Tensor, mask, mode: str, q: float, v: float, p0: float):
