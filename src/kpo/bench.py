@@ -179,7 +179,46 @@ def _bench_size(args, device, paths, sync, gen, B: int, T: int) -> list[tuple[st
         seconds = _interleaved_medians(both, args.repeats, sync)
         tables.append((f"forward + backward  B={B} T={T}", seconds))
         _print_table(tables[-1][0], seconds, {}, n, seconds["memory copy x2 (fwd + bwd traffic)"], device)
+    if "triton" in paths:
+        tables.append((f"kernels only  B={B} T={T}", _kernel_only(args, z, mask, sync)))
+        print(
+            f"\n{tables[-1][0]}: {args.repeats} back-to-back launches, one sync (no per-call checks or autograd)"
+        )
+        _print_kernel_table(tables[-1][1], n)
     return [(title, seconds, n) for title, seconds in tables]
+
+
+def _kernel_only(args, z: torch.Tensor, mask: torch.Tensor, sync) -> dict[str, float]:
+    """Seconds per call of the Triton kernels alone and of a copy, from back-to-back launches."""
+    kernels = triton_kernels()
+    grad = torch.randn_like(z)
+    out = torch.empty_like(z)
+    fns = {
+        "memory copy (out.copy_(z))": lambda: out.copy_(z),
+        "triton forward kernel": lambda: kernels.forward(z, mask, args.mode, args.q, 1.0, 0.0, 0.0),
+        "triton backward kernel": lambda: kernels.backward(grad, mask, args.mode, args.q, 1.0, 0.0),
+    }
+    seconds = {}
+    for label, fn in fns.items():
+        fn()
+        sync()
+        start = time.perf_counter()
+        for _ in range(args.repeats):
+            fn()
+        sync()
+        seconds[label] = (time.perf_counter() - start) / args.repeats
+    return seconds
+
+
+def _print_kernel_table(seconds: dict[str, float], n: int) -> None:
+    copy_s = seconds["memory copy (out.copy_(z))"]
+    print(f"  {'':<44} {'us':>9} {'Gtok/s':>8} {'GB/s':>7} {'BW/copy':>8}")
+    for label, s in seconds.items():
+        nbytes = COPY_BYTES if label.startswith("memory") else FILTER_BYTES
+        print(
+            f"  {label:<44} {s * 1e6:9.1f} {n / s / 1e9:8.1f} {n * nbytes / s / 1e9:7.0f}"
+            f" {n * nbytes / s / (n * COPY_BYTES / copy_s):8.0%}"
+        )
 
 
 def _print_table(
@@ -219,7 +258,7 @@ def _plot(tables: list[tuple[str, dict[str, float], int]], path: str, title: str
     for ax, (name, seconds, n) in zip(axes[:, 0], tables):
         labels = list(seconds)
         rates = [n / seconds[label] / 1e9 for label in labels]
-        colors = ["tab:green" if label.startswith("kpo") else "tab:gray" for label in labels]
+        colors = ["tab:green" if label.startswith(("kpo", "triton")) else "tab:gray" for label in labels]
         ax.barh(labels[::-1], rates[::-1], color=colors[::-1])
         ax.set_xscale("log")
         ax.set_title(name, fontsize=9)
