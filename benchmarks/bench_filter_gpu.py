@@ -50,7 +50,7 @@ def main() -> int:
         out / "pytest_cuda.log",
         180,
     )  # fmt: skip
-    for block, warps in (("1024", "8"), ("2048", "8"), ("4096", "8"), ("4096", "16")):
+    for block, warps in (("1024", "4"), ("2048", "8")):
         run(
             [*bench, "--repeats", "10", "--sizes", "1024x32768"],
             out / f"bench_cuda_block{block}_w{warps}.log",
