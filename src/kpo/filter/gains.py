@@ -73,7 +73,7 @@ class _Table:
 
 
 _tables: OrderedDict[tuple[float, float, float], _Table] = OrderedDict()
-_lock = threading.Lock()
+_lock = threading.RLock()  # gain_tensors holds it across gain_tables
 
 
 def gain_tables(T: int, q: float, v: float, p0: float) -> tuple[np.ndarray, np.ndarray]:
@@ -104,10 +104,9 @@ def gain_tables(T: int, q: float, v: float, p0: float) -> tuple[np.ndarray, np.n
 
 def gain_tensors(T: int, q: float, v: float, p0: float, device: torch.device, dtype: torch.dtype):
     """(gain, keep) as [T] tensors on ``device`` in ``dtype``, cached per device so a GPU call copies nothing."""
-    gain, keep = gain_tables(T, q, v, p0)
-    key = (float(q), float(v), float(p0))
-    with _lock:
-        table = _tables[key]
+    with _lock:  # one critical section: a concurrent growth or eviction cannot pair stale arrays with it
+        gain, keep = gain_tables(T, q, v, p0)
+        table = _tables[(float(q), float(v), float(p0))]
         slot = (str(device), dtype)
         cached = table.devices.get(slot)
         if cached is None:
