@@ -27,10 +27,12 @@ def test_rows_are_deterministic_and_well_formed():
 
 
 def test_train_and_test_are_disjoint_across_seeds():
-    test = {r["problem"] for r in load_split("test", n=200, seed=0)}
+    test = {r["problem"] for r in load_split("test", n=200, seed=0, max_value=99)}
     for seed in range(3):
-        train = {r["problem"] for r in load_split("train", n=2000, seed=seed)}
+        train = {r["problem"] for r in load_split("train", n=2000, seed=seed, max_value=99)}
         assert not train & test
+    # the default task (2 terms up to 19) has 400 problems; the default sizes take half of each split
+    assert len(load_split("test")) == 40 and len(load_split("train")) == 200
 
 
 def test_grade_is_strict_and_never_raises():
@@ -57,3 +59,17 @@ def test_bad_task_and_split_report_every_problem():
         load_split("dev")
     with pytest.raises(ValueError, match="lower n"):
         load_split("test", n=100, max_value=9)  # 100 problems, about 10 in test
+
+
+def test_noisy_teacher_errors_carry_on():
+    import random
+
+    from kpo.data.synthetic import noisy_solve
+
+    assert noisy_solve([23, 45, 7], random.Random(0), 0.0) == "68+7=75"
+    # noise 1: every step is off by one; the second step adds 7 to the wrong first sum
+    chain = noisy_solve([23, 45, 7], random.Random(0), 1.0)
+    first, final = chain.split("=")
+    assert first.split("+")[1] == "7" and abs(int(first.split("+")[0]) - 68) == 1
+    assert abs(int(final) - (int(first.split("+")[0]) + 7)) == 1
+    assert grade(chain, "75") == 0.0

@@ -46,7 +46,7 @@ class TrainConfig:
     # --- run ---
     output_dir: str = _f("runs/kpo-tiny", "Directory for config.yaml, metrics.jsonl, checkpoints, final/, plots.")
     seed: int = _f(0, "Seed of model init, data order, sampling and the synthetic task.")
-    max_steps: int = _f(400, "Optimizer steps (each generation batch gives `minibatches` of them).")
+    max_steps: int = _f(800, "Optimizer steps (each generation batch gives `minibatches` of them).")
     resume: bool = _f(False, "Continue from the last checkpoint in output_dir (same config required).")
     overwrite: bool = _f(False, "Allow starting a fresh run in a non-empty output_dir (its files are replaced).")
 
@@ -69,7 +69,7 @@ class TrainConfig:
     micro_batch_size: int | None = _f(
         None, "Sequences per forward/backward per device; None = a whole mini-batch (no accumulation)."
     )
-    learning_rate: float = _f(2e-4, "AdamW learning rate (constant, no warm-up).")
+    learning_rate: float = _f(1e-4, "AdamW learning rate (constant, no warm-up).")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
     max_grad_norm: float = _f(1.0, "Gradient clipping by global norm.")
     temperature: float = _f(1.0, "Sampling temperature (also used for log-probs and entropy).")
@@ -78,13 +78,14 @@ class TrainConfig:
     )
 
     # --- embedded task and tiny model (ignored with --model/--dataset where noted) ---
-    n_terms: int = _f(3, "Synthetic task: numbers per chain (n_terms - 1 chain-of-thought steps).")
-    max_value: int = _f(9, "Synthetic task: largest number in a chain (more digits = harder).")
+    n_terms: int = _f(2, "Synthetic task: numbers per chain (n_terms - 1 chain-of-thought steps).")
+    max_value: int = _f(19, "Synthetic task: largest number in a chain (more digits = harder).")
     tiny_hidden_size: int = _f(128, "Tiny model width.")
     tiny_layers: int = _f(4, "Tiny model decoder layers.")
     tiny_heads: int = _f(4, "Tiny model attention heads.")
-    sft_examples: int = _f(400, "Warm start: distinct training problems for supervised fine-tuning.")
-    sft_epochs: int = _f(6, "Warm start: passes over them.")
+    sft_examples: int = _f(200, "Warm start: distinct training problems for supervised fine-tuning.")
+    sft_epochs: int = _f(40, "Warm start: passes over them (fresh teacher noise each pass).")
+    sft_noise: float = _f(0.3, "Warm start: per-step error rate of the imitated teacher (sets the start reward).")
     sft_learning_rate: float = _f(3e-3, "Warm start: learning rate.")
     cache_dir: str | None = _f(None, "Warm-start cache; None = $KPO_CACHE or ~/.cache/kpo.")
 
@@ -157,12 +158,16 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 errors.append(f"{name}={value!r}: must be an integer >= 0 (0 = off)")
+        if not 0.0 <= self.sft_noise <= 1.0:
+            errors.append(f"sft_noise={self.sft_noise!r}: must be a probability in [0, 1]")
         for name in ("learning_rate", "temperature", "sft_learning_rate", "max_grad_norm"):
             if not getattr(self, name) > 0:
                 errors.append(f"{name}={getattr(self, name)!r}: must be > 0")
         if self.num_generations < 2:
             errors.append(f"num_generations={self.num_generations}: a GRPO group needs >= 2 responses per prompt")
-        if not errors:
+        batch_fields_ok = not any(e.split("=")[0] in ("prompts_per_step", "minibatches", "num_generations")
+                                  for e in errors)
+        if batch_fields_ok:
             if self.generation_batch % self.minibatches:
                 errors.append(
                     f"prompts_per_step x num_generations = {self.generation_batch} is not divisible by "
@@ -285,10 +290,23 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict, *, source: str = "config") -> TrainConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
+        types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(types))
         if unknown:
-            raise ConfigError([f"{source}: unknown field(s) {unknown}; valid fields: {sorted(names)}"])
+            raise ConfigError([f"{source}: unknown field(s) {unknown}; valid fields: {sorted(types)}"])
+        data = dict(data)
+        errors = []
+        for key, value in data.items():
+            # YAML 1.1 reads 1e-4 (no dot) as a string: coerce numbers by the field's type.
+            if isinstance(value, str) and types[key].startswith(("float", "int")):
+                try:
+                    data[key] = (float if types[key].startswith("float") else int)(value)
+                except ValueError:
+                    errors.append(f"{source}: {key}={value!r} is not a number")
+        if isinstance(data.get("loss_kwargs"), dict):
+            data["loss_kwargs"] = {k: _scalar(v) for k, v in data["loss_kwargs"].items()}
+        if errors:
+            raise ConfigError(errors)
         return cls(**data)
 
     def save_yaml(self, path: str | os.PathLike) -> None:
@@ -296,6 +314,18 @@ class TrainConfig:
 
 
 TRAJECTORY_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name not in TRAJECTORY_FIELDS_EXEMPT)
+
+
+def _scalar(value: Any) -> Any:
+    """A YAML/CLI scalar with numbers as numbers: '4e-4' -> 0.0004, 'true' -> True, 'skip' -> 'skip'."""
+    if not isinstance(value, str):
+        return value
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return yaml.safe_load(value) if value.strip() else value
 
 
 def _parse_bool(text: str) -> bool:
@@ -319,7 +349,7 @@ def _parse_kwarg(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"loss kwarg {text!r}: write NAME=VALUE, e.g. q=1e-4")
     key, value = text.split("=", 1)
-    return key.strip(), yaml.safe_load(value)
+    return key.strip(), _scalar(value)
 
 
 def build_parser(prog: str = "kpo train") -> argparse.ArgumentParser:

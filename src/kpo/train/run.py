@@ -12,7 +12,7 @@ from kpo.train.config import TRAJECTORY_FIELDS, ConfigError, TrainConfig
 __all__ = ["run_training", "synthetic_reward", "math_reward_fn"]
 
 # Files and folders a run writes into output_dir (the only things --overwrite removes).
-_RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "final", "ratios", "runs", "training_dynamics.png")
+_RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "final", "ratios", "runs", "training_dynamics.png", "README.md")
 
 
 def synthetic_reward(completions: list[str], answer: list[str], **_) -> list[float]:
@@ -106,7 +106,7 @@ def _load_model(config: TrainConfig, use_bf16: bool):
             hidden_size=config.tiny_hidden_size, num_layers=config.tiny_layers, num_heads=config.tiny_heads,
             intermediate_size=3 * config.tiny_hidden_size,
         )
-        sft = SFTSettings(n_examples=config.sft_examples, epochs=config.sft_epochs,
+        sft = SFTSettings(n_examples=config.sft_examples, epochs=config.sft_epochs, noise=config.sft_noise,
                           learning_rate=config.sft_learning_rate)
         path = warm_start(config.task_config(), shape, sft, seed=config.seed,
                           cache_dir=Path(config.cache_dir) if config.cache_dir else None, progress=config.progress)

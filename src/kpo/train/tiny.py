@@ -11,10 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kpo.data.synthetic import ALPHABET, TaskConfig, load_split
+from kpo.data.synthetic import ALPHABET, TaskConfig, load_split, noisy_solve
 
 __all__ = ["TinyModelConfig", "SFTSettings", "build_tokenizer", "build_model", "warm_start", "default_cache_dir"]
 
@@ -45,14 +46,18 @@ class SFTSettings:
     """Supervised warm start on reference solutions (TRL SFTTrainer).
 
     Attributes:
-        n_examples: training problems used (one pass each per epoch).
-        epochs: passes over them.
+        n_examples: distinct training problems.
+        epochs: passes over them; each pass draws fresh teacher noise, so the model learns the teacher's
+            error rate rather than memorising particular wrong answers.
+        noise: per-step error probability of the teacher (``kpo.data.synthetic.noisy_solve``); it sets the
+            warm-started model's reward, leaving RL room to sharpen it.
         learning_rate: AdamW learning rate (linear decay, no warm-up).
         batch_size: sequences per optimizer step.
     """
 
-    n_examples: int = 2048
-    epochs: int = 1
+    n_examples: int = 200
+    epochs: int = 40
+    noise: float = 0.3
     learning_rate: float = 3e-3
     batch_size: int = 32
 
@@ -125,7 +130,7 @@ def _cache_key(shape: TinyModelConfig, task: TaskConfig, sft: SFTSettings, seed:
             "seed": seed,
             "alphabet": ALPHABET,
             "versions": [torch.__version__, transformers.__version__, trl.__version__],
-            "format": 1,
+            "format": 3,
         },
         sort_keys=True,
     )
@@ -159,11 +164,17 @@ def warm_start(
     model = build_model(tokenizer, shape, seed=seed)
     # Seed offset keeps warm-start problems a different draw from the RL prompts of the same seed.
     rows = load_split("train", n=sft.n_examples, seed=seed + 10_000, task=task)
-    dataset = Dataset.from_list([{"prompt": r["prompt"], "completion": r["solution"]} for r in rows])
+    rng = random.Random(f"kpo-sft-noise/{seed}")
+    records = [
+        {"prompt": r["prompt"], "completion": noisy_solve([int(x) for x in r["problem"].split("+")], rng, sft.noise)}
+        for _ in range(sft.epochs)
+        for r in rows
+    ]
+    dataset = Dataset.from_list(records)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     args = SFTConfig(
         output_dir=str(tmp),
-        num_train_epochs=sft.epochs,
+        num_train_epochs=1,  # the epochs are in the dataset, each with its own noise
         per_device_train_batch_size=sft.batch_size,
         learning_rate=sft.learning_rate,
         lr_scheduler_type="linear",

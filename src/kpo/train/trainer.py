@@ -40,6 +40,7 @@ if not TESTED_TRL[0] <= Version(trl.__version__) < TESTED_TRL[1]:
     )
 
 from trl import GRPOTrainer  # noqa: E402
+from trl.trainer.utils import RepeatSampler  # noqa: E402
 
 __all__ = ["KPOTrainer", "KALMAN_LOSSES", "RATIO_KEYS"]
 
@@ -49,6 +50,15 @@ _FILTER_KEYS = ("q", "v", "p0", "x0", "mask_mode")
 # Generation-batch statistics TRL logs once per generation; carried to the other optimizer steps.
 _GENERATION_KEYS = ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length",
                     "completions/clipped_ratio", "completions/mean_terminated_length")
+
+
+class _EpochSeededRepeatSampler(RepeatSampler):
+    """TRL's RepeatSampler with a per-epoch seed, so a run resumed in a later epoch sees the same prompt order
+    as an uninterrupted one (TRL's sampler advances one generator across epochs, which a resume resets)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.shuffle:
+            self.generator.manual_seed((self.seed or 0) + epoch)
 
 
 class KPOTrainer(GRPOTrainer):
@@ -89,6 +99,17 @@ class KPOTrainer(GRPOTrainer):
         self._step_loss_metrics: dict[str, list[float]] = defaultdict(list)
         if self.beta != 0.0:
             raise ValueError("KPOTrainer follows the paper's protocol without a KL term: set beta=0")
+
+    def _get_train_sampler(self, dataset=None):
+        dataset = self.train_dataset if dataset is None else dataset
+        return _EpochSeededRepeatSampler(
+            data_source=dataset,
+            mini_repeat_count=self.num_generations,
+            batch_size=self.args.generation_batch_size // self.num_generations,
+            repeat_count=self.num_iterations * self.args.steps_per_generation,
+            shuffle=self.shuffle_dataset,
+            seed=self.args.seed,
+        )
 
     # ------------------------------------------------------------------ advantages
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):

@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(tmp_path_factory):
+    """One warm-start cache for the whole session (the first run builds the SFT model, later runs reuse it)."""
+    return tmp_path_factory.mktemp("kpo-cache")
+
+
+@pytest.fixture
+def tiny_config(tiny_cache, tmp_path):
+    """Factory of a seconds-long TrainConfig: a 1-layer, 32-wide model on sums of two numbers up to 4
+    (warm-started to a reward of about 0.6, so advantages are not all zero), 8 prompts x 4 responses per
+    generation batch, 2 optimizer steps per batch (the second off-policy), lr 1e-2 so ratios move visibly."""
+    from kpo.train.config import TrainConfig
+
+    def make(name: str = "run", **overrides) -> TrainConfig:
+        fields = dict(
+            output_dir=str(tmp_path / name),
+            cache_dir=str(tiny_cache),
+            n_terms=2,
+            max_value=4,
+            tiny_hidden_size=32,
+            tiny_layers=1,
+            tiny_heads=2,
+            sft_examples=12,
+            sft_epochs=300,
+            prompts_per_step=8,
+            num_generations=4,
+            minibatches=2,
+            max_steps=4,
+            learning_rate=1e-2,
+            progress=False,
+            report_to="none",
+        )
+        fields.update(overrides)
+        return TrainConfig(**fields)
+
+    return make

@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import pytest
+
+from kpo.train.config import ConfigError, TrainConfig, parse_args
+
+
+def test_validator_reports_every_error_at_once(tmp_path):
+    config = TrainConfig(
+        output_dir=str(tmp_path),
+        prompts_per_step=3,  # 3 x 8 = 24 sequences, not divisible by 5 mini-batches
+        minibatches=5,
+        loss="kpo",
+        loss_kwargs={"qq": 1.0},  # misspelt q
+        sft_noise=1.5,
+        save_steps=3,  # not a multiple of minibatches
+        advantage="ppo",
+    )
+    with pytest.raises(ConfigError) as info:
+        config.validate()
+    errors = info.value.errors
+    text = str(info.value)
+    assert len(errors) >= 5, text
+    assert "not divisible by minibatches=5" in text
+    assert "'qq'" in text and "q=1e-06" in text  # names the bad key and lists the accepted ones
+    assert "sft_noise=1.5" in text
+    assert "save_steps=3 must be a multiple of minibatches=5" in text
+    assert "advantage='ppo'" in text
+
+
+def test_unknown_loss_and_bad_value_are_reported(tmp_path):
+    with pytest.raises(ConfigError, match="unknown policy loss 'nope'.*valid names: .*kpo"):
+        TrainConfig(output_dir=str(tmp_path), loss="nope").validate()
+    # a value the loss itself rejects (KPO needs q > 0) is found up front by a dry run of the loss
+    with pytest.raises(ConfigError, match="q > 0"):
+        TrainConfig(output_dir=str(tmp_path), loss="kpo", loss_kwargs={"q": -1.0}).validate()
+    # GMPO aggregates per sequence only
+    with pytest.raises(ConfigError, match="loss_agg_mode='token-mean' not allowed for loss 'gmpo'"):
+        TrainConfig(output_dir=str(tmp_path), loss="gmpo", loss_agg_mode="token-mean").validate()
+
+
+def test_protocol_aggregation_default():
+    # seq-mean-token-mean (the paper's protocol) where the loss allows it, else the loss's own mode
+    assert TrainConfig(loss="vanilla").resolved_agg_mode() == "seq-mean-token-mean"
+    assert TrainConfig(loss="gmpo").resolved_agg_mode() == "seq-mean"
+    assert TrainConfig(loss="vanilla", loss_agg_mode="token-mean").resolved_agg_mode() == "token-mean"
+
+
+def test_cli_overrides_yaml_and_parses_loss_kwargs(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("loss: gspo\nmax_steps: 7\nloss_kwargs: {clip_ratio_low: 0.001}\nseed: 3\n")
+    config = parse_args(
+        ["--config", str(path), "--max-steps", "9", "--loss_kwargs", "clip_ratio_high=4e-4", "--resume"]
+    )
+    assert config.loss == "gspo" and config.seed == 3
+    assert config.max_steps == 9  # flag beats file
+    assert config.loss_kwargs == {"clip_ratio_low": 0.001, "clip_ratio_high": 4e-4}
+    assert config.resume is True
+    assert parse_args(["--micro-batch-size", "none"]).micro_batch_size is None
+    assert parse_args(["--progress", "false"]).progress is False
+
+
+def test_cli_rejects_bad_input(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("los: kpo\n")
+    with pytest.raises(ConfigError, match="unknown field.*'los'"):
+        parse_args(["--config", str(bad)])
+    with pytest.raises(SystemExit):
+        parse_args(["--loss-kwargs", "q"])  # no '='
+    with pytest.raises(ConfigError, match="more than once"):
+        parse_args(["--loss-kwargs", "q=1", "q=2"])
+
+
+def test_malformed_dataset_row_names_the_row(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"problem": "1+1", "answer": "2"}\n{"problem": "2+2"}\n')
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    config = TrainConfig(output_dir=str(tmp_path / "out"), model=str(model), dataset=str(data))
+    with pytest.raises(ConfigError, match="row 1 \\(line 2\\): missing field 'answer'"):
+        config.validate()
+
+
+def test_dataset_without_model_and_existing_run_are_refused(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"problem": "1+1", "answer": "2"}\n')
+    (tmp_path / "metrics.jsonl").write_text("")
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(output_dir=str(tmp_path), dataset=str(data)).validate()
+    assert "pass --model PATH" in str(info.value)
+    assert "--resume to continue it" in str(info.value)

@@ -1,0 +1,133 @@
+"""End-to-end runs of `kpo train` on a seconds-sized tiny model (see conftest.tiny_config)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from kpo.losses import get_loss_spec, list_losses
+
+pytestmark = pytest.mark.slow
+
+REQUIRED = ("step", "reward_mean", "reward_std", "entropy", "clip_frac", "pg_loss", "ppo_kl",
+            "response_length", "step_time")
+# One name per registered loss (aliases train the same function).
+LOSSES = sorted({get_loss_spec(name).name for name in list_losses()})
+
+
+def _rows(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_every_loss_trains_and_logs_finite_metrics(tiny_config, loss):
+    from kpo.train import run_training
+
+    out = run_training(tiny_config(loss, loss=loss, max_steps=2))
+    rows = _rows(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        for key in REQUIRED:
+            assert row[key] is not None and math.isfinite(row[key]), (loss, key, row)
+        assert "pg_clipfrac" in row and "ratio_max" in row  # the loss's own metrics are passed through
+    # step 1 is on-policy: old log-probs are the current ones, so ppo_kl is exactly 0
+    assert rows[0]["ppo_kl"] == 0.0 and rows[0]["ratio_max"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_outputs_and_off_policy_ratios(tiny_config):
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from kpo import kalman_filter
+    from kpo.train import run_training
+
+    out = run_training(tiny_config(loss="kpo", loss_kwargs={"q": 1.0}, dump_ratios_every=1))
+    for name in ("config.yaml", "metrics.jsonl", "training_dynamics.png", "final/config.json"):
+        assert (out / name).exists(), name
+    assert list(out.glob("checkpoint-*"))
+    model = AutoModelForCausalLM.from_pretrained(out / "final")
+    tokenizer = AutoTokenizer.from_pretrained(out / "final")
+    assert tokenizer.decode(tokenizer("12+3=").input_ids) == "12+3="
+    assert model.config.model_type == "qwen3"
+
+    dumps = sorted((out / "ratios").glob("step_*.safetensors"))
+    assert [p.name for p in dumps] == [f"step_{s:06d}.safetensors" for s in (1, 2, 3, 4)]
+    for step, path in enumerate(dumps, start=1):
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata()
+            z, filtered, mask = (f.get_tensor(k) for k in ("log_ratio", "filtered_log_ratio", "mask"))
+        assert meta["step"] == str(step) and meta["loss"] == "kpo" and float(meta["q"]) == 1.0
+        assert float(meta["v"]) == 1.0
+        assert z.dtype == torch.float32 and mask.dtype == torch.uint8 and z.shape == mask.shape
+        assert z.shape[0] == 16  # a mini-batch: 8 prompts x 4 responses / 2 mini-batches
+        expected = kalman_filter(z.double(), mask.bool(), q=1.0, v=1.0).float()
+        torch.testing.assert_close(filtered, expected, rtol=1e-5, atol=1e-7)
+        valid = z[mask.bool()]
+        if step % 2 == 1:
+            # first mini-batch of a generation batch: on-policy, ratio exactly 1
+            assert valid.abs().max().item() == 0.0
+        else:
+            # second mini-batch: the policy moved after step 1, so ratios differ from 1
+            assert valid.abs().max().item() > 1e-3
+    rows = _rows(out)
+    # KPO clips the filtered ratio off-policy (q = v makes the filter follow z closely, past the 4e-4 band)
+    assert max(rows[1]["clip_frac"], rows[3]["clip_frac"]) > 0.0
+    assert rows[0]["clip_frac"] == rows[2]["clip_frac"] == 0.0
+    assert rows[1]["ppo_kl"] != 0.0
+
+
+@pytest.mark.parametrize("loss", ["vanilla", "gspo"])
+def test_clipped_losses_clip_off_policy(tiny_config, loss):
+    from kpo.train import run_training
+
+    rows = _rows(run_training(tiny_config(loss, loss=loss)))
+    off_policy = [r for r in rows if r["step"] % 2 == 0]
+    assert all(r["clip_frac"] == 0.0 for r in rows if r["step"] % 2 == 1)
+    assert max(r["clip_frac"] for r in off_policy) > 0.0
+
+
+def test_resume_reproduces_uninterrupted_run(tiny_config):
+    from kpo.train import run_training
+
+    full = _rows(run_training(tiny_config("full", save_steps=2, max_steps=6)))
+    part = tiny_config("part", save_steps=2, max_steps=4)
+    run_training(part)
+    # simulate a crash after step 4's checkpoint was written... and continue to step 6
+    part.max_steps, part.resume = 6, True
+    resumed = _rows(run_training(part))
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
+    skip = {"step_time"}
+    for a, b in zip(full, resumed):
+        assert {k: v for k, v in a.items() if k not in skip} == pytest.approx(
+            {k: v for k, v in b.items() if k not in skip}, rel=1e-5, abs=1e-7
+        ), a["step"]
+
+
+def test_resume_refuses_changed_config(tiny_config):
+    from kpo.train import ConfigError, run_training
+
+    config = tiny_config("x", max_steps=2)
+    run_training(config)
+    config.resume, config.learning_rate = True, 0.5
+    with pytest.raises(ConfigError, match="learning_rate: 0.01 -> 0.5"):
+        run_training(config)
+
+
+def test_cli_main(tiny_config, capsys):
+    from kpo.train.cli import main
+
+    config = tiny_config("cli", max_steps=2, loss="kpo_unclipped")
+    argv = ["--loss-kwargs", "q=1e-3"]
+    for key in ("output_dir", "cache_dir", "n_terms", "max_value", "tiny_hidden_size", "tiny_layers",
+                "tiny_heads", "sft_examples", "sft_epochs", "prompts_per_step", "num_generations",
+                "minibatches", "max_steps", "learning_rate", "progress", "report_to", "loss"):
+        argv += [f"--{key.replace('_', '-')}", str(getattr(config, key))]
+    assert main(argv) == 0
+    assert "training_dynamics.png" in capsys.readouterr().out
+    # 32 sequences do not split into 3 mini-batches; the run dir exists too: both reported, exit code 2
+    assert main([*argv, "--minibatches", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "not divisible by minibatches=3" in err and "already holds a run" in err
