@@ -86,16 +86,6 @@ def _advance_gains(valid, inb, p, q, v, idx, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _ranked_gain(gain_ptr, rank, offs, valid, T):
-    """gain[rank] at valid tokens, 0 elsewhere. Where every earlier token of the row is valid (rank == offs,
-    e.g. right padding) it is a coalesced positional load; only tokens after a hole gather."""
-    direct = rank == offs
-    positional = tl.load(gain_ptr + offs, mask=valid & direct, other=0.0)
-    ranked = tl.load(gain_ptr + rank, mask=valid & (rank != offs), other=0.0)
-    return tl.where(direct, positional, ranked)
-
-
-@triton.jit
 def _load_tile(z_ptr, m_ptr, base, offs, T, MODE: tl.constexpr):
     """(valid, z) of one tile; a masked z reads as 0 (it may be NaN)."""
     inb = (offs >= 0) & (offs < T)
@@ -128,7 +118,7 @@ def _forward_kernel(
         valid_next, z_next = _load_tile(z_ptr, m_ptr, base, offs + BLOCK, T, MODE)
         if MODE == SKIP:
             rank = cnt + tl.cumsum(valid.to(tl.int32), axis=0) - 1
-            k = _ranked_gain(gain_ptr, rank, offs, valid, T)
+            k = tl.load(gain_ptr + rank, mask=valid, other=0.0)
             cnt += tl.sum(valid.to(tl.int32), axis=0)
         elif MODE == ADVANCE:
             k64, p = _advance_gains(valid, inb, p, q, v, idx, BLOCK)
@@ -169,8 +159,8 @@ def _backward_kernel(
             after = tl.load(m_ptr + base + offs + 1, mask=nxt_in, other=0) != 0
         if MODE == SKIP:
             suffix = tl.cumsum(valid.to(tl.int32), axis=0)  # valid tokens in [t, tile end]
-            k = _ranked_gain(gain_ptr, cnt_hi - suffix, offs, valid, T)
-            k_next = _ranked_gain(gain_ptr, cnt_hi - suffix + valid.to(tl.int32), offs + 1, after, T)
+            k = tl.load(gain_ptr + (cnt_hi - suffix), mask=valid, other=0.0)
+            k_next = tl.load(gain_ptr + (cnt_hi - suffix + valid.to(tl.int32)), mask=after, other=0.0)
             cnt_hi -= tl.sum(valid.to(tl.int32), axis=0)
         elif MODE == ADVANCE:  # gain_ptr holds this call's per-token gains [B, T] (0 at holes)
             k = tl.load(gain_ptr + base + offs, mask=inb, other=0.0)
