@@ -131,3 +131,22 @@ def test_cli_main(tiny_config, capsys):
     assert main([*argv, "--minibatches", "3"]) == 2
     err = capsys.readouterr().err
     assert "not divisible by minibatches=3" in err and "already holds a run" in err
+
+
+def test_real_run_path_with_model_and_dataset(tiny_config, tmp_path):
+    """--model PATH and --dataset FILE: problems from kpo.data.math, reward from kpo.rewards.math_reward."""
+    pytest.importorskip("math_verify")
+    from kpo.train import run_training
+    from kpo.train.run import math_reward_fn
+
+    # math_reward on TRL's completion shapes: plain text and chat turns; answers arrive JSON-encoded
+    assert math_reward_fn(["so \\boxed{4}", [{"role": "assistant", "content": "\\boxed{5}"}]],
+                          answer=['"4"', '"4"']) == [1.0, 0.0]
+    warm = run_training(tiny_config("warm", max_steps=2)) / "final"
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(f'{{"problem": "{a}+{b}", "answer": "{a + b}"}}\n' for a in range(3) for b in range(3)))
+    config = tiny_config("real", model=str(warm), dataset=str(data), max_steps=2, prompts_per_step=4,
+                         max_completion_length=8, instruction="")
+    rows = _rows(run_training(config))
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(math.isfinite(r["reward_mean"]) for r in rows)

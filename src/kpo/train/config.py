@@ -46,7 +46,7 @@ class TrainConfig:
     # --- run ---
     output_dir: str = _f("runs/kpo-tiny", "Directory for config.yaml, metrics.jsonl, checkpoints, final/, plots.")
     seed: int = _f(0, "Seed of model init, data order, sampling and the synthetic task.")
-    max_steps: int = _f(800, "Optimizer steps (each generation batch gives `minibatches` of them).")
+    max_steps: int = _f(1000, "Optimizer steps (each generation batch gives `minibatches` of them).")
     resume: bool = _f(False, "Continue from the last checkpoint in output_dir (same config required).")
     overwrite: bool = _f(False, "Allow starting a fresh run in a non-empty output_dir (its files are replaced).")
 

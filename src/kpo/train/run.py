@@ -137,6 +137,7 @@ def run_training(config: TrainConfig) -> Path:
     from trl import GRPOConfig
 
     from kpo.plots import plot_training_dynamics
+    from kpo.train.progress import use_quiet_progress
     from kpo.train.trainer import KPOTrainer
 
     cuda = torch.cuda.is_available()
@@ -196,6 +197,7 @@ def run_training(config: TrainConfig) -> Path:
         dump_ratios_every=config.dump_ratios_every,
         ratios_dir=out / "ratios",
     )
+    use_quiet_progress(trainer, config.progress)
     trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
     if trainer.accelerator.is_main_process:
         trainer.save_model(str(out / "final"))

@@ -157,9 +157,15 @@ def warm_start(
     if (out / "config.json").exists() and (out / "kpo_sft.json").exists():
         return out
 
+    import sys
+
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
+    from kpo.train.progress import use_quiet_progress
+
+    if progress:
+        print(f"kpo: warm start (supervised, cached afterwards) -> {out}", file=sys.stderr)
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, shape, seed=seed)
     # Seed offset keeps warm-start problems a different draw from the RL prompts of the same seed.
@@ -192,6 +198,7 @@ def warm_start(
         dataloader_num_workers=0,
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    use_quiet_progress(trainer, progress)
     result = trainer.train()
     tmp.mkdir(parents=True, exist_ok=True)
     trainer.model.save_pretrained(tmp)
