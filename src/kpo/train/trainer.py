@@ -52,6 +52,21 @@ _GENERATION_KEYS = ("reward", "reward_std", "frac_reward_zero_std", "completions
                     "completions/clipped_ratio", "completions/mean_terminated_length")
 
 
+def _combine(key: str, pairs: list[tuple[float, float]]) -> float:
+    """One optimizer step's value of a loss metric from its micro-batches' (value, valid tokens): pg_loss
+    pieces are already scaled to the whole mini-batch (sum), extremes combine as extremes, means weighted
+    by tokens (exact for token means such as ppo_kl and pg_clipfrac)."""
+    values = [v for v, _ in pairs]
+    if key == "pg_loss":
+        return sum(values)
+    if key.endswith("_max"):
+        return max(values)
+    if key.endswith("_min"):
+        return min(values)
+    total = sum(n for _, n in pairs)
+    return sum(v * n for v, n in pairs) / total if total else sum(values) / len(values)
+
+
 class _EpochSeededRepeatSampler(RepeatSampler):
     """TRL's RepeatSampler with a per-epoch seed, so a run resumed in a later epoch sees the same prompt order
     as an uninterrupted one (TRL's sampler advances one generator across epochs, which a resume resets)."""
@@ -96,7 +111,8 @@ class KPOTrainer(GRPOTrainer):
         self.ratios_dir = Path(ratios_dir) if ratios_dir is not None else None
         self._dump_parts: list[dict[str, torch.Tensor]] = []
         self._generation_stats: dict[str, float] = {}
-        self._step_loss_metrics: dict[str, list[float]] = defaultdict(list)
+        # loss metrics of the current optimizer step's micro-batches: (value, valid tokens)
+        self._step_loss_metrics: dict[str, list[tuple[float, float]]] = defaultdict(list)
         if self.beta != 0.0:
             raise ValueError("KPOTrainer follows the paper's protocol without a KL term: set beta=0")
 
@@ -196,8 +212,9 @@ class KPOTrainer(GRPOTrainer):
                                     else "seq-mean-token-mean")
         self._metrics[mode]["entropy"].append(self.accelerator.gather(ent.detach()).mean().item())
         if training:
+            n_tokens = float(mask.sum())
             for key, value in metrics.items():
-                self._step_loss_metrics[key].append(value)
+                self._step_loss_metrics[key].append((value, n_tokens))
             if self.dump_ratios_every:
                 self._maybe_dump(log_prob, old_log_prob, mask)
         return loss
@@ -244,10 +261,8 @@ class KPOTrainer(GRPOTrainer):
             for key, value in self._generation_stats.items():
                 if not metrics.get(key):
                     metrics[key].append(value)
-            for key, values in self._step_loss_metrics.items():
-                # pg_loss pieces are already scaled to the mini-batch: their sum is the step's loss.
-                total = sum(values) if key == "pg_loss" else sum(values) / len(values)
-                metrics[f"loss/{key}"].append(total)
+            for key, pairs in self._step_loss_metrics.items():
+                metrics[f"loss/{key}"].append(_combine(key, pairs))
             self._step_loss_metrics.clear()
         super().log(logs, start_time)
         if training and self.metrics_path is not None and self.accelerator.is_main_process:
