@@ -35,12 +35,12 @@ class CompareConfig:
     out: str = "runs/compare"
     methods: tuple[str, ...] = DEFAULT_METHODS
     seeds: int = 3
-    steps: int | None = None  # optimizer steps per run; None = kpo train's default (quick: 48)
+    steps: int | None = None  # optimizer steps per run; None = kpo train's default (quick: 120)
     minibatches: int = 4  # optimizer steps per generation batch (3 of 4 off-policy in the paper)
     sweep_q: tuple[float, ...] = SWEEP_Q  # KPO's Q/V sweep (Figure 4); empty = no sweep
     sweep_seeds: int | None = None  # seeds of the sweep runs; None = all seeds (quick: 1)
     eval_n: int = 8  # samples per held-out problem
-    eval_limit: int = 128  # held-out problems
+    eval_limit: int | None = None  # held-out problems; None = the task's default test split
     dump_every: int = 5  # ratio dumps every N optimizer steps (analysis input)
     jobs: int | None = None  # parallel runs; None = CPU count
     train_args: tuple[str, ...] = ()  # extra `kpo train` flags shared by every run, e.g. ("--n-terms", "4")
@@ -48,9 +48,8 @@ class CompareConfig:
 
     def __post_init__(self) -> None:
         if self.quick:
-            self.steps = 48 if self.steps is None else self.steps
+            self.steps = 120 if self.steps is None else self.steps
             self.sweep_seeds = 1 if self.sweep_seeds is None else self.sweep_seeds
-            self.eval_limit = min(self.eval_limit, 64)
             self.eval_n = min(self.eval_n, 4)
 
 
@@ -132,10 +131,10 @@ def _steps_logged(out: Path) -> int:
 def _warm_starts(cfg: CompareConfig, seeds: list[int]) -> None:
     """Build each seed's cached warm start once, before parallel runs of that seed could race to build it."""
     from kpo.train.config import parse_args
-    from kpo.train.run import prepare_model
+    from kpo.train.run import model_path
 
     for seed in seeds:
-        prepare_model(parse_args(["--seed", str(seed), *cfg.train_args]))
+        model_path(parse_args(["--seed", str(seed), "--progress", "false", *cfg.train_args]))
 
 
 def run_compare(cfg: CompareConfig) -> Path:
@@ -214,7 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep-q", type=_floats, default=d.sweep_q, help="KPO Q values (V = 1); '' = no sweep.")
     p.add_argument("--sweep-seeds", type=int, default=None, help="Seeds of the Q/V sweep (default: all).")
     p.add_argument("--eval-n", type=int, default=d.eval_n, help="Samples per held-out problem.")
-    p.add_argument("--eval-limit", type=int, default=d.eval_limit, help="Held-out problems.")
+    p.add_argument(
+        "--eval-limit", type=int, default=None, help="Held-out problems (default: the test split)."
+    )
     p.add_argument(
         "--dump-every", type=int, default=d.dump_every, help="Ratio dump period (optimizer steps)."
     )
@@ -222,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="48 steps, one sweep seed, 64 problems x 4 samples: minutes instead of an hour.",
+        help="120 steps per run, one sweep seed, 4 samples per problem: minutes instead of an hour.",
     )
     p.add_argument(
         "train_args",
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     errors = [
         f"--{k}={getattr(cfg, k)}: must be >= 1"
         for k in ("seeds", "minibatches", "eval_n", "eval_limit", "dump_every")
-        if getattr(cfg, k) < 1
+        if getattr(cfg, k) is not None and getattr(cfg, k) < 1
     ]
     if not cfg.methods:
         errors.append("--methods: give at least one loss name")

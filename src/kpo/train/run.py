@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kpo.train.config import TRAJECTORY_FIELDS, ConfigError, TrainConfig
 
-__all__ = ["run_training", "synthetic_reward", "math_reward_fn"]
+__all__ = ["model_path", "run_training", "synthetic_reward", "math_reward_fn"]
 
 # Files and folders a run writes into output_dir (the only things --overwrite removes).
 _RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "final", "ratios", "runs", "training_dynamics.png", "README.md")
@@ -95,23 +95,28 @@ def _load_data(config: TrainConfig, tokenizer):
     return Dataset.from_list(records), math_reward_fn
 
 
+def model_path(config: TrainConfig) -> Path:
+    """The checkpoint a run starts from: ``config.model``, or the embedded tiny model's cached warm start
+    (built on first use; ``kpo compare`` calls this once per seed before its parallel runs)."""
+    if config.model is not None:
+        return Path(config.model)
+    from kpo.train.tiny import SFTSettings, TinyModelConfig, warm_start
+
+    shape = TinyModelConfig(
+        hidden_size=config.tiny_hidden_size, num_layers=config.tiny_layers, num_heads=config.tiny_heads,
+        intermediate_size=3 * config.tiny_hidden_size,
+    )
+    sft = SFTSettings(n_examples=config.sft_examples, epochs=config.sft_epochs, noise=config.sft_noise,
+                      learning_rate=config.sft_learning_rate)
+    return warm_start(config.task_config(), shape, sft, seed=config.seed,
+                      cache_dir=Path(config.cache_dir) if config.cache_dir else None, progress=config.progress)
+
+
 def _load_model(config: TrainConfig, use_bf16: bool):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if config.model is None:
-        from kpo.train.tiny import SFTSettings, TinyModelConfig, warm_start
-
-        shape = TinyModelConfig(
-            hidden_size=config.tiny_hidden_size, num_layers=config.tiny_layers, num_heads=config.tiny_heads,
-            intermediate_size=3 * config.tiny_hidden_size,
-        )
-        sft = SFTSettings(n_examples=config.sft_examples, epochs=config.sft_epochs, noise=config.sft_noise,
-                          learning_rate=config.sft_learning_rate)
-        path = warm_start(config.task_config(), shape, sft, seed=config.seed,
-                          cache_dir=Path(config.cache_dir) if config.cache_dir else None, progress=config.progress)
-    else:
-        path = Path(config.model)
+    path = model_path(config)
     dtype = torch.bfloat16 if use_bf16 else torch.float32
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(path)
