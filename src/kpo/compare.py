@@ -128,13 +128,15 @@ def _steps_logged(out: Path) -> int:
     return sum(1 for _ in path.open()) if path.exists() else 0
 
 
-def _warm_starts(cfg: CompareConfig, seeds: list[int]) -> None:
-    """Build each seed's cached warm start once, before parallel runs of that seed could race to build it."""
+def _warm_start(cfg: CompareConfig, seed: int) -> None:
+    """Worker: build one seed's cached warm start, before that seed's parallel runs could race to build it."""
+    import torch
+
     from kpo.train.config import parse_args
     from kpo.train.run import model_path
 
-    for seed in seeds:
-        model_path(parse_args(["--seed", str(seed), "--progress", "false", *cfg.train_args]))
+    torch.set_num_threads(1)
+    model_path(parse_args(["--seed", str(seed), "--progress", "false", *cfg.train_args]))
 
 
 def run_compare(cfg: CompareConfig) -> Path:
@@ -152,12 +154,15 @@ def run_compare(cfg: CompareConfig) -> Path:
     todo = [r for r in runs if not _done(out / "runs" / r.name)]
     print(f"kpo compare: {len(runs)} runs, {len(runs) - len(todo)} already done; report in {out}", flush=True)
     if todo:
-        _warm_starts(cfg, sorted({r.seed for r in todo}))
         jobs = cfg.jobs or os.cpu_count() or 1
         steps = cfg.steps or _default_steps()
-        bar = tqdm(total=steps * len(todo), desc="compare (optimizer steps)", unit="step")
         failures = []
         with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=get_context("spawn")) as pool:
+            seeds = sorted({r.seed for r in todo})
+            print(f"warm starts of seeds {seeds} (cached after the first compare)", flush=True)
+            for fut in [pool.submit(_warm_start, cfg, s) for s in seeds]:
+                fut.result()
+            bar = tqdm(total=steps * len(todo), desc="compare (optimizer steps)", unit="step")
             pending = {pool.submit(_execute, cfg, r, out / "runs" / r.name): r for r in todo}
             while pending:
                 finished, _ = wait(pending, timeout=5, return_when=FIRST_COMPLETED)
