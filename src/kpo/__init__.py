@@ -10,8 +10,9 @@ hosts (TRL, verl) that only need one layer.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from kpo._lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -24,16 +25,18 @@ _EXPORTS = {
     "token_dynamics": "kpo.diagnostics",
 }
 
-__all__ = [*_EXPORTS, "__version__"]
+__all__ = [
+    "__version__",
+    "compute_advantages",
+    "kalman_filter",
+    "kalman_gains",
+    "list_losses",
+    "policy_loss",
+    "token_dynamics",
+]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kpo' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr("kpo", _EXPORTS, globals())
 
 
 def __dir__() -> list[str]:

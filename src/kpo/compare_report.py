@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kpo.diagnostics import STAT_KEYS
 from kpo.plots import load_metrics, plot_training_dynamics
 
 __all__ = ["CLAIM_RULES", "write_report", "reward_summary"]
@@ -28,16 +29,8 @@ CLAIM_RULES = {
     "collapse_drop": 0.1,  # collapse: final reward at least this far below the smoothed peak
     "rise_tolerance": 0.02,  # still rising: final within this of the smoothed peak
 }
-TABLE2_KEYS = (
-    "prop_on",
-    "runlen_up",
-    "runlen_down",
-    "runlen_on",
-    "switch_freq",
-    "lfr",
-    "global_var",
-    "local_var",
-)
+# Table 2 statistics less prop_up/prop_down (prop_on says how much of a response is off-policy).
+TABLE2_KEYS = tuple(k for k in STAT_KEYS if k not in ("prop_up", "prop_down"))
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:

@@ -12,8 +12,7 @@ Attributes load on first use so ``import kpo.train`` does not import TRL.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from kpo._lazy import lazy_getattr
 
 _EXPORTS = {
     "TrainConfig": "kpo.train.config",
@@ -23,11 +22,4 @@ _EXPORTS = {
 
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kpo.train' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr("kpo.train", _EXPORTS, globals())
