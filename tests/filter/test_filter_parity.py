@@ -149,8 +149,8 @@ def test_backends_agree_and_env_var_selects(monkeypatch):
         monkeypatch.setenv("KPO_FILTER_BACKEND", backend)
         outs.append(kalman_filter(z, mask, q=1e-3, mask_mode="advance"))
     for out in outs[1:]:
-        # both keep a float64 state: they differ at most by the final rounding to float32
-        torch.testing.assert_close(out, outs[0], rtol=2**-23, atol=1e-30)
+        # numba keeps a float64 state, torch scans chunks in float32: both are within the contract
+        torch.testing.assert_close(out, outs[0], rtol=0, atol=float32_bound(z))
     monkeypatch.setenv("KPO_FILTER_BACKEND", "fortran")
     with pytest.raises(ValueError, match="auto"):
         kalman_filter(z)

@@ -10,13 +10,15 @@ cumulative product (the authors' overflow), so it is exact in float64 for any ga
 
 from __future__ import annotations
 
-import math
+import functools
 
 import torch
 
 from kpo.filter.gains import gain_tensors
 
 _F64 = torch.float64
+# tokens per chunk scanned in the compute dtype: float32 rounding grows with it (~CHUNK/2 ulps at worst)
+CHUNK = 32
 
 
 def token_gains(
@@ -70,56 +72,160 @@ def _advance_priors(mask: torch.Tensor, q: float, v: float, p0: float) -> torch.
     return before + q
 
 
-def linear_scan(keep: torch.Tensor, inc: torch.Tensor, x0: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """x_t = keep_t x_{t-1} + inc_t along dim 1 from x_{-1} = x0; float64 [B, T] -> (x [B, T], x_{T-1} [B]).
+def chunked_scan(
+    keep: torch.Tensor, y: torch.Tensor, x0: float, gain: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scan along dim 1 from x_{-1} = x0 -> (x [B, T] in y's dtype, x_{T-1} float64 [B]).
 
-    ``keep`` may be [T] (shared by all rows). Blocked: ~2 sqrt(T) Python steps, each over all rows.
+    With ``gain``: x_t = x_{t-1} + gain_t (y_t - x_{t-1}) (the filter; keep = 1 - gain);
+    without:       x_t = keep_t x_{t-1} + y_t           (the reverse scan of the backward).
+    keep, gain: float64 [T] (shared by every row) or [B, T]; y: [B, T] float32 or float64, the compute dtype.
+
+    Chunks of ``CHUNK`` tokens are scanned from 0 in y's dtype, all chunks of all rows at once (CHUNK Python
+    steps); the chunk-to-chunk carries are an exact float64 scan over chunks (``_carry_scan``); each token
+    then adds its chunk's carry times the float64 product of keeps since the chunk start.
     """
-    B, T = inc.shape
-    L = max(1, math.isqrt(T - 1) + 1) if T > 1 else 1
+    B, T = y.shape
+    L = min(CHUNK, T)
     n = -(-T // L)
     pad = n * L - T
-    rows = B if keep.dim() == 2 else 1  # a shared [T] keep is scanned once, not once per row
+    rows = 1 if keep.dim() == 1 else B
     keep = keep.reshape(rows, T)
+    if gain is not None:
+        gain = gain.reshape(rows, T)
+    if pad:
+        keep = torch.nn.functional.pad(keep, (0, pad), value=1.0)
+        y = torch.nn.functional.pad(y, (0, pad), value=0.0)
+        if gain is not None:
+            gain = torch.nn.functional.pad(gain, (0, pad), value=0.0)
+    dtype = y.dtype
+    # [L, B, n]: step i reads one contiguous slab holding token i of every chunk of every row
+    y3 = y.reshape(B, n, L).permute(2, 0, 1).contiguous()
+    step = (keep if gain is None else gain).reshape(rows, n, L).permute(2, 0, 1).to(dtype).contiguous()
+    local = torch.empty_like(y3)
+    local[0] = y3[0] if gain is None else step[0] * y3[0]
+    for i in range(1, L):
+        if gain is None:
+            torch.addcmul(y3[i], step[i], local[i - 1], out=local[i])
+        else:
+            # lerp: x + g (y - x) keeps the gain's relative precision (1 - g in float32 would round it)
+            torch.lerp(local[i - 1], y3[i], step[i], out=local[i])
+    decay = torch.cumprod(keep.reshape(rows, n, L), dim=2)  # float64 [rows, n, L], products since chunk start
+    carry, x_end = _carry_scan(decay[:, :, L - 1], local[L - 1].to(_F64), x0)
+    out = torch.empty(B, n * L, dtype=dtype, device=y.device)
+    torch.addcmul(
+        local,
+        decay.permute(2, 0, 1).to(dtype),
+        carry.to(dtype).unsqueeze(0),
+        out=out.view(B, n, L).permute(2, 0, 1),
+    )
+    return (out[:, :T].contiguous() if pad else out), x_end
+
+
+def _carry_scan(keep: torch.Tensor, inc: torch.Tensor, x0: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """States before each step of x_j = keep_j x_{j-1} + inc_j from x_{-1} = x0, float64.
+
+    keep: [rows, N] (rows 1 or B), inc: [B, N] -> (before [B, N], state after the last step [B]).
+    Recursive over chunks of CHUNK steps, so the Python steps grow as CHUNK log_CHUNK N, not with N.
+    """
+    B, N = inc.shape
+    rows = keep.shape[0]
+    if N <= CHUNK:
+        before = torch.empty_like(inc)
+        state = torch.full((B,), float(x0), dtype=_F64, device=inc.device)
+        for j in range(N):
+            before[:, j] = state
+            state = torch.addcmul(inc[:, j], keep[:, j], state)
+        return before, state
+    L = CHUNK
+    n = -(-N // L)
+    pad = n * L - N
     if pad:
         keep = torch.nn.functional.pad(keep, (0, pad), value=1.0)
         inc = torch.nn.functional.pad(inc, (0, pad), value=0.0)
-    # [L, rows, n]: step i of the first loop reads one contiguous slab holding token i of every chunk
-    k3 = keep.reshape(rows, n, L).permute(2, 0, 1).contiguous()
-    i3 = inc.reshape(B, n, L).permute(2, 0, 1).contiguous()
-    local = torch.empty_like(i3)
-    s = torch.zeros(B, n, dtype=inc.dtype, device=inc.device)
-    for i in range(L):
-        s = torch.addcmul(i3[i], k3[i], s)
-        local[i] = s
-    decay = torch.cumprod(k3, dim=0)  # decay[i] = product of keeps from the chunk start to token i
-    carry = torch.empty(n, B, dtype=inc.dtype, device=inc.device)
-    c = torch.full((B,), float(x0), dtype=inc.dtype, device=inc.device)
-    for j in range(n):
-        carry[j] = c
-        c = torch.addcmul(local[L - 1, :, j], decay[L - 1, :, j], c)  # decay row broadcasts when shared
-    x = torch.addcmul(local, decay, carry.T.unsqueeze(0))
-    return x.permute(1, 2, 0).reshape(B, n * L)[:, :T], c
+    k3, i3 = keep.reshape(rows, n, L), inc.reshape(B, n, L)
+    after = torch.empty(B, n, L, dtype=_F64, device=inc.device)
+    after[:, :, 0] = i3[:, :, 0]
+    for i in range(1, L):
+        after[:, :, i] = torch.addcmul(i3[:, :, i], k3[:, :, i], after[:, :, i - 1])
+    decay = torch.cumprod(k3, dim=2)
+    carry, x_end = _carry_scan(decay[:, :, L - 1], after[:, :, L - 1].clone(), x0)
+    after.addcmul_(decay, carry.unsqueeze(2))
+    before = torch.cat([carry.unsqueeze(2), after[:, :, : L - 1]], dim=2)
+    return before.reshape(B, n * L)[:, :N], x_end
 
 
 def forward(z, mask, mode, q, v, p0, x0):
-    """Filter of z [B, T] (float32/64) in float64 -> (out in z's dtype, 0 at masked; final states [B])."""
+    """Filter of z [B, T] (float32/64) in z's dtype -> (out, 0 at masked; final states [B], float64)."""
     B, T = z.shape
     gain, keep = token_gains(mask, mode, T, q, v, p0, z.device)
-    y = z if mask is None else torch.where(mask, z, 0.0)  # a masked z is never read (it may be NaN)
-    x, x_end = linear_scan(keep, gain * y.to(_F64), x0)
+    if gain.dim() == 2:  # gains differ per row (holes): the stepwise chunked scan
+        y = z if mask is None else torch.where(mask, z, 0.0)  # a masked z is never read (it may be NaN)
+        x, x_end = chunked_scan(keep, y, x0, gain)
+    else:
+        x, x_end = _positional_scan(z, mask, q, v, p0, x0)
     if mask is not None:
         x = torch.where(mask, x, 0.0)
-    return x.to(z.dtype), x_end
+    return x, x_end
+
+
+def _positional_scan(z, mask, q, v, p0, x0):
+    """The filter when every row takes the positional gains (no mask, right padding, ``zero`` mode).
+
+    Each chunk's local scan from 0 is linear in its z, with a matrix shared by all rows: one batched
+    matrix product in z's dtype does every chunk at once. Then the float64 carry scan over chunks, and each
+    token adds its chunk's carry times the product of keeps since the chunk start.
+    -> (x [B, T] in z's dtype, unmasked; final states [B], float64).
+    """
+    B, T = z.shape
+    L = min(CHUNK, T)
+    n = -(-T // L)
+    weights, decay, chunk_keep = _chunk_maps(q, v, p0, n, L, z.device, z.dtype)
+    if n * L == T:
+        y = z if mask is None else torch.where(mask, z, 0.0)  # a masked z is never read (it may be NaN)
+    else:
+        y = z.new_zeros(B, n * L)
+        y[:, :T] = z if mask is None else torch.where(mask, z, 0.0)
+    # [n, B, L]: a contiguous copy first (the batched product reads a strided batch several times slower)
+    local = torch.bmm(y.view(B, n, L).transpose(0, 1).contiguous(), weights)
+    carry, _ = _carry_scan(chunk_keep.unsqueeze(0), local[:, :, L - 1].T.to(_F64), x0)
+    out = torch.empty(B, n * L, dtype=z.dtype, device=z.device)
+    torch.addcmul(local.transpose(0, 1), decay, carry.to(z.dtype).unsqueeze(2), out=out.view(B, n, L))
+    x = out[:, :T] if n * L == T else out[:, :T].contiguous()
+    return x, x[:, T - 1].to(_F64)
+
+
+@functools.lru_cache(maxsize=8)
+def _chunk_map_table(q, v, p0, n, L, device, dtype):
+    """Per-chunk maps of the positional gains for n chunks of L tokens (see ``_chunk_maps``)."""
+    gain, keep = gain_tensors(n * L, q, v, p0, device, _F64)
+    g, k = gain.view(n, L), keep.view(n, L)
+    # row i of chunk j: the weights of the chunk's z in its state after token i (scanned from 0), built by
+    # the recurrence itself (row_i = keep_i row_{i-1} + gain_i e_i), so no ratio of products can underflow
+    weights = torch.zeros(n, L, L, dtype=_F64, device=device)
+    for i in range(L):
+        if i:
+            weights[:, i, :i] = weights[:, i - 1, :i] * k[:, i : i + 1]
+        weights[:, i, i] = g[:, i]
+    decay = torch.cumprod(k, dim=1)
+    return weights.transpose(1, 2).to(dtype).contiguous(), decay.to(dtype), decay[:, L - 1].contiguous()
+
+
+def _chunk_maps(q, v, p0, n, L, device, dtype):
+    """(weights [n, L, L]: local = z_chunk @ weights[j]; decay [n, L]: keeps multiplied since the chunk
+    start, both in dtype; chunk_keep [n] float64: the whole chunk's product), cached by powers of two of n."""
+    size = 1 << max(0, n - 1).bit_length()
+    weights, decay, chunk_keep = _chunk_map_table(q, v, p0, size, L, device, dtype)
+    return weights[:n], decay[:n], chunk_keep[:n]
 
 
 def backward(grad, mask, mode, q, v, p0):
-    """Gradient w.r.t. z of sum(grad * filter(z)): u_t = w_t + keep_{t+1} u_{t+1}, dz_t = gain_t u_t."""
+    """Gradient w.r.t. z of sum(grad * filter(z)): u_t = w_t + keep_{t+1} u_{t+1}, dz_t = gain_t u_t, in float64."""
     B, T = grad.shape
     gain, keep = token_gains(mask, mode, T, q, v, p0, grad.device)
     w = (grad if mask is None else torch.where(mask, grad, 0.0)).to(_F64)
     keep_next = torch.nn.functional.pad(keep[..., 1:], (0, 1), value=1.0)
-    u, _ = linear_scan(keep_next.flip(-1), w.flip(1), 0.0)
+    u, _ = chunked_scan(keep_next.flip(-1), w.flip(1), 0.0)
     dz = gain * u.flip(1)
     if mask is not None:
         dz = torch.where(mask, dz, 0.0)
