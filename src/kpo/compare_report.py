@@ -187,8 +187,9 @@ def _claims(methods, groups, table1, table2, sweep) -> list[str]:
     if table2:
         parts, ok = [], []
         for m, s in table2.items():
-            run_before = statistics.fmean(s["before"][k] for k in ("runlen_up", "runlen_down", "runlen_on"))
-            run_after = statistics.fmean(s["after"][k] for k in ("runlen_up", "runlen_down", "runlen_on"))
+            # Mean over the states that occur: after filtering a state may have no run at all (NaN).
+            run_before = float(np.nanmean([s["before"][k] for k in ("runlen_up", "runlen_down", "runlen_on")]))
+            run_after = float(np.nanmean([s["after"][k] for k in ("runlen_up", "runlen_down", "runlen_on")]))
             longer = run_after > run_before
             fewer = s["after"]["switch_freq"] < s["before"]["switch_freq"]
             ok.append(longer and fewer)
