@@ -1,10 +1,10 @@
 """Compiled CPU loops of the filter (numba, the optional extra ``fast``).
 
 The recurrence x_t = keep_t * x_{t-1} + gain_t * z_t is a chain of dependent multiply-adds, so one row
-is bound by latency, not by memory. Each inner iteration of the forward therefore advances four rows at
-once (four independent chains in flight). The loops release the GIL; the caller runs row ranges in parallel threads
-(cheaper to compile than numba's own parallel mode). The state is float64 whatever the input dtype, so
-float32 results are the float64 recurrence rounded once.
+is bound by latency, not by memory. Each inner iteration of the forward and of the backward therefore
+advances four rows at once (four independent chains in flight). The loops release the GIL; the caller runs
+row ranges in parallel threads (cheaper to compile than numba's own parallel mode). The state is float64
+whatever the input dtype, so float32 results are the float64 recurrence rounded once.
 
 Each mode gets its own copy of the row loop (the mode is a constant inside it, so the other modes' code is
 compiled away): a mode tested per token costs several times the loop itself.
@@ -109,33 +109,66 @@ def _bstep(mode, g, m, r, t, u, c, a_next, gain, keep, kb, ab):
 
 
 @njit(inline="always")
+def _setup_step(mode, m, r, t, p, c, q, v, kb, ab):
+    """Token t of the forward pass that row r's reverse scan needs first -> (posterior variance, count).
+
+    ADVANCE: the row's gains depend on its holes, so its variance runs forward, filling ``kb``/``ab`` with
+    its gains and keeps (0 and 1 at masked tokens). SKIP: counts the valid tokens (the reverse scan walks
+    the gain table backwards from there). Other modes need nothing.
+    """
+    if mode == ADVANCE:
+        prior = p + q
+        if m[r, t]:
+            kb[t] = prior / (prior + v)
+            ab[t] = v / (prior + v)
+            return v * prior / (prior + v), c
+        kb[t] = 0.0
+        ab[t] = 1.0
+        return prior, c
+    if mode == SKIP:
+        return p, c + (1 if m[r, t] else 0)
+    return p, c
+
+
+@njit(inline="always")
 def _backward_rows(mode, g, m, gain, keep, q, v, p0, dz, row_lo, row_hi):
-    # one row at a time: the backward only runs when a caller differentiates through the filter (KPO
-    # itself detaches z), so it is kept small to compile rather than interleaved like the forward
+    # four rows per inner iteration, as in the forward: four independent chains in flight
     T = g.shape[1]
-    kb = np.empty(T if mode == ADVANCE else 1)
-    ab = np.empty(T if mode == ADVANCE else 1)
-    for r in range(row_lo, row_hi):
-        c = 0
-        if mode == ADVANCE:  # this row's gains depend on its holes: run its variance forward first
-            p = p0
-            for t in range(T):
-                prior = p + q
-                if m[r, t]:
-                    kb[t] = prior / (prior + v)
-                    ab[t] = v / (prior + v)
-                    p = v * prior / (prior + v)
-                else:
-                    kb[t] = 0.0
-                    ab[t] = 1.0
-                    p = prior
-        if mode == SKIP:  # SKIP walks its gain table backwards from the row's count of valid tokens
-            for t in range(T):
-                c += 1 if m[r, t] else 0
-        u, a_next = 0.0, 1.0
-        for t in range(T - 1, -1, -1):
-            u, c, a_next, d = _bstep(mode, g, m, r, t, u, c, a_next, gain, keep, kb, ab)
-            dz[r, t] = d
+    kb = np.empty((ROWS, T if mode == ADVANCE else 1))
+    ab = np.empty((ROWS, T if mode == ADVANCE else 1))
+    ka, kb_, kc, kd = kb[0], kb[1], kb[2], kb[3]
+    aa, ab_, ac, ad = ab[0], ab[1], ab[2], ab[3]
+    for r0 in range(row_lo, row_hi, ROWS):
+        if r0 + ROWS <= row_hi:
+            ca = cb = cc = cd = 0
+            if mode == ADVANCE or mode == SKIP:
+                pa = pb = pc = pd = p0
+                for t in range(T):
+                    pa, ca = _setup_step(mode, m, r0, t, pa, ca, q, v, ka, aa)
+                    pb, cb = _setup_step(mode, m, r0 + 1, t, pb, cb, q, v, kb_, ab_)
+                    pc, cc = _setup_step(mode, m, r0 + 2, t, pc, cc, q, v, kc, ac)
+                    pd, cd = _setup_step(mode, m, r0 + 3, t, pd, cd, q, v, kd, ad)
+            ua = ub = uc = ud = 0.0
+            na = nb = nc = nd = 1.0
+            for t in range(T - 1, -1, -1):
+                ua, ca, na, da = _bstep(mode, g, m, r0, t, ua, ca, na, gain, keep, ka, aa)
+                ub, cb, nb, db = _bstep(mode, g, m, r0 + 1, t, ub, cb, nb, gain, keep, kb_, ab_)
+                uc, cc, nc, dc = _bstep(mode, g, m, r0 + 2, t, uc, cc, nc, gain, keep, kc, ac)
+                ud, cd, nd, dd = _bstep(mode, g, m, r0 + 3, t, ud, cd, nd, gain, keep, kd, ad)
+                dz[r0, t] = da
+                dz[r0 + 1, t] = db
+                dz[r0 + 2, t] = dc
+                dz[r0 + 3, t] = dd
+        else:
+            for r in range(r0, row_hi):
+                c, p = 0, p0
+                if mode == ADVANCE or mode == SKIP:
+                    for t in range(T):
+                        p, c = _setup_step(mode, m, r, t, p, c, q, v, ka, aa)
+                u, a_next = 0.0, 1.0
+                for t in range(T - 1, -1, -1):
+                    u, c, a_next, d = _bstep(mode, g, m, r, t, u, c, a_next, gain, keep, ka, aa)
+                    dz[r, t] = d
 
 
 @njit(cache=True, nogil=True)
