@@ -211,12 +211,38 @@ def _chunk_map_table(q, v, p0, n, L, device, dtype):
     return weights.transpose(1, 2).to(dtype).contiguous(), decay.to(dtype), decay[:, L - 1].contiguous()
 
 
-def _chunk_maps(q, v, p0, n, L, device, dtype):
-    """(weights [n, L, L]: local = z_chunk @ weights[j]; decay [n, L]: keeps multiplied since the chunk
-    start, both in dtype; chunk_keep [n] float64: the whole chunk's product), cached by powers of two of n."""
+@functools.lru_cache(maxsize=8)
+def _chunk_back_table(q, v, p0, n, L, device, dtype):
+    """Per-chunk maps of the backward's positional gains for n chunks of L tokens (see ``_chunk_maps``)."""
+    gain, keep = gain_tensors(n * L + 1, q, v, p0, device, _F64)
+    g = gain[: n * L].view(n, L)
+    keep_after = keep[1 : n * L + 1].view(n, L)  # the keep of the token after each token
+    # span[j, i, k]: keeps of tokens i+1..k of chunk j (1 at k = i), column L reaching the next chunk's
+    # first token; built by the recurrence from the chunk end, so no ratio of products can underflow
+    span = torch.zeros(n, L, L + 1, dtype=_F64, device=device)
+    span[:, L - 1, L - 1] = 1.0
+    span[:, L - 1, L] = keep_after[:, L - 1]
+    for i in range(L - 2, -1, -1):
+        span[:, i, i] = 1.0
+        span[:, i, i + 1 :] = span[:, i + 1, i + 1 :] * keep_after[:, i : i + 1]
+    back = (g.unsqueeze(2) * span[:, :, :L]).transpose(1, 2)  # back[j, k, i]: weight of w_k in dz_i
+    ends = (g * span[:, :, L]).to(dtype)
+    return back.to(dtype).contiguous(), ends, span[:, 0, :L].to(dtype), span[:, 0, L].contiguous()
+
+
+def _chunk_maps(q, v, p0, n, L, device, dtype, reverse=False):
+    """Per-chunk maps of the positional gains, cached by powers of two of n (tables are built once).
+
+    forward: (weights [n, L, L]: chunk state from 0 = z_chunk @ weights[j]; decay [n, L]: keeps since the
+    chunk start, both in dtype; chunk_keep [n] float64: the whole chunk's product of keeps).
+    reverse: (back [n, L, L]: dz from the chunk's own w = w_chunk @ back[j]; ends [n, L]: the weight of
+    the reverse state entering from the next chunk; head [n, L]: weights of w in the reverse state at the
+    chunk's first token, all in dtype; chunk_keep [n] float64: keeps from the chunk's second token to the
+    next chunk's first).
+    """
     size = 1 << max(0, n - 1).bit_length()
-    weights, decay, chunk_keep = _chunk_map_table(q, v, p0, size, L, device, dtype)
-    return weights[:n], decay[:n], chunk_keep[:n]
+    table = (_chunk_back_table if reverse else _chunk_map_table)(q, v, p0, size, L, device, dtype)
+    return tuple(part[:n] for part in table)
 
 
 def backward(grad, mask, mode, q, v, p0):
@@ -224,9 +250,35 @@ def backward(grad, mask, mode, q, v, p0):
     B, T = grad.shape
     gain, keep = token_gains(mask, mode, T, q, v, p0, grad.device)
     w = (grad if mask is None else torch.where(mask, grad, 0.0)).to(_F64)
-    keep_next = torch.nn.functional.pad(keep[..., 1:], (0, 1), value=1.0)
-    u, _ = chunked_scan(keep_next.flip(-1), w.flip(1), 0.0)
-    dz = gain * u.flip(1)
+    if gain.dim() == 1:
+        dz = _positional_reverse_scan(w, q, v, p0)
+    else:
+        keep_next = torch.nn.functional.pad(keep[..., 1:], (0, 1), value=1.0)
+        u, _ = chunked_scan(keep_next.flip(-1), w.flip(1), 0.0)
+        dz = gain * u.flip(1)
     if mask is not None:
         dz = torch.where(mask, dz, 0.0)
     return dz.to(grad.dtype)
+
+
+def _positional_reverse_scan(w, q, v, p0):
+    """dz [B, T] of the backward when every row takes the positional gains, in w's dtype.
+
+    Within a chunk dz_i = gain_i (sum over k >= i of the keeps of tokens i+1..k times w_k) + gain_i (keeps
+    of tokens i+1..L) u_L, with u_L the reverse state entering from the next chunk: one batched matrix
+    product for the first part, a float64 reverse scan over chunks for u_L.
+    """
+    B, T = w.shape
+    L = min(CHUNK, T)
+    n = -(-T // L)
+    back, ends, head, chunk_keep = _chunk_maps(q, v, p0, n, L, w.device, w.dtype, reverse=True)
+    if n * L != T:
+        w = torch.nn.functional.pad(w, (0, n * L - T), value=0.0)
+    w3 = w.view(B, n, L)
+    totals = (w3 * head).sum(2).to(_F64)  # u at each chunk's first token, from the chunk's own w
+    before, _ = _carry_scan(chunk_keep.flip(0).unsqueeze(0), totals.flip(1), 0.0)
+    u_next = before.flip(1)  # u entering each chunk from the right (0 after the last)
+    local = torch.bmm(w3.transpose(0, 1).contiguous(), back)  # [n, B, L]
+    out = torch.empty(B, n * L, dtype=w.dtype, device=w.device)
+    torch.addcmul(local.transpose(0, 1), ends, u_next.to(w.dtype).unsqueeze(2), out=out.view(B, n, L))
+    return out[:, :T]
