@@ -1,11 +1,17 @@
-"""Pure-torch path of the filter (any device): per-token gains, then a blocked linear scan, in float64.
+"""Pure-torch path of the filter (any device): per-token gains, then a chunked linear scan.
 
 With data-independent gains the filter is the first-order linear recurrence
     x_t = keep_t * x_{t-1} + gain_t * y_t          (keep = 1 - gain; skipped tokens: keep 1, gain 0)
-whose backward is the same recurrence run in reverse. The blocked scan cuts T into ~sqrt(T) chunks of
-~sqrt(T) tokens: one loop step advances every chunk of every row at once, a second loop carries the
-state across chunks, and a final vectorized pass adds each chunk's carried-in state. It never divides by a
-cumulative product (the authors' overflow), so it is exact in float64 for any gains.
+whose backward is the same recurrence run in reverse. T is cut into chunks of CHUNK tokens. Each chunk is
+scanned from 0 in the input's dtype, all chunks of all rows at once: when every row takes the positional
+gains (no mask, right padding, ``zero`` mode) as one batched matrix product with cached per-chunk matrices,
+otherwise by CHUNK vectorized steps. The state entering each chunk is an exact float64 scan over chunks,
+recursive in chunks of chunks, so the Python steps grow as CHUNK log_CHUNK T. Nothing divides by a
+cumulative product (the authors' overflow).
+
+Precision: the float32 forward is a convex combination of the carry and the chunk's z with weights kept to
+float32's relative precision (gains, not 1 - gain, are rounded), so its error stays a few ulps of
+max(|z|, |x0|) whatever T; the carries never leave float64. The backward computes in float64.
 """
 
 from __future__ import annotations
