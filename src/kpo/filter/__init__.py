@@ -6,7 +6,8 @@ compute it, each checked against the float64 loop in ``reference.py``:
 
 - ``numba``  compiled CPU loop (extra ``fast``), four rows per inner iteration, float64 state;
 - ``triton`` GPU kernel for CUDA tensors (extra ``gpu``);
-- ``torch``  blocked scan in float64 on any device: the fallback when the others are missing.
+- ``torch``  chunked scan on any device (chunks in the input's float32/float64, float64 carries between
+  chunks): the fallback when the others are missing.
 
 ``KPO_FILTER_BACKEND=auto|numba|torch|triton`` forces one (``auto``: triton for CUDA tensors, numba for
 CPU tensors, torch otherwise).
