@@ -104,9 +104,12 @@ def _execute(cfg: CompareConfig, run: Run, out: Path) -> dict:
     from kpo.train.run import run_training
 
     out.mkdir(parents=True, exist_ok=True)
-    log = open(out / "log.txt", "a", buffering=1)  # noqa: SIM115 - lives as long as the worker's job
-    os.dup2(log.fileno(), 1)
-    os.dup2(log.fileno(), 2)
+    # Workers are reused across runs: flush what belongs to the previous run's log, then point fds 1 and 2 here.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with open(out / "log.txt", "a") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
     torch.set_num_threads(1)
     start = time.time()
     config = parse_args(_train_argv(cfg, run, out))
