@@ -549,7 +549,8 @@ def _report(results: dict, table: str, sweep_table: str, figures: dict, cfg: Ana
 # ----------------------------------------------------------------------------------------------- command
 
 
-def _floats(text: str) -> tuple[float, ...]:
+def parse_q_values(text: str) -> tuple[float, ...]:
+    """argparse type of a Q/V sweep: comma-separated positive numbers, e.g. ``1e-6,1e-4,1e-2``."""
     try:
         values = tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
@@ -594,7 +595,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--v", type=float, default=None, help="re-filter at this V; also the sweep's V (default 1)"
     )
     p.add_argument(
-        "--sweep-q", type=_floats, default=d.sweep_q, help="Q values of the sweep (1e-6,1e-4,1e-2)"
+        "--sweep-q", type=parse_q_values, default=d.sweep_q, help="Q values of the sweep (1e-6,1e-4,1e-2)"
     )
     p.add_argument(
         "--mask-mode",

@@ -196,8 +196,11 @@ def _default_steps() -> int:
     return TrainConfig().max_steps
 
 
-def _floats(text: str) -> tuple[float, ...]:
-    return tuple(float(x) for x in text.split(",") if x.strip())
+def _sweep_q(text: str) -> tuple[float, ...]:
+    """``--sweep-q``: the Q values of ``kpo analyze``'s sweep, or ``''`` for no sweep."""
+    from kpo.analysis import parse_q_values
+
+    return parse_q_values(text) if text.strip() else ()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -218,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.minibatches,
         help="Optimizer steps per generation batch: more = more off-policy updates.",
     )
-    p.add_argument("--sweep-q", type=_floats, default=d.sweep_q, help="KPO Q values (V = 1); '' = no sweep.")
+    p.add_argument("--sweep-q", type=_sweep_q, default=d.sweep_q, help="KPO Q values (V = 1); '' = no sweep.")
     p.add_argument("--sweep-seeds", type=int, default=None, help="Seeds of the Q/V sweep (default: all).")
     p.add_argument("--eval-n", type=int, default=d.eval_n, help="Samples per held-out problem.")
     p.add_argument(
