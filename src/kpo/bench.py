@@ -2,6 +2,7 @@
 number in one table is measured in one process, interleaved, as a median of repeats).
 
     kpo bench filter [--device cpu|cuda] [--sizes 256x4096,64x32768] [--repeats 5] [--q 1e-6]
+    kpo bench triton-ptx [--arch 90] [--dtype float32]
 
 Add a benchmark by writing a ``(configure(parser), run(args) -> int)`` pair and registering it in BENCHMARKS.
 """
@@ -9,6 +10,9 @@ Add a benchmark by writing a ``(configure(parser), run(args) -> int)`` pair and 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -270,6 +274,56 @@ def _plot(tables: list[tuple[str, dict[str, float], int]], path: str, title: str
     plt.close(fig)
 
 
+# instruction sites in a kernel's PTX, by kind: global accesses as 8/16-byte vectors or single elements,
+# CTA barriers, warp shuffles, shared-memory accesses (layout changes and cross-warp scans go through it)
+PTX_KINDS = {
+    "vec ld": r"\bld\.global\S*\.v[24]\.",
+    "scalar ld": r"\bld\.global(?!\S*\.v[24]\.)\S*",
+    "vec st": r"\bst\.global\S*\.v[24]\.",
+    "scalar st": r"\bst\.global(?!\S*\.v[24]\.)\S*",
+    "bar.sync": r"\bbar\.sync\b",
+    "shfl": r"\bshfl\.",
+    "shared ld/st": r"\b(?:ld|st)\.shared\b",
+}
+
+
+def ptx_counts(ptx: str) -> dict[str, int]:
+    """How many instruction sites of each PTX_KINDS kind a kernel's PTX has (static, not executed counts)."""
+    return {kind: len(re.findall(pattern, ptx)) for kind, pattern in PTX_KINDS.items()}
+
+
+def _configure_triton_ptx(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--arch", type=int, default=90, help="NVIDIA compute capability x10 (90: H100/H200)")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per variant instead")
+
+
+def _run_triton_ptx(args: argparse.Namespace) -> int:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("TRITON_INTERPRET=1 is set: unset it (the interpreter compiles nothing)")
+        return 2
+    kernels = triton_kernels()
+    if kernels is None:
+        print("triton is not installed (pip install 'kpo[gpu]')")
+        return 2
+    dtype = getattr(torch, args.dtype)
+    rows = []
+    for kernel, code, write_gains in kernels.VARIANTS:
+        ptx = kernels.compile_for(kernel, code, write_gains, dtype, args.arch).asm["ptx"]
+        name = kernel.fn.__name__.strip("_").removesuffix("_kernel") + (" +gains" if write_gains else "")
+        rows.append({"kernel": name, "mode": kernels.MODE_NAMES[code], **ptx_counts(ptx)})
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+        return 0
+    print(f"kpo bench triton-ptx: sm_{args.arch}, {args.dtype}, BLOCK={kernels.BLOCK}: instruction sites in")
+    print("each kernel's PTX (static counts; the tile loop is most of each kernel). No GPU needed.")
+    print(f"  {'kernel':<16} {'mode':<8}" + "".join(f" {kind:>12}" for kind in PTX_KINDS))
+    for row in rows:
+        print(f"  {row['kernel']:<16} {row['mode']:<8}" + "".join(f" {row[kind]:>12}" for kind in PTX_KINDS))
+    return 0
+
+
 BENCHMARKS: dict[
     str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]
 ] = {
@@ -277,6 +331,11 @@ BENCHMARKS: dict[
         _configure_filter,
         _run_filter,
         "the causal Kalman filter vs a Python loop, the authors' closed form, memory copy",
+    ),
+    "triton-ptx": (
+        _configure_triton_ptx,
+        _run_triton_ptx,
+        "what the Triton filter kernels compile to (vector accesses, barriers, shuffles), without a GPU",
     ),
 }
 

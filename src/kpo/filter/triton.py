@@ -9,9 +9,15 @@ Gains come from the float64 table (cast to the compute dtype) at the token's pos
 or rank among valid tokens (``skip``). In ``advance`` mode they depend on the hole pattern: the variance
 steps are Moebius maps (see ``scan._advance_priors``), scanned in float64 in the kernel; the posterior
 after token t is v K_t, so K_t = posterior / v needs no shifted scan. The backward is the reverse scan
-u_t = w_t + (1 - K_{t+1}) u_{t+1}, dz_t = K_t u_t, walking tiles from the end with reversed offsets.
+u_t = w_t + (1 - K_{t+1}) u_{t+1}, dz_t = K_t u_t, walking tiles from the end. A tile is held in
+descending order (a forward scan over it runs backwards in time: ``reverse=True`` scans have had
+wrong results for non-commutative combines on GPUs, triton issue 4362), but read and written as rows of
+ascending 16-byte vectors that each thread flips in registers (``_positions_down``).
 
-``TRITON_INTERPRET=1`` runs these kernels on CPU tensors (the tests do).
+Memory accesses decide the speed: ``kpo bench triton-ptx`` compiles every variant for sm_90 without a GPU
+and counts vector and scalar accesses, barriers and shuffles (the tests hold the backward to vector
+accesses and to no more barriers than the forward). ``TRITON_INTERPRET=1`` runs the kernels on CPU tensors
+(the tests do).
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ from kpo.filter.gains import gain_tensors
 NOMASK, SKIP, ADVANCE, ZERO = (tl.constexpr(code) for code in range(4))
 _MODE_CODE = {"skip": 1, "advance": 2, "zero": 3}
 # tokens per tile and warps per program, overridable for tuning on a given GPU; defaults measured on an
-# H200 at 1024 x 32768: forward 8 warps 48% of copy bandwidth (4 warps: 42%), backward 4 warps 20% (8: 17%)
+# H200 at 1024 x 32768 in skip mode: forward 8 warps 48% of copy bandwidth (4 warps: 42%), and with the
+# earlier backward (scalar descending reads) 4 warps 20% (8: 17%)
 BLOCK = int(os.environ.get("KPO_TRITON_BLOCK", "1024"))
 NUM_WARPS = int(os.environ.get("KPO_TRITON_WARPS", "8"))
 NUM_WARPS_BACKWARD = int(os.environ.get("KPO_TRITON_WARPS", "4"))
@@ -87,13 +94,54 @@ def _advance_gains(valid, inb, p, q, v, idx, BLOCK: tl.constexpr):
 
 @triton.jit
 def _load_tile(z_ptr, m_ptr, base, offs, T, MODE: tl.constexpr):
-    """(valid, z) of one tile; a masked z reads as 0 (it may be NaN)."""
-    inb = (offs >= 0) & (offs < T)
+    """(valid, z) of one tile; a masked z reads as 0 (it may be NaN).
+
+    z is loaded under the tile bounds only and zeroed with a select: a per-token load mask would stop the
+    compiler from vectorizing the load, and the masked tokens' bytes are in the same cache lines anyway."""
+    inb = offs < T
     if MODE == NOMASK:
         valid = inb
     else:
         valid = tl.load(m_ptr + base + offs, mask=inb, other=0) != 0
-    return valid, tl.load(z_ptr + base + offs, mask=valid, other=0.0)
+    return valid, tl.where(valid, tl.load(z_ptr + base + offs, mask=inb, other=0.0), 0.0)
+
+
+@triton.jit
+def _positions_down(lo, VEC: tl.constexpr, BLOCK: tl.constexpr):
+    """Positions lo + BLOCK - VEC (r + 1) + c of the tile [lo, lo + BLOCK) as [BLOCK / VEC, VEC]: ascending
+    along a row, so that a row is one vector access when lo is aligned (the compiler proves it from T's
+    divisibility); ``_flat_down`` turns a tile of them into the descending order lo + BLOCK - 1, ..., lo."""
+    rows = tl.arange(0, BLOCK // VEC)[:, None]
+    cols = tl.arange(0, VEC)[None, :]
+    return lo + (BLOCK - VEC) - VEC * rows + cols
+
+
+@triton.jit
+def _flat_down(x, BLOCK: tl.constexpr):
+    # the flip stays within a thread's vector of VEC elements
+    return tl.reshape(tl.flip(x, 1), [BLOCK])
+
+
+@triton.jit
+def _unflat_down(x, VEC: tl.constexpr, BLOCK: tl.constexpr):
+    # the inverse of _flat_down (a flip is its own inverse)
+    return tl.flip(tl.reshape(x, [BLOCK // VEC, VEC]), 1)
+
+
+@triton.jit
+def _gather_down(ptr, index, mask, VEC: tl.constexpr, BLOCK: tl.constexpr):
+    """ptr[index] (0 where not mask) for [BLOCK] index and mask in tile order. Done in the tiles' 2D shape:
+    the compiler then gives the gather the layout of the tile's vector loads, with no layout shuffle."""
+    index2 = _unflat_down(index, VEC, BLOCK)
+    mask2 = _unflat_down(mask.to(tl.int8), VEC, BLOCK) != 0
+    return _flat_down(tl.load(ptr + index2, mask=mask2, other=0.0), BLOCK)
+
+
+@triton.jit
+def _load_down(ptr, base, lo, T, VEC: tl.constexpr, BLOCK: tl.constexpr):
+    """Positions lo + BLOCK - 1, ..., lo of a row as [BLOCK] (0 outside [0, T))."""
+    pos = _positions_down(lo, VEC, BLOCK)
+    return _flat_down(tl.load(ptr + base + pos, mask=(pos >= 0) & (pos < T), other=0), BLOCK)
 
 
 @triton.jit
@@ -136,41 +184,55 @@ def _forward_kernel(
 
 
 @triton.jit
+def _store_down(ptr, base, lo, x, VEC: tl.constexpr, BLOCK: tl.constexpr):
+    """Store [BLOCK] x, element j at position lo + BLOCK - 1 - j (positions below 0 dropped)."""
+    pos = _positions_down(lo, VEC, BLOCK)
+    tl.store(ptr + base + pos, tl.flip(tl.reshape(x, [BLOCK // VEC, VEC]), 1), mask=pos >= 0)
+
+
+@triton.jit
 def _backward_kernel(
     g_ptr, m_ptr, dz_ptr, gain_ptr, count_ptr, T,
-    MODE: tl.constexpr, BLOCK: tl.constexpr,
+    MODE: tl.constexpr, VEC: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     base = row * T
     idx = tl.arange(0, BLOCK)
     u = tl.zeros([1], tl.float64).sum(axis=0)
-    cnt_hi = tl.load(count_ptr + row)  # valid tokens at or before the current tile's last index
-    # descending offsets: the scan runs from the row's end; the next tile is loaded during this one's scan
-    valid_next, g_next = _load_tile(g_ptr, m_ptr, base, T - 1 - idx, T, MODE)
+    if MODE == SKIP:
+        cnt_hi = tl.load(count_ptr + row)  # valid tokens at or before the current tile's last position
+    # tiles [lo, lo + BLOCK) from the row's end down; element j of a tile is position lo + BLOCK - 1 - j, so
+    # the scan runs backwards in time. The next tile is loaded while this one is scanned.
+    g_next = _load_down(g_ptr, base, T - BLOCK, T, VEC, BLOCK)
+    if MODE != NOMASK:
+        m_next = _load_down(m_ptr, base, T - BLOCK, T, VEC, BLOCK)
     for i in range(0, tl.cdiv(T, BLOCK)):
-        offs = T - 1 - i * BLOCK - idx
+        lo = T - (i + 1) * BLOCK
+        offs = lo + (BLOCK - 1) - idx
         inb = offs >= 0
-        nxt_in = inb & (offs + 1 < T)
-        valid, gt = valid_next, g_next
-        valid_next, g_next = _load_tile(g_ptr, m_ptr, base, offs - BLOCK, T, MODE)
+        gt = g_next
+        g_next = _load_down(g_ptr, base, lo - BLOCK, T, VEC, BLOCK)
         if MODE == NOMASK:
-            after = nxt_in
+            valid = inb
         else:
-            after = tl.load(m_ptr + base + offs + 1, mask=nxt_in, other=0) != 0
-        if MODE == SKIP:
+            valid = m_next != 0
+            m_next = _load_down(m_ptr, base, lo - BLOCK, T, VEC, BLOCK)
+        if MODE == SKIP:  # a hole takes no step: K_{t+1} is 0 there, and the next valid rank's gain otherwise
+            after = _load_down(m_ptr, base, lo + 1, T, VEC, BLOCK) != 0
             suffix = tl.cumsum(valid.to(tl.int32), axis=0)  # valid tokens in [t, tile end]
-            k = tl.load(gain_ptr + (cnt_hi - suffix), mask=valid, other=0.0)
-            k_next = tl.load(gain_ptr + (cnt_hi - suffix + valid.to(tl.int32)), mask=after, other=0.0)
+            k = _gather_down(gain_ptr, cnt_hi - suffix, valid, VEC, BLOCK)
+            k_next = _gather_down(gain_ptr, cnt_hi - suffix + valid.to(tl.int32), after, VEC, BLOCK)
             cnt_hi -= tl.sum(valid.to(tl.int32), axis=0)
         elif MODE == ADVANCE:  # gain_ptr holds this call's per-token gains [B, T] (0 at holes)
-            k = tl.load(gain_ptr + base + offs, mask=inb, other=0.0)
-            k_next = tl.load(gain_ptr + base + offs + 1, mask=nxt_in, other=0.0)
+            k = _load_down(gain_ptr, base, lo, T, VEC, BLOCK)
+            k_next = _load_down(gain_ptr, base, lo + 1, T, VEC, BLOCK)
         else:  # every token, masked or not, is a step: K_{t+1} is the next position's gain
-            k = tl.load(gain_ptr + offs, mask=valid, other=0.0)
-            k_next = tl.load(gain_ptr + offs + 1, mask=nxt_in, other=0.0)
-        c, b = tl.associative_scan((k_next, gt.to(k.dtype)), 0, _affine)
+            k = _load_down(gain_ptr, 0, lo, T, VEC, BLOCK)
+            k_next = _load_down(gain_ptr, 0, lo + 1, T, VEC, BLOCK)
+        w = tl.where(valid, gt, 0.0).to(k.dtype)  # a masked token's incoming gradient must not leak in
+        c, b = tl.associative_scan((k_next, w), 0, _affine)
         uc = u.to(k.dtype)
-        tl.store(dz_ptr + base + offs, tl.where(valid, k * (uc + (b - c * uc)), 0.0), mask=inb)
+        _store_down(dz_ptr, base, lo, tl.where(valid, k * (uc + (b - c * uc)), 0.0), VEC, BLOCK)
         c_tile, b_tile = _last2(c, b, idx, BLOCK)
         u = u + (b_tile - c_tile * u)
 
@@ -190,15 +252,22 @@ def _params(q: float, v: float, p0: float, x0: float, device: torch.device) -> t
     return torch.tensor([q, v, p0, x0], dtype=torch.float64, device=device)
 
 
+def _meta(kernel, dtype: torch.dtype) -> dict:
+    """Compile-time arguments and warps of a kernel launch on ``dtype`` tensors (read at call time, so that
+    tests and tuning can change BLOCK and the warps)."""
+    if kernel is _forward_kernel:
+        return {"BLOCK": BLOCK, "num_warps": NUM_WARPS}
+    return {"VEC": 16 // dtype.itemsize, "BLOCK": BLOCK, "num_warps": NUM_WARPS_BACKWARD}
+
+
 def forward(z, mask, mode, q, v, p0, x0):
     """Filter of z [B, T] (float32/64, contiguous) -> (out in z's dtype, 0 at masked; final states float64 [B])."""
     B, T, code, gain, m = _setup(z, mask, mode, q, v, p0)
     out = torch.empty_like(z)
     x_end = torch.empty(B, dtype=torch.float64, device=z.device)
     params = _params(q, v, p0, x0, z.device)
-    _forward_kernel[(B,)](
-        z, m, out, gain, params, x_end, out, T, MODE=code, WRITE_GAINS=False, BLOCK=BLOCK, num_warps=NUM_WARPS
-    )
+    meta = _meta(_forward_kernel, z.dtype)
+    _forward_kernel[(B,)](z, m, out, gain, params, x_end, out, T, MODE=code, WRITE_GAINS=False, **meta)
     return out, x_end
 
 
@@ -212,23 +281,39 @@ def backward(grad, mask, mode, q, v, p0):
         scratch = torch.empty(B, dtype=torch.float64, device=grad.device)
         params = _params(q, v, p0, 0.0, grad.device)
         _forward_kernel[(B,)](
-            grad,
-            m,
-            dz,
-            gain,
-            params,
-            scratch,
-            gain,
-            T,
-            MODE=code,
-            WRITE_GAINS=True,
-            BLOCK=BLOCK,
-            num_warps=NUM_WARPS,
-        )
-    count = (
-        mask.sum(dim=1, dtype=torch.int32)
-        if mask is not None
-        else torch.zeros(B, dtype=torch.int32, device=grad.device)
-    )
-    _backward_kernel[(B,)](grad, m, dz, gain, count, T, MODE=code, BLOCK=BLOCK, num_warps=NUM_WARPS_BACKWARD)
+            grad, m, dz, gain, params, scratch, gain, T, MODE=code, WRITE_GAINS=True,
+            **_meta(_forward_kernel, grad.dtype),
+        )  # fmt: skip
+    # skip mode ranks tokens from the row's end, so it needs each row's count of valid tokens
+    count = mask.sum(dim=1, dtype=torch.int32) if code == _MODE_CODE["skip"] else gain
+    _backward_kernel[(B,)](grad, m, dz, gain, count, T, MODE=code, **_meta(_backward_kernel, grad.dtype))
     return dz
+
+
+# launch variants: (kernel, mode code, WRITE_GAINS) with mode code 0 = no mask
+VARIANTS = [(_forward_kernel, code, False) for code in range(4)] + [(_forward_kernel, 2, True)]
+VARIANTS += [(_backward_kernel, code, None) for code in range(4)]
+MODE_NAMES = ("none", "skip", "advance", "zero")
+# argument types by name; the data pointers take the dtype compiled for
+_ARG_TYPES = {"m_ptr": "*u8", "param_ptr": "*fp64", "xend_ptr": "*fp64", "count_ptr": "*i32", "T": "i32"}
+
+
+def compile_for(kernel, code: int, write_gains: bool | None, dtype: torch.dtype, arch: int = 90):
+    """One kernel variant compiled for NVIDIA sm_{arch} with triton's bundled toolchain: no GPU needed.
+
+    Specialized as a launch on 16-byte-aligned tensors with T % 16 == 0 is (what lets the compiler prove
+    vector accesses). Returns triton's compiled kernel; ``.asm`` holds its "ttgir" and "ptx". Needs
+    TRITON_INTERPRET unset when triton was imported.
+    """
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    data = {torch.float32: "*fp32", torch.float64: "*fp64"}[dtype]
+    meta = _meta(kernel, dtype)
+    warps = meta.pop("num_warps")
+    consts = {"MODE": code, **meta} | ({} if write_gains is None else {"WRITE_GAINS": write_gains})
+    names = kernel.arg_names
+    signature = {n: "constexpr" if n in consts else _ARG_TYPES.get(n, data) for n in names}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n not in consts}
+    source = ASTSource(kernel, signature, consts, aligned)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
