@@ -2,7 +2,8 @@
 
 Run from the repository root on a CUDA machine (no install needed):
     PYTHONPATH=src:. python3 benchmarks/bench_filter_gpu.py [OUT_DIR]
-Writes gpu.txt, pytest_cuda.log, bench_cuda*.log under OUT_DIR (default: $OUT or ./gpu-out) and echoes them.
+Writes gpu.txt, bench_cuda.log, pytest_cuda.log, sweep_cuda.log (tile size and warps) under OUT_DIR (default:
+$OUT or ./gpu-out) and echoes them. `--sweep` runs only the tile/warps sweep.
 """
 
 from __future__ import annotations
@@ -50,15 +51,40 @@ def main() -> int:
         out / "pytest_cuda.log",
         180,
     )  # fmt: skip
-    for block, warps in (("1024", "4"), ("2048", "8")):
-        run(
-            [*bench, "--repeats", "10", "--sizes", "1024x32768"],
-            out / f"bench_cuda_block{block}_w{warps}.log",
-            45,
-            {"KPO_TRITON_BLOCK": block, "KPO_TRITON_WARPS": warps},
-        )
+    run([py, __file__, "--sweep"], out / "sweep_cuda.log", 240)
+    return 0
+
+
+# (tokens per tile, warps): the defaults, and one-warp programs whose scans need no barrier at all
+# (`kpo bench triton-ptx` shows 0 bar.sync for them)
+SWEEP = [(1024, 8), (1024, 4), (2048, 8), (512, 1), (1024, 1), (1024, 2), (2048, 4)]
+
+
+def sweep() -> int:
+    """Kernel-only fraction of copy bandwidth per (BLOCK, warps) at 1024 x 32768, forward and backward."""
+    import argparse
+
+    import torch
+
+    from kpo.bench import COPY_BYTES, FILTER_BYTES, _kernel_only
+    from kpo.filter import triton_kernels
+
+    kernels = triton_kernels()
+    B, T = 1024, 32768
+    z = 0.05 * torch.randn(B, T, device="cuda")
+    mask = torch.arange(T, device="cuda")[None] < torch.randint(T // 2, T + 1, (B, 1), device="cuda")
+    print(f"{'mode':<6} {'BLOCK':>6} {'warps':>6} {'fwd BW/copy':>12} {'bwd BW/copy':>12}", flush=True)
+    for mode in ("skip", "zero"):
+        for block, warps in SWEEP:
+            kernels.BLOCK, kernels.NUM_WARPS, kernels.NUM_WARPS_BACKWARD = block, warps, warps
+            args = argparse.Namespace(mode=mode, q=1e-6, repeats=20)
+            seconds = _kernel_only(args, z, mask, torch.cuda.synchronize)
+            copy = seconds["memory copy (out.copy_(z))"] / COPY_BYTES
+            fwd = copy / (seconds["triton forward kernel"] / FILTER_BYTES)
+            bwd = copy / (seconds["triton backward kernel"] / FILTER_BYTES)
+            print(f"{mode:<6} {block:>6} {warps:>6} {fwd:>12.0%} {bwd:>12.0%}", flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(sweep() if sys.argv[1:] == ["--sweep"] else main())
