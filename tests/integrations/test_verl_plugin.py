@@ -239,7 +239,8 @@ def test_global_batch_info_makes_split_batch_equal_unsplit(name, mode, dp_size):
 
 
 def test_config_rejects_bad_or_unused_settings():
-    with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor \(loss_mode='kpo'\).*q > 0"):
+    bad_q = r"actor_rollout_ref\.actor \(loss_mode='kpo'\).*q \(process noise\) must be > 0"
+    with pytest.raises(ValueError, match=bad_q):
         actor_config("kpo", q=-1.0)
     with pytest.raises(ValueError, match="does not use holder_p"):
         actor_config("kpo", holder_p=2.0)

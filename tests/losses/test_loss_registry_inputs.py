@@ -61,7 +61,7 @@ def test_bad_hparam_values():
     lp, old, adv, mask = _batch()
     with pytest.raises(ValueError, match="clip_ratio_c.*> 1"):
         policy_loss("vanilla", lp, old, adv, mask, clip_ratio_c=0.9)
-    with pytest.raises(ValueError, match="q > 0"):
+    with pytest.raises(ValueError, match=r"q \(process noise\) must be > 0"):
         policy_loss("kpo", lp, old, adv, mask, q=0.0)
     with pytest.raises(ValueError, match="mask_mode"):
         policy_loss("kpo", lp, old, adv, mask, mask_mode="drop")

@@ -31,8 +31,8 @@ def test_validator_reports_every_error_at_once(tmp_path):
 def test_unknown_loss_and_bad_value_are_reported(tmp_path):
     with pytest.raises(ConfigError, match="unknown policy loss 'nope'.*valid names: .*kpo"):
         TrainConfig(output_dir=str(tmp_path), loss="nope").validate()
-    # a value the loss itself rejects (KPO needs q > 0) is found up front by a dry run of the loss
-    with pytest.raises(ConfigError, match="q > 0"):
+    # a value the loss itself rejects (the filter needs q > 0) is found up front by a dry run of the loss
+    with pytest.raises(ConfigError, match=r"q \(process noise\) must be > 0"):
         TrainConfig(output_dir=str(tmp_path), loss="kpo", loss_kwargs={"q": -1.0}).validate()
     # GMPO aggregates per sequence only
     with pytest.raises(ConfigError, match="loss_agg_mode='token-mean' not allowed for loss 'gmpo'"):

@@ -21,9 +21,7 @@ from kpo.losses.aggregation import masked_mean
 def _filtered_log_ratio(
     batch: LossBatch, q, v, p0, x0, mask_mode, filter_grad
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log r~ [B, T] with KPO's gradient, filtered log-ratio rho [B, T] detached)."""
-    if not q > 0 or not v > 0 or not p0 >= 0:
-        raise ValueError(f"KPO needs q > 0, v > 0, p0 >= 0; got q={q!r}, v={v!r}, p0={p0!r}")
+    """(log r~ [B, T] with KPO's gradient, filtered log-ratio rho [B, T] detached); the filter checks q, v, p0."""
     lp, m = batch.log_prob, batch.mask
     z = batch.log_ratio if filter_grad else batch.log_ratio.detach()
     rho = kalman_filter(z, m, q=q, v=v, p0=p0, x0=x0, mask_mode=mask_mode)
