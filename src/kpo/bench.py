@@ -308,9 +308,9 @@ def _run_triton_ptx(args: argparse.Namespace) -> int:
         return 2
     dtype = getattr(torch, args.dtype)
     rows = []
-    for kernel, code, write_gains in kernels.VARIANTS:
-        ptx = kernels.compile_for(kernel, code, write_gains, dtype, args.arch).asm["ptx"]
-        name = kernel.fn.__name__.strip("_").removesuffix("_kernel") + (" +gains" if write_gains else "")
+    for kernel, code in kernels.VARIANTS:
+        ptx = kernels.compile_for(kernel, code, dtype, args.arch).asm["ptx"]
+        name = kernel.fn.__name__.strip("_").removesuffix("_kernel")
         rows.append({"kernel": name, "mode": kernels.MODE_NAMES[code], **ptx_counts(ptx)})
     if args.json:
         for row in rows:

@@ -146,8 +146,8 @@ def _load_down(ptr, base, lo, T, VEC: tl.constexpr, BLOCK: tl.constexpr):
 
 @triton.jit
 def _forward_kernel(
-    z_ptr, m_ptr, out_ptr, gain_ptr, param_ptr, xend_ptr, kbuf_ptr, T,
-    MODE: tl.constexpr, WRITE_GAINS: tl.constexpr, BLOCK: tl.constexpr,
+    z_ptr, m_ptr, out_ptr, gain_ptr, param_ptr, xend_ptr, T,
+    MODE: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     base = row * T
@@ -173,14 +173,29 @@ def _forward_kernel(
             k = k64.to(gain_ptr.dtype.element_ty)
         else:
             k = tl.load(gain_ptr + offs, mask=inb, other=0.0)
-        if WRITE_GAINS:
-            tl.store(kbuf_ptr + base + offs, k, mask=inb)
         c, b = tl.associative_scan((k, k * zt.to(k.dtype)), 0, _affine)
         xc = x.to(k.dtype)
         tl.store(out_ptr + base + offs, tl.where(valid, xc + (b - c * xc), 0.0), mask=inb)
         c_tile, b_tile = _last2(c, b, idx, BLOCK)
         x = x + (b_tile - c_tile * x)
     tl.store(xend_ptr + row, x)
+
+
+@triton.jit
+def _advance_gains_kernel(m_ptr, k_ptr, param_ptr, T, BLOCK: tl.constexpr):
+    """Per-token gains [B, T] of ``advance`` mode (0 at holes) for its backward, from the mask alone."""
+    row = tl.program_id(0).to(tl.int64)
+    base = row * T
+    q = tl.load(param_ptr + 0)
+    v = tl.load(param_ptr + 1)
+    p = tl.load(param_ptr + 2)
+    idx = tl.arange(0, BLOCK)
+    for start in range(0, T, BLOCK):
+        offs = start + idx
+        inb = offs < T
+        valid = tl.load(m_ptr + base + offs, mask=inb, other=0) != 0
+        k, p = _advance_gains(valid, inb, p, q, v, idx, BLOCK)
+        tl.store(k_ptr + base + offs, k.to(k_ptr.dtype.element_ty), mask=inb)
 
 
 @triton.jit
@@ -255,7 +270,7 @@ def _params(q: float, v: float, p0: float, x0: float, device: torch.device) -> t
 def _meta(kernel, dtype: torch.dtype) -> dict:
     """Compile-time arguments and warps of a kernel launch on ``dtype`` tensors (read at call time, so that
     tests and tuning can change BLOCK and the warps)."""
-    if kernel is _forward_kernel:
+    if kernel is not _backward_kernel:
         return {"BLOCK": BLOCK, "num_warps": NUM_WARPS}
     return {"VEC": 16 // dtype.itemsize, "BLOCK": BLOCK, "num_warps": NUM_WARPS_BACKWARD}
 
@@ -267,7 +282,7 @@ def forward(z, mask, mode, q, v, p0, x0):
     x_end = torch.empty(B, dtype=torch.float64, device=z.device)
     params = _params(q, v, p0, x0, z.device)
     meta = _meta(_forward_kernel, z.dtype)
-    _forward_kernel[(B,)](z, m, out, gain, params, x_end, out, T, MODE=code, WRITE_GAINS=False, **meta)
+    _forward_kernel[(B,)](z, m, out, gain, params, x_end, T, MODE=code, **meta)
     return out, x_end
 
 
@@ -276,29 +291,26 @@ def backward(grad, mask, mode, q, v, p0):
     B, T, code, gain, m = _setup(grad, mask, mode, q, v, p0)
     dz = torch.empty_like(grad)
     if code == _MODE_CODE["advance"]:
-        # the per-token gains depend on the holes: one forward pass writes them for the reverse scan
+        # the gains depend on the holes before a token, and the backward walks from the end: a pass over
+        # the mask writes them first (5 bytes/token)
         gain = torch.empty_like(grad)
-        scratch = torch.empty(B, dtype=torch.float64, device=grad.device)
         params = _params(q, v, p0, 0.0, grad.device)
-        _forward_kernel[(B,)](
-            grad, m, dz, gain, params, scratch, gain, T, MODE=code, WRITE_GAINS=True,
-            **_meta(_forward_kernel, grad.dtype),
-        )  # fmt: skip
+        _advance_gains_kernel[(B,)](m, gain, params, T, **_meta(_advance_gains_kernel, grad.dtype))
     # skip mode ranks tokens from the row's end, so it needs each row's count of valid tokens
     count = mask.sum(dim=1, dtype=torch.int32) if code == _MODE_CODE["skip"] else gain
     _backward_kernel[(B,)](grad, m, dz, gain, count, T, MODE=code, **_meta(_backward_kernel, grad.dtype))
     return dz
 
 
-# launch variants: (kernel, mode code, WRITE_GAINS) with mode code 0 = no mask
-VARIANTS = [(_forward_kernel, code, False) for code in range(4)] + [(_forward_kernel, 2, True)]
-VARIANTS += [(_backward_kernel, code, None) for code in range(4)]
+# launch variants: (kernel, mode code) with mode code 0 = no mask
+VARIANTS = [(kernel, code) for kernel in (_forward_kernel, _backward_kernel) for code in range(4)]
+VARIANTS += [(_advance_gains_kernel, 2)]
 MODE_NAMES = ("none", "skip", "advance", "zero")
 # argument types by name; the data pointers take the dtype compiled for
 _ARG_TYPES = {"m_ptr": "*u8", "param_ptr": "*fp64", "xend_ptr": "*fp64", "count_ptr": "*i32", "T": "i32"}
 
 
-def compile_for(kernel, code: int, write_gains: bool | None, dtype: torch.dtype, arch: int = 90):
+def compile_for(kernel, code: int, dtype: torch.dtype, arch: int = 90):
     """One kernel variant compiled for NVIDIA sm_{arch} with triton's bundled toolchain: no GPU needed.
 
     Specialized as a launch on 16-byte-aligned tensors with T % 16 == 0 is (what lets the compiler prove
@@ -311,7 +323,7 @@ def compile_for(kernel, code: int, write_gains: bool | None, dtype: torch.dtype,
     data = {torch.float32: "*fp32", torch.float64: "*fp64"}[dtype]
     meta = _meta(kernel, dtype)
     warps = meta.pop("num_warps")
-    consts = {"MODE": code, **meta} | ({} if write_gains is None else {"WRITE_GAINS": write_gains})
+    consts = ({"MODE": code} if "MODE" in kernel.arg_names else {}) | meta
     names = kernel.arg_names
     signature = {n: "constexpr" if n in consts else _ARG_TYPES.get(n, data) for n in names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n not in consts}
