@@ -187,6 +187,8 @@ def run_training(config: TrainConfig) -> Path:
         vllm_mode="colocate",
         dataloader_num_workers=0,
         shuffle_dataset=True,
+        # the GPU filter kernel reads and writes 16-byte vectors only when rows are a multiple of 16 long
+        pad_to_multiple_of=16 if cuda else None,
     )
     trainer = KPOTrainer(
         model=model,
