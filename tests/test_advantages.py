@@ -97,3 +97,12 @@ def test_bad_input():
         compute_advantages("grpo", [1.0], [["a"]])
     with pytest.raises(ValueError, match="krpo needs q > 0"):
         compute_advantages("krpo", R, G, q=0.0)
+
+
+def test_grpo_needs_a_positive_eps():
+    # Equal rewards in a group give std 0: eps = 0 would make that group's advantages 0/0 = NaN.
+    with pytest.raises(ValueError, match=r"grpo needs eps > 0.*got eps=0"):
+        compute_advantages("grpo", [1.0, 1.0], [0, 0], eps=0)
+    # krpo divides by its posterior std, which q > 0 keeps positive: eps = 0 is fine there.
+    a = compute_advantages("krpo", [1.0, 1.0, 1.0], [0, 0, 0], eps=0.0, p0=0.0)
+    assert bool(torch.isfinite(a).all())

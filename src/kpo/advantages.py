@@ -2,13 +2,14 @@
 
 ``compute_advantages(name, rewards [N], group_ids [N], **kw) -> [N]`` with
 
-- ``grpo``:   A_i = (R_i - mean_g) / (std_g + eps), unbiased std (N-1), eps = 1e-6 (verl; TRL uses 1e-4).
+- ``grpo``:   A_i = (R_i - mean_g) / (std_g + eps), unbiased std (N-1), eps = 1e-6 (verl; TRL uses 1e-4);
+              eps must be > 0: std_g is 0 in a group whose rewards are all equal.
 - ``drgrpo``: A_i = R_i - mean_g (Dr. GRPO: no std division).
 - ``rloo``:   A_i = R_i - mean_{j != i in g} R_j = G/(G-1) (R_i - mean_g).
 - ``krpo``:   per group, in sample order, a scalar Kalman filter over the rewards (x0 = 0, P0 = 1, q = 1e-5,
               v = 1e-2, the KRPO authors' values): A_i = (R_i - x_i) / (sqrt(P_i) + eps), with x_i, P_i the
               posterior after observing R_i and eps = 1e-8. Runs ``kpo.filter`` (the posterior variance is
-              P_i = v K_i, K_i the gain).
+              P_i = v K_i, K_i the gain). eps may be 0: P_i > 0 since q > 0 enters before the first step.
 
 A group of one response gets mean 0 and std 1 (verl's rule), so its grpo/drgrpo advantage is R / (1 + eps), R,
 and its rloo advantage R. ``group_ids`` may be a tensor of ints or any list of hashables (e.g. prompt uids);
@@ -98,6 +99,11 @@ def compute_advantages(name: str, rewards, group_ids, **kw) -> torch.Tensor:
     for key, value in opts.items():
         if not math.isfinite(value) or (key != "x0" and value < 0):
             raise ValueError(f"{key} must be finite{' and >= 0' if key != 'x0' else ''}, got {value!r}")
+    if name == "grpo" and not opts["eps"] > 0:
+        raise ValueError(
+            f"grpo needs eps > 0: it divides by the group std, which is 0 when a group's rewards are all equal "
+            f"(verl uses 1e-6, TRL 1e-4); got eps={opts['eps']!r}"
+        )
     n = r.shape[0]
     if n == 0:
         return r.clone()
