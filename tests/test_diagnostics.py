@@ -266,3 +266,24 @@ def test_torch_float32_input_matches_float64():
     assert a.keys() == b.keys()
     for key in a:
         assert (math.isnan(a[key]) and math.isnan(b[key])) or a[key] == b[key]
+
+
+@pytest.mark.parametrize(
+    ("fn", "bad", "message"),
+    [
+        (token_dynamics, dict(window=50.0), "window must be an integer >= 2.*got float 50.0"),
+        (window_stats, dict(window=50.0), "window must be an integer >= 2.*got float 50.0"),
+        (window_stats, dict(max_windows=80.0), "max_windows must be an integer >= 1.*got float 80.0"),
+        (window_stats, dict(window=True), "window must be an integer.*got bool True"),
+    ],
+)
+def test_window_sizes_must_be_integers(fn, bad, message):
+    # A float window sizes a reshape: 50.0 used to pass the check and crash inside numpy.
+    with pytest.raises(TypeError, match=message):
+        fn(np.zeros((2, 120)), None, **bad)
+
+
+def test_window_sizes_accept_numpy_integers():
+    w = window_stats(np.zeros((2, 120)), None, window=np.int64(50), max_windows=np.int32(1))
+    assert w["count"].tolist() == [2]
+    assert token_dynamics(np.zeros(120), None, window=np.int64(50))["switch_freq"] == 0.0

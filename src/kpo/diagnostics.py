@@ -47,6 +47,7 @@ per-sample loop that the tests hold the fast path to.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -82,13 +83,22 @@ def _to_numpy(x: Any, name: str) -> np.ndarray:
     return arr
 
 
+def _check_count(name: str, value: Any, minimum: int, why: str) -> None:
+    """`value` must be an int (numpy ints too, not bool) >= `minimum`: it sizes a reshape, so 50.0 cannot pass."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(
+            f"{name} must be an integer >= {minimum} ({why}), got {type(value).__name__} {value!r}; pass an int"
+        )
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum} ({why}), got {value}")
+
+
 def _validate_options(eps_low: float, eps_high: float, window: int, lf_cutoff: float, signal: str) -> None:
     if not (0.0 <= eps_low < 1.0):
         raise ValueError(f"eps_low must be in [0, 1) (the down threshold is r < 1 - eps_low), got {eps_low}")
     if not (eps_high >= 0.0 and math.isfinite(eps_high)):
         raise ValueError(f"eps_high must be a finite number >= 0, got {eps_high}")
-    if int(window) != window or window < 2:
-        raise ValueError(f"window must be an integer >= 2 (a rate needs one adjacent pair), got {window}")
+    _check_count("window", window, 2, "a rate needs one adjacent pair")
     if not (0.0 <= lf_cutoff <= 0.5):
         raise ValueError(f"lf_cutoff must be in [0, 0.5] (a fraction of the n DFT bins), got {lf_cutoff}")
     if signal not in SIGNALS:
@@ -375,8 +385,7 @@ def window_stats(
     where a sample has no window j}, J = the largest number of windows any sample has (0 if none).
     """
     _validate_options(eps_low, eps_high, window, 0.0, "log_ratio")
-    if int(max_windows) != max_windows or max_windows < 1:
-        raise ValueError(f"max_windows must be an integer >= 1, got {max_windows}")
+    _check_count("max_windows", max_windows, 1, "windows per sample")
     z, m = prepare(log_ratio, mask)
     zc, n = compact(z, m)
     nw = np.minimum(n // window, max_windows)
