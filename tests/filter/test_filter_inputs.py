@@ -45,6 +45,14 @@ def test_bad_parameters(kwargs, match):
             kalman_gains(3, **kwargs)
 
 
+def test_parameters_that_overflow_float64_are_rejected():
+    # each is finite, but p0 + q overflows in the first variance update (the gains would be inf/inf = NaN)
+    with pytest.raises(ValueError, match="overflow float64.*divide all three by the same factor"):
+        kalman_filter(torch.ones(2, 3), q=1e308, p0=1e308)
+    with pytest.raises(ValueError, match="overflow float64"):
+        kalman_filter(torch.ones(2, 3), q=1e200, v=1e200, mask_mode="advance")
+
+
 def test_non_finite_at_valid_position_names_count_and_first():
     z = torch.zeros(3, 6)
     z[1, 4] = math.nan

@@ -44,6 +44,15 @@ def test_global_counts_and_dp_size():
         aggregate_sequences(torch.ones(2), M, dp_size=2)
     with pytest.raises(ValueError, match="dp_size must be an int"):
         aggregate(L, M, "token-sum", dp_size=0)
+    # a global count below this call's own count cannot be a count over the global mini-batch (clamping it
+    # would silently scale the loss up); an infinite one would silently zero it
+    n_local = int(M.sum())
+    with pytest.raises(ValueError, match=f"global_num_tokens=0 is less than the {n_local} valid tokens"):
+        aggregate(L, M, "token-mean", global_num_tokens=0)
+    with pytest.raises(ValueError, match="global_num_seqs=1 is less than the 2 sequences"):
+        aggregate(L, M, "seq-mean-token-mean", global_num_seqs=1)
+    with pytest.raises(ValueError, match="global_num_tokens must be a finite count"):
+        aggregate(L, M, "token-mean", global_num_tokens=math.inf)
 
 
 def _batch(seed, B=6, T=9):

@@ -50,19 +50,45 @@ def test_sequence_tis():
     assert loss == pytest.approx(-1.2)
 
 
-def test_token_mis_keeps_denominator():
-    # rollout_rs alone: no IS weight; token ratio 3 > 2 is dropped: (0 + -1) / 2 tokens (the count stays).
+def test_token_mis_removes_the_token_from_the_mask():
+    # rollout_rs alone: no IS weight; the token with ratio 3 > 2 leaves the mask (verl): token-mean over the one
+    # kept token = -1 / 1, and the dropped token gets no gradient.
     lp, old, adv, mask, rollout = _on_policy([3.0, 0.5])
     loss, grad, m = _vanilla(lp, old, adv, mask, rollout_log_prob=rollout, rollout_rs="token")
-    assert loss == pytest.approx(-0.5)
-    torch.testing.assert_close(grad, torch.tensor([[0.0, -0.5]], dtype=torch.float64))
+    assert loss == pytest.approx(-1.0)
+    torch.testing.assert_close(grad, torch.tensor([[0.0, -1.0]], dtype=torch.float64))
     assert m["rollout_rs_masked_fraction"] == pytest.approx(0.5)
-    # A lower bound of 0.6 also drops the 0.5 token.
+    # A lower bound of 0.6 also drops the 0.5 token: nothing is left, the loss is 0.
     lp.grad = None
     loss = _vanilla(
         lp, old, adv, mask, rollout_log_prob=rollout, rollout_rs="token", rollout_rs_threshold_lower=0.6
     )[0]
     assert loss == 0.0
+
+
+@pytest.mark.parametrize("name", ["gmpo", "holder", "vespo", "kpo", "kpo_unclipped", "gspo", "vanilla"])
+def test_token_rejection_equals_the_loss_without_that_token(name):
+    # Rejection is mask removal for every loss family: sequence-level losses form their row ratio without the
+    # token (a weight of 0 in a geometric mean would instead scale the row by ~1e-10^(1/|y|)), and KPO's
+    # filter skips it as a hole. Token 2's rollout ratio 3 > 2 rejects it; the others are kept.
+    torch.manual_seed(0)
+    old = torch.log(torch.rand(2, 5, dtype=torch.float64) * 0.8 + 0.1)
+    lp0 = old + 0.05 * torch.randn(2, 5, dtype=torch.float64)
+    adv = torch.tensor([1.0, -0.5], dtype=torch.float64)
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    rollout = old.clone()
+    rollout[0, 2] = old[0, 2] - math.log(3.0)
+    kept = mask.clone()
+    kept[0, 2] = False
+    results = []
+    for kw, m in (({"rollout_log_prob": rollout, "rollout_rs": "token"}, mask), ({}, kept)):
+        lp = lp0.clone().requires_grad_()
+        loss, _ = policy_loss(name, lp, old, adv, m, **kw)
+        (grad,) = torch.autograd.grad(loss, lp)
+        results.append((loss.detach(), grad))
+    # rtol 1e-9: GMPO/HolderPO take the geometric mean of the kept weights (all 1) as verl does, log(w + 1e-10)
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-9, atol=1e-14)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-9, atol=1e-14)
 
 
 def test_sequence_mis_with_token_tis():

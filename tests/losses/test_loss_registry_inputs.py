@@ -71,6 +71,31 @@ def test_bad_hparam_values():
         policy_loss("vanilla", lp, old, adv, mask, loss_agg_mode="mean")
     with pytest.raises(ValueError, match="'gmpo' aggregates with seq-mean"):
         policy_loss("gmpo", lp, old, adv, mask, loss_agg_mode="token-mean")
+    # values that used to slip through: NaN/inf or out-of-range hyperparameters of the soft and
+    # position-adaptive losses (each turned the loss into NaN, 0, or silently dropped rows)
+    bad = [
+        ("vespo", {"k_pos": math.nan}, "k_pos must be a finite number > 0"),
+        ("vespo", {"lambda_neg": -1.0}, "lambda_neg must be a finite number > 0"),
+        ("sapo", {"tau_neg": math.inf}, "tau_neg must be a finite number > 0"),
+        ("aspo", {"high_entropy_clip_ratio_low": -0.1}, "high_entropy_clip_ratio_low must be a finite number >= 0"),
+        ("aspo", {"high_entropy_clip_ratio_high": math.nan}, "high_entropy_clip_ratio_high must be a finite"),
+        ("ctpo", {"clip_ratio_la_power": math.nan}, "clip_ratio_la_power must be a finite number"),
+        ("vanilla", {"clip_ratio_high": math.inf}, "clip_ratio_high must be a finite number >= 0"),
+    ]
+    for name, kwargs, message in bad:
+        with pytest.raises(ValueError, match=message):
+            policy_loss(name, lp, old, adv, mask, **kwargs)
+
+
+def test_negative_importance_weights_are_rejected_where_they_are():
+    lp, old, adv, mask = _batch()
+    w = torch.ones_like(old)
+    w[2, 3] = -0.5  # would flip the sign of that token's loss
+    with pytest.raises(ValueError, match=r"rollout_is_weights is -0.5 \(< 0\) at row 2, position 3"):
+        policy_loss("vanilla", lp, old, adv, mask, rollout_is_weights=w)
+    w[1, 3] = -1.0  # masked: never read
+    w[2, 3] = 1.0
+    policy_loss("vanilla", lp, old, adv, mask, rollout_is_weights=w)
 
 
 def test_shape_errors_name_the_tensor():
@@ -81,7 +106,7 @@ def test_shape_errors_name_the_tensor():
         policy_loss("vanilla", lp, old, adv[:2], mask)
     with pytest.raises(ValueError, match="log_prob must be a floating"):
         policy_loss("vanilla", lp[0], old, adv, mask)
-    with pytest.raises(ValueError, match="mask must be bool or 0/1"):
+    with pytest.raises(ValueError, match=r"mask must hold only 0 and 1.*first 2.0 at index \(0, 0\)"):
         policy_loss("vanilla", lp, old, adv, mask.double() * 2)
     with pytest.raises(ValueError, match=r"rollout_log_prob has shape"):
         policy_loss("vanilla", lp, old, adv, mask, rollout_log_prob=old[:2])

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from torch.autograd.function import once_differentiable
 
+from kpo._checks import bool_mask
 from kpo.filter import scan
 from kpo.filter.gains import check_params, gain_tables, kalman_gains
 from kpo.filter.reference import MASK_MODES
@@ -104,16 +105,7 @@ def _check_mask(z: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"mask shape {tuple(mask.shape)} does not match z shape {tuple(z.shape)}")
     if mask.device != z.device:
         raise ValueError(f"mask is on {mask.device} but z is on {z.device}; move one of them")
-    if mask.dtype != torch.bool:
-        bad = (mask != 0) & (mask != 1)
-        if bool(bad.any()):
-            first = tuple(int(i) for i in bad.nonzero()[0])
-            raise ValueError(
-                f"mask must hold only 0 and 1 (or be bool): {int(bad.sum())} other value(s), first "
-                f"{mask[first].item()!r} at index {first}"
-            )
-        mask = mask != 0
-    return mask.contiguous()
+    return bool_mask(mask).contiguous()
 
 
 def _resolve(backend: str, z: torch.Tensor) -> str:
@@ -218,7 +210,12 @@ def _raise_non_finite(z, mask, mode):
     if mask is not None:
         bad &= mask
     count = int(bad.sum())
-    first = tuple(int(i) for i in bad.nonzero()[0]) if count else None
+    if not count:  # the state is a convex combination of x0 and z, and check_params keeps the gains finite
+        raise RuntimeError(
+            f"internal error: a non-finite filter state from finite z (mask_mode={mode!r}); please report it "
+            "with the inputs"
+        )
+    first = tuple(int(i) for i in bad.nonzero()[0])
     raise ValueError(
         f"z has {count} NaN/Inf value(s) at valid (unmasked) positions, first at (row, t) = {first}; "
         "mask them out or fix the log-probabilities upstream"

@@ -36,6 +36,11 @@ def check_params(q: float, v: float, p0: float, x0: float = 0.0) -> None:
         raise ValueError(f"v (observation noise) must be > 0, got {v!r}")
     if p0 < 0:
         raise ValueError(f"p0 (initial variance) must be >= 0, got {p0!r}")
+    if not (math.isfinite(p0 + q + v) and math.isfinite(q * v)):
+        raise ValueError(
+            f"q={q!r}, v={v!r}, p0={p0!r} overflow float64 in the variance updates; the filter depends only on "
+            "q/v and p0/v, so divide all three by the same factor"
+        )
 
 
 def _riccati_python(p: float, q: float, v: float, gain: np.ndarray, keep: np.ndarray) -> float:

@@ -14,9 +14,9 @@ Keywords every loss accepts (besides its own):
   ``dp_size``, ``loss_scale_factor``) under kpo names: the loss is ``local_sum / global_count * dp_size``, so the
   sum of the losses of the pieces of a split mini-batch equals the loss of the unsplit one.
 - train/inference mismatch (see ``kpo.losses.mismatch``): ``rollout_is``, ``rollout_is_threshold``,
-  ``rollout_rs``, ``rollout_rs_threshold``, ``rollout_rs_threshold_lower`` (used with ``rollout_log_prob``), or
-  precomputed detached weights ``rollout_is_weights`` [B, T] (what verl passes). The weights multiply the
-  per-token loss; GMPO and HolderPO multiply their per-sequence loss by the geometric mean of the row's weights
+  ``rollout_rs``, ``rollout_rs_threshold``, ``rollout_rs_threshold_lower`` (used with ``rollout_log_prob``; a
+  rejected token leaves the mask, as in verl), or precomputed detached weights ``rollout_is_weights`` [B, T]
+  (what verl passes; >= 0). The weights multiply the per-token loss; GMPO and HolderPO multiply their per-sequence loss by the geometric mean of the row's weights
   (as verl's geo_mean); VESPO folds them into its sequence weight (as its authors).
 
 Metrics (plain floats): ``pg_loss``; ``pg_clipfrac`` (valid tokens whose clipped branch is active);
@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kpo._checks import bool_mask
 from kpo.losses._core import LossBatch, LossTerms
 from kpo.losses.aggregation import (
     GLOBAL_BATCH_KEYS,
@@ -119,13 +120,17 @@ def get_loss_spec(name: str) -> LossSpec:
     return _REGISTRY[key]
 
 
-def _first_bad(name: str, t: torch.Tensor, valid: torch.Tensor) -> None:
-    bad = ~torch.isfinite(t) & valid
+def _first_bad(
+    name: str, t: torch.Tensor, valid: torch.Tensor, bad: torch.Tensor | None = None, why: str = ""
+) -> None:
+    """ValueError at the first valid entry of ``t`` that is non-finite (or ``bad``, ``why``), naming row and
+    position."""
+    bad = (~torch.isfinite(t) if bad is None else bad) & valid
     if bool(bad.any()):
         pos = bad.nonzero()[0].tolist()
         where = f"row {pos[0]}" + (f", position {pos[1]}" if len(pos) > 1 else "")
         raise ValueError(
-            f"{name} is {t[tuple(pos)].item()} at {where} (a valid token); "
+            f"{name} is {t[tuple(pos)].item()}{why} at {where} (a valid token); "
             f"check the model output or the mask there"
         )
 
@@ -150,10 +155,7 @@ def _validate(log_prob, old_log_prob, advantages, mask, rollout_log_prob, rollou
             )
         if t is not None and t.device != log_prob.device:
             raise ValueError(f"{key} is on {t.device} but log_prob is on {log_prob.device}")
-    if mask.dtype != torch.bool:
-        if not bool(((mask == 0) | (mask == 1)).all()):
-            raise ValueError("mask must be bool or 0/1; found other values")
-        mask = mask != 0
+    mask = bool_mask(mask)
     B, T = shape
     if tuple(advantages.shape) not in ((B,), (B, 1), (B, T)):
         raise ValueError(
@@ -167,6 +169,8 @@ def _validate(log_prob, old_log_prob, advantages, mask, rollout_log_prob, rollou
     for key in ("log_prob", "old_log_prob", "rollout_log_prob", "rollout_is_weights"):
         if tensors[key] is not None:
             _first_bad(key, tensors[key].detach(), mask)
+    if rollout_is_weights is not None:  # a negative importance weight would flip the token's loss
+        _first_bad("rollout_is_weights", rollout_is_weights.detach(), mask, rollout_is_weights < 0, " (< 0)")
     zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
     return (
         torch.where(mask, log_prob, zero),
@@ -219,7 +223,7 @@ def policy_loss(
     if rollout_log_prob is not None:
         if weights is not None:
             raise ValueError("pass rollout_log_prob or precomputed rollout_is_weights, not both")
-        weights, rc_metrics = rollout_correction(olp, rollout_log_prob.to(lp.dtype), m, **mismatch_kw)
+        weights, m, rc_metrics = rollout_correction(olp, rollout_log_prob.to(lp.dtype), m, **mismatch_kw)
         metrics.update(rc_metrics)
     elif mismatch_kw:
         raise ValueError(

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 import torch
@@ -49,15 +51,38 @@ class LossTerms:
     extra: dict[str, torch.Tensor | float] = field(default_factory=dict)
 
 
+_CONDITIONS = {"finite": lambda v: True, ">= 0": lambda v: v >= 0, "> 0": lambda v: v > 0, "> 1": lambda v: v > 1}
+
+
+def check_hparams(condition: str, **values) -> None:
+    """ValueError naming the first hyperparameter in ``values`` that is not a finite real number meeting
+    ``condition`` (a key of ``_CONDITIONS``)."""
+    holds = _CONDITIONS[condition]
+    for name, value in values.items():
+        real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        if not (real and math.isfinite(value) and holds(value)):
+            rule = "a finite number" + ("" if condition == "finite" else f" {condition}")
+            raise ValueError(f"{name} must be {rule}, got {value!r}")
+
+
 def resolve_clip(clip_ratio, clip_ratio_low, clip_ratio_high, default_low: float, default_high: float):
     """verl's rule: an unset ``clip_ratio_low``/``_high`` falls back to ``clip_ratio``, then to the paper value."""
     base_low = default_low if clip_ratio is None else clip_ratio
     base_high = default_high if clip_ratio is None else clip_ratio
     low = base_low if clip_ratio_low is None else clip_ratio_low
     high = base_high if clip_ratio_high is None else clip_ratio_high
-    if not low >= 0 or not high >= 0:
-        raise ValueError(f"clip ranges must be >= 0, got clip_ratio_low={low!r}, clip_ratio_high={high!r}")
+    check_hparams(">= 0", clip_ratio_low=low, clip_ratio_high=high)
     return float(low), float(high)
+
+
+def clipped_surrogate(
+    advantages: torch.Tensor, ratio: torch.Tensor, low: float, high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's pessimistic bound max(-A r, -A clip(r, 1 - low, 1 + high)) and where the clipped branch is the
+    larger one (bool), elementwise over any matching shapes."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - low, 1.0 + high)
+    return torch.maximum(unclipped, clipped), clipped > unclipped
 
 
 def seq_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor | float]:

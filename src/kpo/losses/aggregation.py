@@ -26,6 +26,7 @@ all-masked batch gives a loss of exactly 0, never NaN (verl would divide 0 by 0 
 
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
@@ -51,8 +52,8 @@ def _check_global(global_num_tokens, global_num_seqs, dp_size, loss_scale_factor
     if not valid:
         raise ValueError(f"dp_size must be an int >= 1, got {dp_size!r}")
     for name, value in (("global_num_tokens", global_num_tokens), ("global_num_seqs", global_num_seqs)):
-        if value is not None and not float(value) >= 0:
-            raise ValueError(f"{name} must be a count >= 0 over the global mini-batch, got {value!r}")
+        if value is not None and not (math.isfinite(float(value)) and float(value) >= 0):
+            raise ValueError(f"{name} must be a finite count >= 0 over the global mini-batch, got {value!r}")
     if loss_scale_factor is not None and not float(loss_scale_factor) > 0:
         raise ValueError(
             f"loss_scale_factor must be > 0 (e.g. the max response length), got {loss_scale_factor!r}"
@@ -68,6 +69,11 @@ def _count(local: torch.Tensor, global_count, dp_size: int, what: str, key: str)
                 f"pass verl's global_batch_info or count them yourself"
             )
         return local.clamp(min=1)
+    if float(global_count) < float(local):
+        raise ValueError(
+            f"{key}={global_count!r} is less than the {int(local)} {what} of this call alone; it must count "
+            f"the {what} of the whole global mini-batch (every micro-batch on every data-parallel rank)"
+        )
     return max(float(global_count), 1.0)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from kpo.losses import register_loss
-from kpo.losses._core import LossBatch, LossTerms, resolve_clip
+from kpo.losses._core import LossBatch, LossTerms, check_hparams, resolve_clip
 from kpo.losses.aggregation import masked_mean
 
 
@@ -34,8 +34,12 @@ def aspo(
     pg_clipfrac: tokens whose ratio was clamped; pg_clipfrac_lower: tokens in either dual-clip branch.
     """
     low, high = resolve_clip(clip_ratio, clip_ratio_low, clip_ratio_high, 0.2, 0.2)
-    if not clip_ratio_c > 1.0:
-        raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c!r}")
+    check_hparams(
+        ">= 0",
+        high_entropy_clip_ratio_low=high_entropy_clip_ratio_low,
+        high_entropy_clip_ratio_high=high_entropy_clip_ratio_high,
+    )
+    check_hparams("> 1", clip_ratio_c=clip_ratio_c)
     if not 0.0 <= entropy_quantile <= 1.0:
         raise ValueError(f"entropy_quantile must lie in [0, 1], got {entropy_quantile!r}")
     A, m, lp = batch.advantages, batch.mask, batch.log_prob

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from kpo.losses import register_loss
-from kpo.losses._core import LossBatch, LossTerms
+from kpo.losses._core import LossBatch, LossTerms, check_hparams
 from kpo.losses.aggregation import masked_mean
 
 RATIO_MODES = ("cumprod", "geomean")
@@ -31,13 +31,8 @@ def ctpo(
     """
     if ratio_mode not in RATIO_MODES:
         raise ValueError(f"ratio_mode must be one of {RATIO_MODES}, got {ratio_mode!r}")
-    for key, value in (
-        ("la_clip_low", la_clip_low),
-        ("la_clip_high", la_clip_high),
-        ("la_clip_c", la_clip_c),
-    ):
-        if not value > 0:
-            raise ValueError(f"{key} must be > 0 (a log-space bound), got {value!r}")
+    check_hparams("> 0", la_clip_low=la_clip_low, la_clip_high=la_clip_high, la_clip_c=la_clip_c)
+    check_hparams("finite", clip_ratio_la_power=clip_ratio_la_power)
     A, m, lp = batch.advantages, batch.mask, batch.log_prob
     mf = m.to(lp.dtype)
     prefix = torch.cumsum(batch.log_ratio.clamp(-20.0, 20.0) * mf, dim=-1)

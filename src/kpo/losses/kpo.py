@@ -14,7 +14,7 @@ import torch
 
 from kpo.filter import kalman_filter
 from kpo.losses import register_loss
-from kpo.losses._core import LossBatch, LossTerms, resolve_clip, token_stats
+from kpo.losses._core import LossBatch, LossTerms, clipped_surrogate, resolve_clip, token_stats
 from kpo.losses.aggregation import masked_mean
 
 
@@ -50,12 +50,10 @@ def kpo(
     low, high = resolve_clip(clip_ratio, clip_ratio_low, clip_ratio_high, 3e-4, 4e-4)
     log_r, rho = _filtered_log_ratio(batch, q, v, p0, x0, mask_mode, filter_grad)
     A, m = batch.advantages, batch.mask
-    r = torch.exp(log_r)
-    loss1 = -A * r
-    loss2 = -A * r.clamp(1.0 - low, 1.0 + high)
+    token_loss, is_clipped = clipped_surrogate(A, torch.exp(log_r), low, high)
     return LossTerms(
-        token_loss=torch.maximum(loss1, loss2),
-        clipfrac=masked_mean((loss2 > loss1).to(A.dtype), m),
+        token_loss=token_loss,
+        clipfrac=masked_mean(is_clipped.to(A.dtype), m),
         extra=token_stats("filtered_ratio", torch.exp(rho.clamp(max=10.0)), m),
     )
 

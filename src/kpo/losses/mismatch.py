@@ -5,10 +5,12 @@ With l_t = old_log_prob_t - rollout_log_prob_t (trainer vs rollout engine, verl'
 - ``rollout_is`` (TIS, truncated importance sampling): ``"token"`` w_t = exp(clamp(l_t, +-20)); ``"sequence"``
   w = exp(clamp(sum_t l_t, +-20)) for every token of the row; then w = min(w, ``rollout_is_threshold``) (2.0,
   Yao et al.; verl's default). ``None``: no IS weight (w = 1).
-- ``rollout_rs`` (MIS, masking): ``"token"`` drops a token, ``"sequence"`` a whole row, whose ratio (token or
+- ``rollout_rs`` (MIS, rejection): ``"token"`` drops a token, ``"sequence"`` a whole row, whose ratio (token or
   sequence, as above) lies above ``rollout_rs_threshold`` (2.0) or below ``rollout_rs_threshold_lower`` (None =
-  no lower bound; Liu & Li's MIS masks only from above). A dropped token gets weight 0 but keeps its place in
-  the aggregation denominators (TRL's ``*_mask`` modes), so global token counts stay the caller's to give.
+  no lower bound; Liu & Li's MIS masks only from above). A dropped token leaves the response mask, as in verl:
+  it counts in no denominator, a sequence-level loss (GMPO, HolderPO, VESPO) forms its row ratio without it,
+  and KPO's filter treats it as a hole. Global token/sequence counts passed with it must count kept tokens only
+  (verl computes them after rejection).
 
 When ``rollout_log_prob`` is given and neither option is set, token-level TIS is used. The weights are detached
 and 0 on padding.
@@ -47,7 +49,8 @@ def rollout_correction(
     rollout_rs_threshold: float = 2.0,
     rollout_rs_threshold_lower: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Detached per-token weights [B, T] and their metrics (0-dim tensors) from trainer and rollout log-probs."""
+    """(detached per-token weights [B, T], kept-token mask [B, T] bool, metrics as 0-dim tensors) from trainer and
+    rollout log-probs. The kept mask is ``mask`` less the rejected tokens (``mask`` itself without rejection)."""
     if rollout_is is None and rollout_rs is None:
         rollout_is = "token"
     for key, level in (("rollout_is", rollout_is), ("rollout_rs", rollout_rs)):
@@ -63,6 +66,7 @@ def rollout_correction(
             f"got {rollout_rs_threshold_lower!r}"
         )
     m = mask.to(torch.bool)
+    kept = m
     log_ratio = (old_log_prob - rollout_log_prob).detach()
     log_ratio = torch.where(m, log_ratio, torch.zeros_like(log_ratio))
     weights = torch.ones_like(log_ratio)
@@ -74,14 +78,14 @@ def rollout_correction(
         keep = ratio <= rollout_rs_threshold
         if rollout_rs_threshold_lower is not None:
             keep &= ratio >= rollout_rs_threshold_lower
-        weights = weights * keep
+        kept = m & keep
         dropped = (~keep & m).sum().to(weights.dtype)
         metrics["rollout_rs_masked_fraction"] = dropped / m.sum().clamp(min=1).to(weights.dtype)
-    weights = torch.where(m, weights, torch.zeros_like(weights))
-    n = m.sum().clamp(min=1).to(weights.dtype)
+    weights = torch.where(kept, weights, torch.zeros_like(weights))
+    n = kept.sum().clamp(min=1).to(weights.dtype)
     metrics["rollout_is_mean"] = weights.sum() / n
-    metrics["rollout_is_max"] = weights.max() if m.any() else torch.zeros(())
-    return weights.detach(), metrics
+    metrics["rollout_is_max"] = weights.max() if kept.any() else torch.zeros(())
+    return weights.detach(), kept, metrics
 
 
 __all__ = ["LEVELS", "MISMATCH_KEYS", "rollout_correction"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from kpo.losses import register_loss
-from kpo.losses._core import LossBatch, LossTerms, resolve_clip
+from kpo.losses._core import LossBatch, LossTerms, check_hparams, clipped_surrogate, resolve_clip
 from kpo.losses.aggregation import masked_mean
 
 
@@ -24,18 +24,15 @@ def vanilla(
     original GRPO: loss_agg_mode="seq-mean-token-mean"; Dr. GRPO: "seq-mean-token-sum-norm".
     """
     low, high = resolve_clip(clip_ratio, clip_ratio_low, clip_ratio_high, 0.2, 0.2)
-    if not clip_ratio_c > 1.0:
-        raise ValueError(f"clip_ratio_c (dual-clip bound) must be > 1, got {clip_ratio_c!r}")
+    check_hparams("> 1", clip_ratio_c=clip_ratio_c)  # the dual-clip bound
     A, m = batch.advantages, batch.mask
     ratio = torch.exp(batch.log_ratio.clamp(-20.0, 20.0))
-    loss1 = -A * ratio
-    loss2 = -A * ratio.clamp(1.0 - low, 1.0 + high)
-    clipped = torch.maximum(loss1, loss2)
+    clipped, is_clipped = clipped_surrogate(A, ratio, low, high)
     loss3 = -A * clip_ratio_c
     dual = torch.minimum(clipped, loss3)
     token_loss = torch.where(A < 0, dual, clipped)
     return LossTerms(
         token_loss=token_loss,
-        clipfrac=masked_mean((loss2 > loss1).to(A.dtype), m),
+        clipfrac=masked_mean(is_clipped.to(A.dtype), m),
         clipfrac_lower=masked_mean(((clipped > loss3) & (A < 0)).to(A.dtype), m),
     )

@@ -7,7 +7,7 @@ import math
 import torch
 
 from kpo.losses import register_loss
-from kpo.losses._core import LossBatch, LossTerms, resolve_clip, seq_stats
+from kpo.losses._core import LossBatch, LossTerms, clipped_surrogate, resolve_clip, seq_stats
 from kpo.losses.aggregation import SEQ_AGG_MODE, masked_mean
 
 
@@ -17,12 +17,10 @@ def _gspo_terms(batch: LossBatch, clip_ratio, clip_ratio_low, clip_ratio_high) -
     log_s = (batch.log_ratio * m).sum(dim=-1) / batch.lengths.clamp(min=1)
     # log s_{i,t} = sg[log s_i] + lp_t - sg[lp_t]: value s_i, gradient s_i * grad lp_t.
     log_st = (lp - lp.detach() + log_s.detach().unsqueeze(-1)).clamp(max=10.0)
-    s = torch.exp(log_st)
-    loss1 = -A * s
-    loss2 = -A * s.clamp(1.0 - low, 1.0 + high)
+    token_loss, is_clipped = clipped_surrogate(A, torch.exp(log_st), low, high)
     return LossTerms(
-        token_loss=torch.maximum(loss1, loss2),
-        clipfrac=masked_mean((loss2 > loss1).to(A.dtype), m),
+        token_loss=token_loss,
+        clipfrac=masked_mean(is_clipped.to(A.dtype), m),
         extra=seq_stats("seq_ratio", torch.exp(log_s), m),
     )
 
@@ -141,12 +139,10 @@ def holder(
         lse = torch.where(m.any(dim=-1), lse, torch.zeros_like(lse))
         log_s = (lse - torch.log(lengths)) / p
     s = torch.exp(log_s)
-    A = batch.seq_advantage()
-    loss1 = -A * s
-    loss2 = -A * s.clamp(1.0 - low, 1.0 + high)
-    clipped_rows = (loss2 > loss1).to(s.dtype).unsqueeze(-1).expand_as(delta)
+    seq_loss, is_clipped = clipped_surrogate(batch.seq_advantage(), s, low, high)
+    clipped_rows = is_clipped.to(s.dtype).unsqueeze(-1).expand_as(delta)
     return LossTerms(
-        seq_loss=torch.maximum(loss1, loss2),
+        seq_loss=seq_loss,
         clipfrac=masked_mean(clipped_rows, m),
         extra=seq_stats("seq_ratio", s, m),
     )

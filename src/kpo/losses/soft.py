@@ -7,7 +7,7 @@ import math
 import torch
 
 from kpo.losses import register_loss
-from kpo.losses._core import LossBatch, LossTerms, seq_stats
+from kpo.losses._core import LossBatch, LossTerms, check_hparams, seq_stats
 
 
 @register_loss("sapo", default_agg="seq-mean-token-mean", agg_modes=("seq-mean-token-mean",))
@@ -17,8 +17,7 @@ def sapo(batch: LossBatch, *, tau_pos: float = 1.0, tau_neg: float = 1.05) -> Lo
     The gradient weight A r 4 sigma (1 - sigma) is 1 at r = 1 and decays smoothly away from it. Aggregation is
     fixed to seq-mean-token-mean (verl forces it). The paper asks tau_neg >= tau_pos.
     """
-    if not tau_pos > 0 or not tau_neg > 0:
-        raise ValueError(f"tau_pos and tau_neg must be > 0, got {tau_pos!r}, {tau_neg!r}")
+    check_hparams("> 0", tau_pos=tau_pos, tau_neg=tau_neg)
     A = batch.advantages
     ratio = torch.exp(batch.log_ratio.clamp(-20.0, 20.0))
     tau = torch.where(A > 0, torch.full_like(A, tau_pos), torch.full_like(A, tau_neg))
@@ -42,9 +41,7 @@ def vespo(
     The row's sign comes from its mean advantage over valid tokens (the authors read the first column: the
     same for a sequence-level advantage). Defaults: the authors' code and scripts.
     """
-    for key, value in (("lambda_pos", lambda_pos), ("lambda_neg", lambda_neg)):
-        if not value > 0:
-            raise ValueError(f"{key} must be > 0, got {value!r}")
+    check_hparams("> 0", k_pos=k_pos, lambda_pos=lambda_pos, k_neg=k_neg, lambda_neg=lambda_neg)
     m = batch.mask
     log_w = (batch.log_ratio.clamp(-20.0, 20.0) * m).sum(dim=-1)
     if batch.is_weights is not None:

@@ -1,0 +1,22 @@
+"""Input checks shared by the public entry points (the filter and the policy losses)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def bool_mask(mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` as a bool tensor of the same shape: bool as is, 0/1 of any dtype converted.
+
+    ValueError when it holds anything else, naming how many such entries and the first one's index and value.
+    """
+    if mask.dtype == torch.bool:
+        return mask
+    bad = (mask != 0) & (mask != 1)
+    if bool(bad.any()):
+        first = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"mask must hold only 0 and 1 (or be bool): {int(bad.sum())} other value(s), first "
+            f"{mask[first].item()!r} at index {first}"
+        )
+    return mask != 0
