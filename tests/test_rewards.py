@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import sys
 import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import kpo.rewards as rewards
@@ -52,13 +55,94 @@ def test_last_boxed(text, expected):
         ("The answer is \\boxed{7", "7", 0.0),  # truncated inside the box
         ("", "7", 0.0),
         ("\x00\x01 }}}{{{ \\boxed{", "7", 0.0),
-        (None, "7", 0.0),
-        ("\\boxed{7}", None, 0.0),
-        ("\\boxed{7}", [], 0.0),
+        (None, "7", 0.0),  # a malformed completion earns nothing; a malformed answer raises (below)
+        ("\\boxed{5}", np.int64(5), 1.0),  # numpy scalars from parquet/pandas rows are numbers too
+        ("\\boxed{27}", np.float64(27.0), 1.0),
+        ("\\boxed{0.1}", np.float32(0.1), 1.0),  # str(), not float(): stays "0.1"
+        ("\\boxed{6630}", ("6630.65", 6630), 1.0),
     ],
 )
 def test_math_reward_cases(completion, answer, expected):
     assert math_reward(completion, answer) == expected
+
+
+@pytest.mark.parametrize(
+    "answer, error, message",
+    [
+        (None, TypeError, r"answer must be a str, a real number or a list of them, got NoneType None; the data row"),
+        ([], ValueError, "answer is an empty list"),
+        ("  ", ValueError, "answer is a blank string"),
+        (["5", None], TypeError, r"answer\[1\] must be a str or a real number, got NoneType"),
+        (True, TypeError, "got bool True"),
+        ({"value": 5}, TypeError, "got dict"),
+        (np.array([5]), TypeError, "got ndarray"),
+        (math.nan, ValueError, "answer is nan; a reference answer must be finite"),
+    ],
+)
+def test_a_malformed_reference_answer_raises(answer, error, message):
+    # A bad data row used to grade every completion 0.0: a run would train on nothing and not know it.
+    with pytest.raises(error, match=message):
+        math_reward("\\boxed{5}", answer)
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1, math.nan, math.inf])
+def test_timeout_must_be_finite_and_positive(timeout_s):
+    # 0 used to disable the bound in the main thread and time out at once in other threads; < 0, NaN gave 0.0.
+    with pytest.raises(ValueError, match="timeout_s must be a finite number of seconds > 0"):
+        math_reward("\\boxed{5}", "5", timeout_s=timeout_s)
+    with pytest.raises(ValueError, match="timeout_s must be"):
+        _in_thread(lambda: math_reward("\\boxed{5}", "5", timeout_s=timeout_s))
+
+
+def test_missing_math_verify_raises_with_the_install_hint(monkeypatch):
+    monkeypatch.setitem(sys.modules, "math_verify", None)  # makes `import math_verify` fail
+    for completion in ("\\boxed{5}", ""):  # even a completion that would grade 0.0 without math-verify
+        with pytest.raises(ImportError, match=r"pip install 'kpo\[eval\]'.*math-verify"):
+            math_reward(completion, "5")
+
+
+def _raising_grade(completion, answers):
+    raise RecursionError("math-verify/sympy choked on this completion")
+
+
+def _dying_grade(completion, answers):
+    os._exit(1)  # the worker dies on this completion (as on a segfault or an out-of-memory kill)
+
+
+def test_a_grader_error_on_one_completion_grades_it_zero(monkeypatch):
+    monkeypatch.setattr(rewards, "_pool", None)  # a fresh worker forks with the raising grader in place
+    monkeypatch.setattr(rewards, "_grade", _raising_grade)
+    assert math_reward("\\boxed{1}", "1") == 0.0
+    assert _in_thread(lambda: math_reward("\\boxed{1}", "1")) == 0.0
+
+
+def test_a_worker_that_dies_grades_zero_and_the_next_item_gets_a_fresh_one(monkeypatch):
+    grade = rewards._grade
+    monkeypatch.setattr(rewards, "_pool", None)
+    monkeypatch.setattr(rewards, "_grade", _dying_grade)
+    assert _in_thread(lambda: math_reward("\\boxed{1}", "1")) == 0.0
+    # The broken pool was dropped: the next item is graded, not refused.
+    monkeypatch.setattr(rewards, "_grade", grade)
+    assert _in_thread(lambda: math_reward("\\boxed{1}", "1")) == 1.0
+    rewards._pool.shutdown()
+
+
+def _in_thread(fn):
+    """fn() in a non-main thread (math_reward then grades in a subprocess); re-raises what fn raised."""
+    out, err = [], []
+
+    def target():
+        try:
+            out.append(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+            err.append(exc)
+
+    t = threading.Thread(target=target)
+    t.start()
+    t.join(60)
+    if err:
+        raise err[0]
+    return out[0]
 
 
 def test_timeout_bounds_a_stuck_item_in_the_main_thread(monkeypatch):
@@ -78,14 +162,6 @@ def test_grading_off_the_main_thread_uses_a_subprocess():
 def _slow_grade(completion, answers):
     time.sleep(30)
     return 1.0
-
-
-def _in_thread(fn):
-    out = []
-    t = threading.Thread(target=lambda: out.append(fn()))
-    t.start()
-    t.join(60)
-    return out[0]
 
 
 def test_subprocess_timeout_kills_the_stuck_worker_and_recovers(monkeypatch):

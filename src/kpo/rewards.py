@@ -4,8 +4,11 @@
 then anchored patterns such as "the final answer is ..." or "Answer: ...") and compares it with the reference
 with math-verify (symbolic, numeric and set/interval equality). A completion without an anchored answer
 grades 0.0: a truncated chain of thought must not earn credit for an expression it happened to write.
-Every call is bounded by a per-item wall-clock timeout and never raises: empty, truncated or garbage
-completions grade 0.0.
+Every call is bounded by a per-item wall-clock timeout. A bad *completion* (empty, truncated, garbage, or one
+that makes math-verify raise or time out) grades 0.0; a bad *call* raises instead, because a run that
+silently grades everything 0.0 trains on nothing: math-verify not installed (ImportError), a reference answer
+that is missing, empty or of the wrong type (TypeError/ValueError), or a timeout that is not a finite
+positive number (ValueError).
 
 Timeout: math-verify's own timeout is a whole-second ``signal.alarm`` per parse/verify call that only
 works in the main thread. kpo disables it and bounds the *whole item* instead: with a float
@@ -17,10 +20,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import math
+import numbers
 import re
 import signal
 import threading
 from collections.abc import Sequence
+from concurrent.futures.process import BrokenProcessPool
 
 __all__ = ["math_reward", "last_boxed", "DEFAULT_TIMEOUT_S"]
 
@@ -75,7 +81,7 @@ def _configs():
 
 
 def _grade(completion: str, answers: tuple[str, ...]) -> float:
-    """Untimed grading; may raise (callers catch)."""
+    """Untimed grading; may raise on a malformed completion (callers turn that into 0.0)."""
     from math_verify import parse, verify
 
     gold_cfg, pred_cfg = _configs()
@@ -91,17 +97,55 @@ def _grade(completion: str, answers: tuple[str, ...]) -> float:
     return 0.0
 
 
-def _normalize_answers(answer: str | int | float | Sequence[str]) -> tuple[str, ...]:
+def _require_math_verify() -> None:
+    """Raise ImportError with the install hint when math-verify cannot be imported (else every grade is 0.0)."""
+    try:
+        import math_verify  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            f"kpo.rewards.math_reward grades with math-verify, which cannot be imported ({exc}); "
+            "install it with pip install 'kpo[eval]' (or pip install 'math-verify>=0.8')"
+        ) from exc
+
+
+def _check_timeout(timeout_s: float) -> None:
+    # 0 would disarm the main-thread alarm (no bound) yet time out at once in a subprocess; < 0 or NaN grade 0.0.
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real):
+        raise TypeError(f"timeout_s must be a number of seconds, got {type(timeout_s).__name__} {timeout_s!r}")
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}")
+
+
+def _answer_text(answer: numbers.Real | str, where: str, allowed: str) -> str:
+    """One reference answer as grader text; a number becomes its plain decimal form (27.0 -> "27").
+
+    where: how the error names it ("answer", "answer[2]"); allowed: the types the error says it may be.
+    """
     if isinstance(answer, str):
-        return (answer,)
-    if isinstance(answer, bool):
-        raise TypeError(f"answer must be str, a number or a list of str, got bool {answer!r}")
-    if isinstance(answer, int | float):
-        return (str(int(answer)) if float(answer).is_integer() else str(answer),)
-    out = tuple(answer)
-    if not out or not all(isinstance(a, str) for a in out):
-        raise TypeError(f"answer list must be non-empty and hold str alternatives, got {answer!r}")
-    return out
+        if not answer.strip():
+            raise ValueError(f"{where} is a blank string; the data row has no reference answer")
+        return answer
+    if isinstance(answer, bool) or not isinstance(answer, numbers.Real):
+        raise TypeError(
+            f"{where} must be {allowed}, got {type(answer).__name__} {answer!r:.80}"
+            + ("; the data row has no reference answer" if answer is None else "")
+        )
+    if isinstance(answer, numbers.Integral):
+        return str(int(answer))
+    value = float(answer)
+    if not math.isfinite(value):
+        raise ValueError(f"{where} is {answer!r}; a reference answer must be finite")
+    # str(), not float(): np.float32(0.1) must stay "0.1", not 0.10000000149011612.
+    return str(int(value)) if value.is_integer() else str(answer)
+
+
+def _normalize_answers(answer: str | numbers.Real | Sequence[str | numbers.Real]) -> tuple[str, ...]:
+    """The reference as a non-empty tuple of alternatives; raises naming what is wrong with it."""
+    if isinstance(answer, list | tuple):
+        if not answer:
+            raise ValueError("answer is an empty list; give at least one accepted alternative")
+        return tuple(_answer_text(a, f"answer[{i}]", "a str or a real number") for i, a in enumerate(answer))
+    return (_answer_text(answer, "answer", "a str, a real number or a list of them"),)
 
 
 def _grade_with_alarm(completion: str, answers: tuple[str, ...], timeout_s: float) -> float:
@@ -109,11 +153,17 @@ def _grade_with_alarm(completion: str, answers: tuple[str, ...], timeout_s: floa
         raise _ItemTimeout
 
     old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
-        return _grade(completion, answers)
+        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+        try:
+            return _grade(completion, answers)
+        except Exception:  # noqa: BLE001 - math-verify/sympy raising on this completion: it earns nothing
+            return 0.0
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _ItemTimeout:  # also when the alarm fires between _grade's return and the disarm
+        return 0.0
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
 
 
@@ -127,11 +177,14 @@ def _grade_in_subprocess(completion: str, answers: tuple[str, ...], timeout_s: f
         if _pool is None:
             _pool = concurrent.futures.ProcessPoolExecutor(max_workers=1)
         pool = _pool
-    future = pool.submit(_grade, completion, answers)
+        # Under the lock: a timeout in another thread unpublishes the pool under it before shutting it down,
+        # so this submit never meets a shut-down pool, and an error it raises is a setup error (propagates).
+        future = pool.submit(_grade, completion, answers)
     try:
         return future.result(timeout=timeout_s)
-    except concurrent.futures.TimeoutError:
-        # The worker is stuck in a computation that cannot be interrupted: kill it, start afresh next time.
+    except (concurrent.futures.TimeoutError, BrokenProcessPool):
+        # The worker is stuck in a computation that cannot be interrupted, or died on this completion: kill it
+        # and start afresh next time (a broken pool would refuse every later item).
         with _pool_lock:
             if _pool is pool:
                 _pool = None
@@ -139,24 +192,29 @@ def _grade_in_subprocess(completion: str, answers: tuple[str, ...], timeout_s: f
             proc.kill()
         pool.shutdown(wait=False, cancel_futures=True)
         return 0.0
+    except Exception:  # noqa: BLE001 - math-verify/sympy raised in the worker on this completion
+        return 0.0
 
 
 def math_reward(
-    completion: str, answer: str | int | float | Sequence[str], *, timeout_s: float = DEFAULT_TIMEOUT_S
+    completion: str,
+    answer: str | numbers.Real | Sequence[str | numbers.Real],
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> float:
-    """1.0 if `completion`'s final answer equals `answer` (math-verify), else 0.0; never raises.
+    """1.0 if `completion`'s final answer equals `answer` (math-verify), else 0.0.
 
-    answer: the reference (LaTeX without ``$``, or a number), or a list of accepted alternatives.
-    timeout_s: wall-clock bound for the whole item (extraction + comparison); on expiry the grade is 0.0.
+    completion: the model's text; anything that is not a non-blank str grades 0.0.
+    answer: the reference (LaTeX without ``$``, or a real number such as 27.0 or numpy.int64(5)), or a non-empty
+        list/tuple of accepted alternatives. None, blank, empty or other types raise: that is a bad data row.
+    timeout_s: wall-clock bound in seconds (finite, > 0) for the whole item; on expiry the grade is 0.0.
+    Raises ImportError when math-verify is not installed.
     """
-    try:
-        answers = _normalize_answers(answer)
-        if not isinstance(completion, str) or not completion.strip():
-            return 0.0
-        if hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread():
-            return _grade_with_alarm(completion, answers, timeout_s)
-        return _grade_in_subprocess(completion, answers, timeout_s)
-    except _ItemTimeout:
+    _check_timeout(timeout_s)
+    answers = _normalize_answers(answer)
+    _require_math_verify()
+    if not isinstance(completion, str) or not completion.strip():
         return 0.0
-    except Exception:  # noqa: BLE001 - a grader that raises would kill a training or eval run
-        return 0.0
+    if hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread():
+        return _grade_with_alarm(completion, answers, timeout_s)
+    return _grade_in_subprocess(completion, answers, timeout_s)
