@@ -162,3 +162,11 @@ def test_swallowed_latex_escapes_are_restored_and_real_tabs_kept(tmp_path):
         (row,) = load_problems(path)
     assert row["problem"] == "Find \\frac{1}{2} \\beta and 3 \\times 4;\ttab\tequal"
     assert row["answer"] == "\\frac12"
+
+
+def test_format_prompt_puts_the_instruction_on_its_own_line():
+    from kpo.data.math import DEFAULT_INSTRUCTION, format_prompt
+
+    assert format_prompt("What is 1+1?") == "What is 1+1?\n" + DEFAULT_INSTRUCTION
+    assert format_prompt("What is 1+1?", "Answer in \\boxed{}.") == "What is 1+1?\nAnswer in \\boxed{}."
+    assert format_prompt("What is 1+1?", "") == "What is 1+1?"

@@ -73,3 +73,10 @@ def test_noisy_teacher_errors_carry_on():
     assert first.split("+")[1] == "7" and abs(int(first.split("+")[0]) - 68) == 1
     assert abs(int(final) - (int(first.split("+")[0]) + 7)) == 1
     assert grade(chain, "75") == 0.0
+
+
+def test_too_many_problems_states_the_true_maximum():
+    # The default task has 400 problems, about 80 in the test split; at most half of them (40) may be drawn.
+    with pytest.raises(ValueError, match=r"n=50 test problems requested .* allows at most 40 \("):
+        load_split("test", n=50)
+    assert len(load_split("test", n=40)) == 40

@@ -40,8 +40,9 @@ def test_pass_at_k_exact_where_floats_of_binomials_overflow():
     closed = 1 - Fraction((n - k) * (n - k - 1) * (n - k - 2), n * (n - 1) * (n - 2))
     assert exact == closed
     assert pass_at_k(n, c, k) == float(closed)
-    # Tiny complements survive: c = n - 1, k = n - 1 leaves 1 - 1/n exactly.
+    # n - c < k: every k-subset holds a correct sample, so exactly 1.
     assert pass_at_k(1000, 999, 999) == 1.0
+    # Tiny complements survive: c = 1, k = n - 1 misses with probability C(n-1, k) / C(n, k) = 1/n.
     assert pass_at_k(1000, 1, 999) == pytest.approx(999 / 1000, rel=1e-15)
 
 

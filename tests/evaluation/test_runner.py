@@ -202,3 +202,53 @@ def test_pass_at_k_keys_are_consistent_with_metrics(tiny_model):
     b = res["benchmarks"]["synthetic"]
     assert b["pass@1"] == pytest.approx(b["avg@2"]) and 0.0 <= b["pass@1"] <= b["pass@2"] <= 1.0
     assert math.isclose(res["macro"]["pass@2"], b["pass@2"])
+
+
+def test_train_and_eval_build_the_same_prompt(tiny_model, tmp_path):
+    """A model trained with `kpo train --dataset` is evaluated on the exact prompt text it was trained on."""
+    from transformers import AutoTokenizer
+
+    from kpo.train.config import TrainConfig
+    from kpo.train.run import _load_data
+
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"problem": "Compute 1/2.", "answer": "\\frac{1}{2}"}) + "\n")
+    row = {"id": "0", "problem": "Compute 1/2.", "answer": "\\frac{1}{2}"}
+    config = TrainConfig(dataset=str(data))
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    train_prompt = _load_data(config, tok)[0][0]["prompt"]
+    assert train_prompt == runner_mod._build_prompt(row, tok, runner_mod.DEFAULT_PROMPT_TEMPLATE, False)
+    # With a chat template both wrap the same user turn (TRL renders train's message list the same way).
+    tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
+    messages = _load_data(config, tok)[0][0]["prompt"]
+    assert messages == [{"role": "user", "content": train_prompt}]
+    assert tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == (
+        runner_mod._build_prompt(row, tok, runner_mod.DEFAULT_PROMPT_TEMPLATE, True)
+    )
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--limit", "0"], "limit=0: must be a positive integer"),
+        (["--limit", "-1"], "limit=-1: must be a positive integer"),
+        (["--task", "nterms=3"], "unknown task field(s) ['nterms']; valid fields: ['n_terms', 'max_value']"),
+        (["--task", "n_terms=1"], "n_terms=1: must be an integer >= 2"),
+        (["--data", "{bench}", "--task", "n_terms=3"], "only applies to data 'synthetic'"),
+        (["--output", "{tmp}/res.md"], "res.md' ends in .md"),
+        (["--model", "{tmp}/missing"], "missing': no such directory; give a Hugging Face model directory"),
+        (["--model", "{tmp}"], "no config.json in this directory"),
+    ],
+)
+def test_cli_reports_bad_arguments_without_a_traceback(tiny_model, tmp_path, capsys, argv, message):
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
+    base = {"--model": str(tiny_model), "--data": "synthetic", "--n": "1", "--k": "1", "--no-progress": None}
+    for flag, value in zip(argv[::2], argv[1::2]):
+        base[flag] = value.format(tmp=tmp_path, bench=bench)
+    args = [x for flag, value in base.items() for x in (flag, value) if x is not None]
+    assert cli_main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "res.md").exists()
+

@@ -28,6 +28,24 @@ def test_validator_reports_every_error_at_once(tmp_path):
     assert "advantage='ppo'" in text
 
 
+def test_max_steps_must_end_a_generation_batch(tmp_path):
+    # The last checkpoint is written at max_steps: mid-batch it could not resume (the batch's rest is lost).
+    with pytest.raises(ConfigError, match=r"max_steps=3 must be a multiple of minibatches=2 .*use max_steps=4"):
+        TrainConfig(output_dir=str(tmp_path), minibatches=2, max_steps=3).validate()
+    TrainConfig(output_dir=str(tmp_path), minibatches=2, max_steps=4, save_steps=2).validate()
+
+
+def test_only_settings_that_keep_the_trajectory_may_change_on_resume():
+    from kpo.train.config import TRAJECTORY_FIELDS
+
+    free = {"output_dir", "resume", "overwrite", "max_steps", "cache_dir", "save_steps", "save_total_limit",
+            "dump_ratios_every", "report_to", "num_threads", "progress"}
+    assert not free & set(TRAJECTORY_FIELDS)
+    assert {"seed", "loss", "loss_kwargs", "minibatches", "learning_rate", "model", "instruction"} <= set(
+        TRAJECTORY_FIELDS
+    )
+
+
 def test_unknown_loss_and_bad_value_are_reported(tmp_path):
     with pytest.raises(ConfigError, match="unknown policy loss 'nope'.*valid names: .*kpo"):
         TrainConfig(output_dir=str(tmp_path), loss="nope").validate()
@@ -69,6 +87,18 @@ def test_cli_rejects_bad_input(tmp_path):
         parse_args(["--loss-kwargs", "q"])  # no '='
     with pytest.raises(ConfigError, match="more than once"):
         parse_args(["--loss-kwargs", "q=1", "q=2"])
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("loss: [kpo\n")
+    with pytest.raises(ConfigError, match="broken.yaml: not valid YAML"):
+        parse_args(["--config", str(broken)])
+
+
+def test_cli_reports_a_missing_config_file(tmp_path, capsys):
+    from kpo.train.cli import main
+
+    assert main(["--config", str(tmp_path / "missing.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "missing.yaml' not found" in err and "Traceback" not in err
 
 
 def test_malformed_dataset_row_names_the_row(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -44,7 +45,9 @@ def test_outputs_and_off_policy_ratios(tiny_config):
     from kpo import kalman_filter
     from kpo.train import run_training
 
-    out = run_training(tiny_config(loss="kpo", loss_kwargs={"q": 1.0}, dump_ratios_every=1))
+    # p0, x0 off their defaults (x0 inside the on band, so on-policy steps still do not clip)
+    filt = {"q": 1.0, "v": 1.0, "p0": 0.5, "x0": 1e-5}
+    out = run_training(tiny_config(loss="kpo", loss_kwargs=dict(filt), dump_ratios_every=1))
     for name in ("config.yaml", "metrics.jsonl", "training_dynamics.png", "final/config.json"):
         assert (out / name).exists(), name
     assert list(out.glob("checkpoint-*"))
@@ -59,11 +62,11 @@ def test_outputs_and_off_policy_ratios(tiny_config):
         with safe_open(str(path), "pt") as f:
             meta = f.metadata()
             z, filtered, mask = (f.get_tensor(k) for k in ("log_ratio", "filtered_log_ratio", "mask"))
-        assert meta["step"] == str(step) and meta["loss"] == "kpo" and float(meta["q"]) == 1.0
-        assert float(meta["v"]) == 1.0
+        assert meta["step"] == str(step) and meta["loss"] == "kpo" and meta["mask_mode"] == "skip"
+        assert {k: float(meta[k]) for k in filt} == filt  # every setting kpo analyze needs to re-filter
         assert z.dtype == torch.float32 and mask.dtype == torch.uint8 and z.shape == mask.shape
         assert z.shape[0] == 16  # a mini-batch: 8 prompts x 4 responses / 2 mini-batches
-        expected = kalman_filter(z.double(), mask.bool(), q=1.0, v=1.0).float()
+        expected = kalman_filter(z.double(), mask.bool(), **filt).float()
         torch.testing.assert_close(filtered, expected, rtol=1e-5, atol=1e-7)
         valid = z[mask.bool()]
         if step % 2 == 1:
@@ -89,14 +92,23 @@ def test_clipped_losses_clip_off_policy(tiny_config, loss):
     assert max(r["clip_frac"] for r in off_policy) > 0.0
 
 
-def test_resume_reproduces_uninterrupted_run(tiny_config):
+def test_resume_reproduces_uninterrupted_run(tiny_config, tiny_cache, tmp_path):
+    """A run stopped at step 4, moved to another directory and resumed to step 6 with every setting that does
+    not touch the trajectory changed (where and how often it writes, the warm-start cache path) matches the
+    uninterrupted run."""
+    import shutil
+
     from kpo.train import run_training
 
     full = _rows(run_training(tiny_config("full", save_steps=2, max_steps=6)))
     part = tiny_config("part", save_steps=2, max_steps=4)
     run_training(part)
-    # simulate a crash after step 4's checkpoint was written... and continue to step 6
-    part.max_steps, part.resume = 6, True
+    # simulate a crash after step 4's checkpoint was written, move the run... and continue to step 6
+    moved = tmp_path / "moved"
+    shutil.move(part.output_dir, moved)
+    (tmp_path / "cache-link").symlink_to(tiny_cache)  # another cache_dir holding the same warm start
+    part.max_steps, part.resume, part.output_dir, part.cache_dir = 6, True, str(moved), str(tmp_path / "cache-link")
+    part.save_steps, part.save_total_limit, part.dump_ratios_every, part.report_to = 0, 1, 1, "tensorboard"
     resumed = _rows(run_training(part))
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
     skip = {"step_time"}
@@ -113,6 +125,19 @@ def test_resume_refuses_changed_config(tiny_config):
     run_training(config)
     config.resume, config.learning_rate = True, 0.5
     with pytest.raises(ConfigError, match="learning_rate: 0.01 -> 0.5"):
+        run_training(config)
+
+
+def test_resume_refuses_a_checkpoint_inside_a_generation_batch(tiny_config):
+    """A checkpoint at step 3 of 2-step generation batches (written by an older version) lost the rest of
+    batch 2: resuming would regenerate it and silently diverge, so it is refused before anything loads."""
+    from kpo.train import ConfigError, run_training
+
+    config = tiny_config("mid", max_steps=4, resume=True)
+    out = Path(config.output_dir)
+    (out / "checkpoint-3").mkdir(parents=True)
+    config.save_yaml(out / "config.yaml")
+    with pytest.raises(ConfigError, match="checkpoint-3 ends inside a generation batch .*minibatches=2"):
         run_training(config)
 
 

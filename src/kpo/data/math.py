@@ -37,7 +37,10 @@ from typing import Any
 
 from kpo.rewards import last_boxed
 
-__all__ = ["load_problems", "FORMATS"]
+__all__ = ["DEFAULT_INSTRUCTION", "FORMATS", "format_prompt", "load_problems"]
+
+# The reasoning instruction kpo train appends to dataset problems and kpo eval appends to benchmark problems.
+DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
 FORMATS = ("problem_answer", "olympiadbench", "boxed_solution", "deepscaler", "gsm8k", "verl", "keys")
 
@@ -300,3 +303,12 @@ def _row_id(row: dict, fmt: str, index: int) -> str:
         if row.get(key) is not None:
             return str(row[key])
     return str(index)
+
+
+def format_prompt(problem: str, instruction: str = DEFAULT_INSTRUCTION) -> str:
+    """The user-turn text of a math problem: the problem, a newline, then the instruction (omitted when blank).
+
+    The one place this text is built, so a model trained by ``kpo train --dataset`` is evaluated by ``kpo eval``
+    on the prompt it was trained on.
+    """
+    return f"{problem}\n{instruction}" if instruction.strip() else problem

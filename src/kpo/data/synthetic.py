@@ -133,8 +133,9 @@ def load_split(
         raise ValueError(f"n={n!r}: must be a positive integer")
     if n > available // 2:
         raise ValueError(
-            f"n={n} {split} problems requested but the task {asdict(task)} has only about {available} in this "
-            "split: lower n or raise max_value / n_terms"
+            f"n={n} {split} problems requested but the task {asdict(task)} allows at most {available // 2} "
+            f"(half of the about {available} problems in this split, so sampling them stays fast): lower n to "
+            f"{available // 2} or less, or raise max_value / n_terms"
         )
     # Salt the stream with the split so train and test seeds are independent streams.
     rng = random.Random(f"kpo-synthetic/{split}/{seed}")

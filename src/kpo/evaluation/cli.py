@@ -47,7 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "longest reference + 1 for synthetic)")  # fmt: skip
     p.add_argument("--batch-size", type=int, default=32, help="sequences per generate call (default 32)")
     p.add_argument("--seed", type=int, default=0, help="base seed of the per-sample generators (default 0)")
-    p.add_argument("--output", default=None, help="results JSON (a .md table is written beside it)")
+    p.add_argument(
+        "--output", default=None, help="results JSON, not ending in .md (a .md table is written beside it)"
+    )
     p.add_argument(
         "--cache", default=None, help="generation cache jsonl (default <output>.generations.jsonl)"
     )
@@ -61,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="transformers device: auto, cpu, cuda, cuda:1 ...")
     p.add_argument("--dtype", default=None, help="model dtype (default bfloat16 on GPU, float32 on CPU)")
     p.add_argument(
-        "--limit", type=int, default=None, help="first N problems per benchmark (synthetic: N problems)"
+        "--limit", type=int, default=None, help="first N >= 1 problems per benchmark (synthetic: N problems)"
     )
     p.add_argument("--problem-key", default=None, help="field holding the problem (with --answer-key)")
     p.add_argument("--answer-key", default=None, help="field holding the answer (with --problem-key)")

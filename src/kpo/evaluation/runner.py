@@ -23,11 +23,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from kpo.data.math import format_prompt
 from kpo.evaluation.metrics import benchmark_metrics
 
 __all__ = ["DEFAULT_PROMPT_TEMPLATE", "GenerationCache", "evaluate", "format_table", "sample_seed"]
 
-DEFAULT_PROMPT_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{}."
+# The prompt kpo train builds from a dataset problem with its default instruction (one function builds both).
+DEFAULT_PROMPT_TEMPLATE = format_prompt("{problem}")
 DEFAULT_MATH_MAX_NEW_TOKENS = 4096
 SYNTHETIC = "synthetic"
 _CHAT_MODES = ("auto", "on", "off")
@@ -242,7 +244,19 @@ class VLLMBackend:
         ]
 
 
+def _require_model_dir(model: str | Path) -> None:
+    """Both backends load a local checkpoint; say so instead of a Hugging Face Hub lookup's traceback."""
+    path = Path(model)
+    if not path.is_dir():
+        raise ValueError(f"model={str(model)!r}: no such directory; give a Hugging Face model directory "
+                         "(config.json, weights and tokenizer files)")  # fmt: skip
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model={str(model)!r}: no config.json in this directory; give a Hugging Face model "
+                         "directory")  # fmt: skip
+
+
 def _make_backend(name: str, model_path: str | Path, device: str, dtype: str | None):
+    _require_model_dir(model_path)
     if name == "auto":
         import importlib.util
 
@@ -270,7 +284,7 @@ def _load_benchmarks(
     """name -> (rows, grader). Rows with a "prompt" key are fed raw (the synthetic task)."""
     from kpo.rewards import math_reward
 
-    specs = [data] if isinstance(data, str | Path) else list(data)
+    specs = _specs(data)
     if not specs:
         raise ValueError("data: give at least one benchmark file or 'synthetic'")
     out: dict[str, tuple[list[dict], Callable[[str, Any], float]]] = {}
@@ -293,6 +307,51 @@ def _load_benchmarks(
             raise ValueError(f"data: two benchmarks named {name!r} ({spec}); evaluate them in separate runs")
         out[name] = (rows, grader)
     return out
+
+
+def _specs(data: str | Path | Sequence[str | Path]) -> list[str | Path]:
+    return [data] if isinstance(data, str | Path) else list(data)
+
+
+def _check_task(synthetic_kw: dict | None, specs: list[str | Path]) -> list[str]:
+    """Problems with the synthetic task fields: unknown names, bad values, or no synthetic benchmark to use them."""
+    import dataclasses
+
+    from kpo.data.synthetic import TaskConfig
+
+    if not synthetic_kw:
+        return []
+    if SYNTHETIC not in (str(s) for s in specs):
+        return [f"synthetic_kw={synthetic_kw} (CLI --task) only applies to data 'synthetic', which is not among "
+                f"{[str(s) for s in specs]}: drop it or add 'synthetic'"]  # fmt: skip
+    valid = [f.name for f in dataclasses.fields(TaskConfig)]
+    unknown = sorted(set(synthetic_kw) - set(valid))
+    if unknown:
+        return [f"synthetic_kw (CLI --task): unknown task field(s) {unknown}; valid fields: {valid}"]
+    try:
+        TaskConfig(**synthetic_kw)
+    except ValueError as e:
+        return [f"synthetic_kw (CLI --task): {e}"]
+    return []
+
+
+def _output_paths(output: str | Path | None, cache: str | Path | None) -> tuple[Path | None, ...]:
+    """(results JSON, markdown table beside it, generation cache); the table and the default cache take the
+    JSON path's name with their own suffix."""
+    if output is None:
+        return None, None, Path(cache) if cache is not None else None
+    out = Path(output)
+    cache = Path(cache) if cache is not None else out.with_suffix(".generations.jsonl")
+    return out, out.with_suffix(".md"), cache
+
+
+def _check_outputs(output: Path | None, table: Path | None, cache: Path | None) -> list[str]:
+    if output is not None and output == table:
+        return [f"output={str(output)!r} ends in .md, the name of the markdown table written beside the results "
+                f"JSON: give a .json path, e.g. {str(output.with_suffix('.json'))!r}"]  # fmt: skip
+    if cache is not None and cache in (output, table):
+        return [f"cache={str(cache)!r} is also the results file; give the cache another name"]
+    return []
 
 
 def _build_prompt(row: dict, tokenizer, template: str, use_chat: bool) -> str:
@@ -345,13 +404,15 @@ def evaluate(
         max_new_tokens: generation budget; default 4096 for math, the longest reference solution + 1 for synthetic.
         batch_size: sequences per generate call (results do not depend on it).
         seed: base seed; sample j of problem p always uses ``sample_seed(seed, dataset, p, j)``.
-        output: write results JSON here and a markdown table beside it (``.md``).
+        output: write results JSON here and a markdown table beside it (same name, ``.md``; so `output` itself
+            must not end in ``.md``).
         cache: generation cache (jsonl); default ``<output>.generations.jsonl`` when `output` is given.
         prompt_template: text with ``{problem}``; default :data:`DEFAULT_PROMPT_TEMPLATE`. Synthetic rows use
             their raw ``prompt``.
         chat_template: "auto" (wrap math prompts in the tokenizer's chat template when it has one), "on", "off".
         backend: "auto" (vLLM on a GPU when installed, else transformers), "transformers", "vllm".
-        limit: first `limit` problems of each benchmark (synthetic: number of test problems, default 256).
+        limit: first `limit` problems of each benchmark, >= 1 (synthetic: number of test problems, default the
+            whole test split: ``kpo.data.synthetic.load_split("test")``, 40 problems for the default task).
         synthetic_kw: task fields for the synthetic split, e.g. ``{"n_terms": 3}``.
         problem_key, answer_key: read these fields of every benchmark file instead of auto-detecting.
 
@@ -378,12 +439,14 @@ def evaluate(
     template = DEFAULT_PROMPT_TEMPLATE if prompt_template is None else prompt_template
     if "{problem}" not in template:
         errors.append(f"prompt_template={template!r}: must contain '{{problem}}'")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        errors.append(f"limit={limit!r}: must be a positive integer (the first `limit` problems), or None for all")
+    output, table, cache = _output_paths(output, cache)
+    errors += _check_task(synthetic_kw, _specs(data)) + _check_outputs(output, table, cache)
     if errors:
         raise ValueError("evaluate: " + "; ".join(errors))
 
     benchmarks = _load_benchmarks(data, limit, synthetic_kw, problem_key, answer_key)
-    if cache is None and output is not None:
-        cache = Path(output).with_suffix(".generations.jsonl")
     store = GenerationCache(cache) if cache is not None else None
     engine = _make_backend(backend, model, device, dtype)
     use_chat = _use_chat_template(engine.tokenizer, chat_template)
@@ -420,10 +483,9 @@ def evaluate(
         k: sum(b[k] for b in results["benchmarks"].values()) / len(results["benchmarks"]) for k in metric_keys
     }
     if output is not None:
-        out = Path(output)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=2) + "\n")
-        out.with_suffix(".md").write_text(format_table(results) + "\n")
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(results, indent=2) + "\n")
+        table.write_text(format_table(results) + "\n")
     return results
 
 

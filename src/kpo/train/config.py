@@ -19,10 +19,18 @@ from typing import Any
 
 import yaml
 
+from kpo.data.math import DEFAULT_INSTRUCTION
+
 __all__ = ["ConfigError", "TrainConfig", "parse_args", "TRAJECTORY_FIELDS"]
 
-# Fields that may change between a run and its resumption without changing its trajectory.
-TRAJECTORY_FIELDS_EXEMPT = ("resume", "max_steps", "progress", "overwrite", "num_threads", "report_to")
+# Fields that may change between a run and its resumption without changing its trajectory: where and how
+# often it writes (output_dir, cache_dir, checkpoints, ratio dumps, logs, progress bars), how far it goes, and
+# CPU threads. The warm start only sets the weights a fresh run starts from (a resume loads the checkpoint's),
+# and writing a checkpoint or a ratio dump draws no random numbers.
+TRAJECTORY_FIELDS_EXEMPT = (
+    "output_dir", "resume", "overwrite", "max_steps", "cache_dir", "save_steps", "save_total_limit",
+    "dump_ratios_every", "report_to", "num_threads", "progress",
+)
 
 
 class ConfigError(ValueError):
@@ -46,8 +54,14 @@ class TrainConfig:
     # --- run ---
     output_dir: str = _f("runs/kpo-tiny", "Directory for config.yaml, metrics.jsonl, checkpoints, final/, plots.")
     seed: int = _f(0, "Seed of model init, data order, sampling and the synthetic task.")
-    max_steps: int = _f(1000, "Optimizer steps (each generation batch gives `minibatches` of them).")
-    resume: bool = _f(False, "Continue from the last checkpoint in output_dir (same config required).")
+    max_steps: int = _f(
+        1000, "Optimizer steps, a multiple of minibatches (each generation batch gives `minibatches` of them)."
+    )
+    resume: bool = _f(
+        False,
+        "Continue from the last checkpoint in output_dir (same config required, except the fields that do not "
+        "change the trajectory: output_dir, cache_dir, max_steps, checkpoint, dump, logging and thread settings).",
+    )
     overwrite: bool = _f(False, "Allow starting a fresh run in a non-empty output_dir (its files are replaced).")
 
     # --- loss ---
@@ -97,8 +111,9 @@ class TrainConfig:
     problem_key: str | None = _f(None, "Field holding the problem (default: detected by kpo.data.math).")
     answer_key: str | None = _f(None, "Field holding the answer (default: detected by kpo.data.math).")
     instruction: str = _f(
-        "Please reason step by step, and put your final answer within \\boxed{}.",
-        "Appended to each dataset problem (user turn of the chat template).",
+        DEFAULT_INSTRUCTION,
+        "Follows each dataset problem on a new line (user turn of the chat template); kpo.data.math.format_prompt "
+        "builds the text, as kpo eval does.",
     )
     use_vllm: bool = _f(False, "Generate with vLLM (TRL use_vllm, colocate mode); needs vllm installed.")
     bf16: bool | None = _f(None, "bfloat16 training; None = on when CUDA supports it, off on CPU.")
@@ -185,11 +200,16 @@ class TrainConfig:
                     f"micro_batch_size={self.micro_batch_size} must divide the per-device mini-batch of "
                     f"{self.mini_batch // world_size} sequences"
                 )
-            if self.save_steps and self.save_steps % self.minibatches:
-                errors.append(
-                    f"save_steps={self.save_steps} must be a multiple of minibatches={self.minibatches}: a "
-                    "checkpoint inside a generation batch could not resume to the same trajectory"
-                )
+            # A checkpoint inside a generation batch cannot resume it: the rest of the batch is not saved.
+            # The last checkpoint is written at max_steps, so max_steps must end a generation batch too.
+            for name in ("max_steps", "save_steps"):
+                value = getattr(self, name)
+                if isinstance(value, int) and value > 0 and value % self.minibatches:
+                    errors.append(
+                        f"{name}={value} must be a multiple of minibatches={self.minibatches} (a checkpoint "
+                        "inside a generation batch could not resume to the same trajectory): use "
+                        f"{name}={_round_up(value, self.minibatches)} or another multiple"
+                    )
         if self.max_completion_length is not None and self.max_completion_length < 1:
             errors.append(f"max_completion_length={self.max_completion_length}: must be >= 1 or None")
         if self.tiny_hidden_size % max(self.tiny_heads, 1):
@@ -283,7 +303,13 @@ class TrainConfig:
     # ------------------------------------------------------------------ IO
     @classmethod
     def from_yaml(cls, path: str | os.PathLike) -> TrainConfig:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        if not Path(path).is_file():
+            raise ConfigError([f"config file {str(path)!r} not found: give the path of a YAML file of config "
+                               "fields"])  # fmt: skip
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError([f"{path}: not valid YAML ({e})"]) from None
         if not isinstance(data, dict):
             raise ConfigError([f"{path}: expected a mapping of config fields, got {type(data).__name__}"])
         return cls.from_dict(data, source=str(path))
@@ -314,6 +340,10 @@ class TrainConfig:
 
 
 TRAJECTORY_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name not in TRAJECTORY_FIELDS_EXEMPT)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
 
 
 def _scalar(value: Any) -> Any:

@@ -16,7 +16,8 @@ _RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "final", "ratios", "runs", "trai
 
 
 def synthetic_reward(completions: list[str], answer: list[str], **_) -> list[float]:
-    """TRL reward function of the embedded task: 1.0 for an exact final answer, else 0.0."""
+    """TRL reward function of the embedded task: :func:`kpo.data.synthetic.grade`, 1.0 when every step of the
+    chain keeps the sum and the last is the answer, else 0.0."""
     from kpo.data.synthetic import grade
 
     return [grade(c, a) for c, a in zip(completions, answer)]
@@ -66,6 +67,12 @@ def _prepare_output_dir(config: TrainConfig, out: Path) -> Path | None:
     if ckpt is None:
         raise ConfigError([f"resume: no checkpoint-* in {out}; set save_steps to checkpoint a run"])
     step = int(ckpt.name.split("-")[-1])
+    if step % config.minibatches:
+        raise ConfigError([
+            f"resume: {ckpt.name} ends inside a generation batch (step {step} is not a multiple of "
+            f"minibatches={config.minibatches}), whose unused mini-batches were not saved; a resume would "
+            f"regenerate them and diverge. Delete {ckpt.name} to resume from an earlier checkpoint, or start anew"
+        ])
     metrics = out / "metrics.jsonl"
     if metrics.exists():
         rows = [line for line in metrics.read_text().splitlines() if line.strip()]
@@ -83,13 +90,13 @@ def _load_data(config: TrainConfig, tokenizer):
 
         rows = load_split("train", seed=config.seed, task=config.task_config())
         return Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows]), synthetic_reward
-    from kpo.data.math import load_problems
+    from kpo.data.math import format_prompt, load_problems
 
     problems = load_problems(config.dataset, config.problem_key, config.answer_key)
     chat = getattr(tokenizer, "chat_template", None) is not None
     records = []
     for p in problems:
-        text = f"{p['problem']}\n\n{config.instruction}".strip()
+        text = format_prompt(p["problem"], config.instruction)
         records.append({"prompt": [{"role": "user", "content": text}] if chat else text,
                         "answer": json.dumps(p["answer"])})
     return Dataset.from_list(records), math_reward_fn

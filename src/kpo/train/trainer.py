@@ -249,8 +249,9 @@ class KPOTrainer(GRPOTrainer):
             {"log_ratio": log_ratio.contiguous(), "filtered_log_ratio": filtered.contiguous(),
              "mask": mask_u8.contiguous()},
             str(self.ratios_dir / f"step_{step:06d}.safetensors"),
-            metadata={"step": str(step), "loss": self.loss_name,
-                      "q": repr(float(filt["q"])), "v": repr(float(filt["v"])), "mask_mode": str(filt["mask_mode"])},
+            # every filter setting, so kpo analyze can re-filter exactly as the run did
+            metadata={"step": str(step), "loss": self.loss_name, "mask_mode": str(filt["mask_mode"]),
+                      **{k: repr(float(filt[k])) for k in ("q", "v", "p0", "x0")}},
         )
 
     # ------------------------------------------------------------------ logging
