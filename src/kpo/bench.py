@@ -82,6 +82,13 @@ def _parse_sizes(text: str) -> list[tuple[int, int]]:
     return sizes
 
 
+def _positive_int(text: str) -> int:
+    """``--repeats``: a median needs at least one timed run."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return int(text)
+
+
 def _configure_filter(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument(
@@ -90,7 +97,7 @@ def _configure_filter(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="BxT list; default 256x4096,64x32768 (cpu), 256x4096,1024x32768 (cuda)",
     )
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per entry (median reported)")
+    parser.add_argument("--repeats", type=_positive_int, default=5, help="timed runs per entry (median reported)")
     parser.add_argument("--q", type=float, default=1e-6, help="process noise (v = 1)")
     parser.add_argument("--mode", choices=("skip", "advance", "zero"), default="skip")
     parser.add_argument("--no-backward", action="store_true", help="forward only")
