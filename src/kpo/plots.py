@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-__all__ = ["PANELS", "load_metrics", "plot_training_dynamics"]
+__all__ = ["PANELS", "load_metrics", "plot_training_dynamics", "seed_band"]
 
 # (metrics.jsonl key, panel title) in the paper's order.
 PANELS = (
@@ -62,6 +62,37 @@ def _series(run: Run, key: str) -> dict[int, float]:
     return out
 
 
+def _trailing_mean(ys: np.ndarray, window: int) -> np.ndarray:
+    """Trailing mean [S] of ``ys`` [S] (one value per step, NaN = not logged): at step i the mean of the finite
+    values among steps i - window + 1 .. i; NaN where that window holds none."""
+    kernel = np.ones(window)
+    finite = np.isfinite(ys)
+    num = np.convolve(np.where(finite, ys, 0.0), kernel)[: len(ys)]
+    den = np.convolve(finite.astype(float), kernel)[: len(ys)]
+    return np.where(den > 0, num / np.maximum(den, 1), np.nan)
+
+
+def seed_band(group: Sequence[Run], key: str, smooth: int = 1) -> tuple[np.ndarray, ...]:
+    """One metric of several runs (seeds) as the figure draws it: ``(steps, mean, lo, hi)``, each [S] over the
+    S steps any run logged ``key`` at (all empty when none did).
+
+    Each run is first smoothed by a trailing mean over ``smooth`` steps (1 = raw); then at each step ``mean``
+    is the mean and ``lo``/``hi`` the min/max over the runs with a finite value there (NaN where none has one).
+    """
+    series = [_series(run, key) for run in group]
+    steps = sorted(set().union(*series))
+    values = np.full((len(series), len(steps)), np.nan)  # [runs, S]
+    for i, s in enumerate(series):
+        ys = np.array([s.get(step, np.nan) for step in steps])
+        values[i] = _trailing_mean(ys, smooth) if smooth > 1 else ys
+    finite = np.isfinite(values)
+    counts = finite.sum(axis=0)
+    mean = np.where(counts > 0, np.where(finite, values, 0.0).sum(axis=0) / np.maximum(counts, 1), np.nan)
+    lo = np.where(counts > 0, np.where(finite, values, np.inf).min(axis=0, initial=np.inf), np.nan)
+    hi = np.where(counts > 0, np.where(finite, values, -np.inf).max(axis=0, initial=-np.inf), np.nan)
+    return np.array(steps, dtype=int), mean, lo, hi
+
+
 def plot_training_dynamics(
     runs, out_path: str | Path, *, title: str | None = None, smooth: int = 1
 ) -> Path:
@@ -81,29 +112,11 @@ def plot_training_dynamics(
     axes = fig.subplots(1, len(PANELS))
     for ax, (key, name) in zip(axes, PANELS):
         for label, group in groups.items():
-            series = [_series(run, key) for run in group]
-            steps = sorted(set().union(*series))
-            if not steps:
+            x, mean, lo, hi = seed_band(group, key, smooth)
+            if not x.size:
                 continue
-            values = np.full((len(series), len(steps)), np.nan)
-            for i, s in enumerate(series):
-                ys = np.array([s.get(step, np.nan) for step in steps])
-                if smooth > 1:
-                    # Trailing mean over the last `smooth` finite values.
-                    kernel = np.ones(smooth)
-                    finite = np.isfinite(ys)
-                    num = np.convolve(np.where(finite, ys, 0.0), kernel)[: len(ys)]
-                    den = np.convolve(finite.astype(float), kernel)[: len(ys)]
-                    ys = np.where(den > 0, num / np.maximum(den, 1), np.nan)
-                values[i] = ys
-            x = np.array(steps)
-            with np.errstate(all="ignore"):
-                counts = np.isfinite(values).sum(axis=0)
-                mean = np.where(counts > 0, np.nansum(values, axis=0) / np.maximum(counts, 1), np.nan)
             (line,) = ax.plot(x, mean, label=label if len(groups) > 1 or len(group) > 1 else None, lw=1.4)
             if len(group) > 1:
-                lo = np.where(counts > 0, np.nanmin(np.where(np.isfinite(values), values, np.inf), axis=0), np.nan)
-                hi = np.where(counts > 0, np.nanmax(np.where(np.isfinite(values), values, -np.inf), axis=0), np.nan)
                 ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
         ax.set_title(name)
         ax.set_xlabel("optimizer step")

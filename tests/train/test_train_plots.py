@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
-from kpo.plots import load_metrics, plot_training_dynamics
+from kpo.plots import load_metrics, plot_training_dynamics, seed_band
 
 
 def _run(offset: float, n: int = 6) -> list[dict]:
@@ -23,6 +24,35 @@ def test_several_methods_with_seed_bands(tmp_path):
     runs = {"kpo": [_run(0.0), _run(0.1), _run(0.2)], "vanilla": _run(-0.1)}
     out = plot_training_dynamics(runs, tmp_path / "cmp" / "fig.png", smooth=2)
     assert out.exists() and out.stat().st_size > 10_000
+
+
+# Two seeds: A logs reward at steps 1, 2, 4 (step 3 missing, NaN counts as missing), B at steps 1, 2, 3.
+SEED_A = [{"step": 1, "reward_mean": 1.0}, {"step": 2, "reward_mean": 2.0}, {"step": 3, "reward_mean": float("nan")},
+          {"step": 4, "reward_mean": 6.0}]  # fmt: skip
+SEED_B = [{"step": 1, "reward_mean": 3.0}, {"step": 2, "reward_mean": 4.0}, {"step": 3, "reward_mean": 5.0}]
+
+
+def test_seed_band_is_the_mean_and_min_max_over_the_seeds_that_logged_a_step():
+    steps, mean, lo, hi = seed_band([SEED_A, SEED_B], "reward_mean")
+    assert steps.tolist() == [1, 2, 3, 4]
+    # step 1: (1 + 3) / 2; step 3: only B; step 4: only A.
+    np.testing.assert_allclose(mean, [2.0, 3.0, 5.0, 6.0])
+    np.testing.assert_allclose(lo, [1.0, 2.0, 5.0, 6.0])
+    np.testing.assert_allclose(hi, [3.0, 4.0, 5.0, 6.0])
+
+
+def test_seed_band_smooths_each_seed_by_a_trailing_mean_first():
+    _, mean, lo, hi = seed_band([SEED_A, SEED_B], "reward_mean", smooth=2)
+    # Window of 2 steps, finite values only. A: 1, (1+2)/2, 2 (step 3 missing), 6 (step 3 missing);
+    # B: 3, (3+4)/2, (4+5)/2, 5 (B has no step 4).
+    np.testing.assert_allclose(lo, [1.0, 1.5, 2.0, 5.0])
+    np.testing.assert_allclose(hi, [3.0, 3.5, 4.5, 6.0])
+    np.testing.assert_allclose(mean, [2.0, 2.5, 3.25, 5.5])
+
+
+def test_seed_band_of_a_metric_nobody_logged_is_empty():
+    steps, mean, lo, hi = seed_band([SEED_A, SEED_B], "entropy")
+    assert steps.size == mean.size == lo.size == hi.size == 0
 
 
 def test_bad_metrics_line_is_named(tmp_path):
