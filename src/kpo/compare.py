@@ -6,8 +6,10 @@ the warm start and the data order), then its final model is evaluated on the hel
 and its dumped ratios are analyzed. The report (``report.md`` + PNGs) holds the analogs of the paper's
 Figure 3, Table 1, Figure 4 and Table 2, and a "claims" section that says, with numbers, whether each claim holds.
 
-Runs execute in parallel worker processes (one torch thread each); a run whose ``eval.json`` exists is done
-and is not rerun, so an interrupted compare resumes where it stopped.
+Runs execute in parallel worker processes (one torch thread each); a run with ``config.yaml``, ``metrics.jsonl``
+and ``eval.json`` is done and is not rerun, so an interrupted compare resumes where it stopped. A done run made
+with other settings (its ``config.yaml`` or ``eval.json`` differs from what this compare would use) is an error,
+never silently reused.
 """
 
 from __future__ import annotations
@@ -22,10 +24,24 @@ from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
-__all__ = ["CompareConfig", "Run", "plan_runs", "sweep_runs", "run_compare", "main"]
+__all__ = ["CompareConfig", "CompareError", "Run", "plan_runs", "sweep_runs", "run_compare", "main"]
 
 DEFAULT_METHODS = ("vanilla", "gspo", "gmpo", "kpo", "kpo_unclipped")
 SWEEP_Q = (1e-6, 1e-4, 1e-2)  # the paper's Figure 4 values of Q (V = 1)
+# `kpo train` fields that kpo compare sets from its own options (or its run plan); a `--` flag for one of them
+# would override compare's value after compare.json recorded it.
+COMPARE_OWNED = {"loss": "--methods", "seed": "--seeds", "output_dir": "--out", "max_steps": "--steps",
+                 "minibatches": "--minibatches", "dump_ratios_every": "--dump-every",
+                 "loss_kwargs": "nothing (each method runs its paper hyperparameters; --sweep-q sets KPO's Q)",
+                 "resume": "nothing (finished runs are reused)", "overwrite": "nothing (unfinished runs restart)"}  # fmt: skip
+
+
+class CompareError(ValueError):
+    """Settings that cannot give a valid comparison; the message lists every problem with its fix."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = list(errors)
+        super().__init__("kpo compare:\n" + "\n".join(f"  - {e}" for e in self.errors))
 
 
 @dataclass
@@ -39,7 +55,7 @@ class CompareConfig:
     minibatches: int = 4  # optimizer steps per generation batch (3 of 4 off-policy in the paper)
     sweep_q: tuple[float, ...] = SWEEP_Q  # KPO's Q/V sweep (Figure 4); empty = no sweep
     sweep_seeds: int | None = None  # seeds of the sweep runs; None = all seeds (quick: 1)
-    eval_n: int = 8  # samples per held-out problem
+    eval_n: int | None = None  # samples per held-out problem; None = 8 (quick: 4)
     eval_limit: int | None = None  # held-out problems; None = the task's default test split
     dump_every: int = 5  # ratio dumps every N optimizer steps (analysis input)
     jobs: int | None = None  # parallel runs; None = CPU count
@@ -50,7 +66,22 @@ class CompareConfig:
         if self.quick:
             self.steps = 120 if self.steps is None else self.steps
             self.sweep_seeds = 1 if self.sweep_seeds is None else self.sweep_seeds
-            self.eval_n = min(self.eval_n, 4)
+        if self.eval_n is None:
+            self.eval_n = 4 if self.quick else 8
+
+    def validate(self) -> CompareConfig:
+        """Check every setting before anything trains, and name each loss by its canonical name (``grpo`` ->
+        ``vanilla``). Raises :class:`CompareError` listing the problems found. Returns self."""
+        methods, errors = _canonical_methods(self.methods)
+        errors = _range_errors(self) + errors + _owned_flag_errors(self.train_args)
+        if errors:
+            raise CompareError(errors)
+        self.methods = methods
+        # The run configs and the task are only built from settings that passed the checks above.
+        errors = _train_config_errors(self) or _eval_limit_errors(self)
+        if errors:
+            raise CompareError(errors)
+        return self
 
 
 @dataclass(frozen=True)
@@ -72,7 +103,7 @@ def sweep_runs(cfg: CompareConfig) -> dict[float, list[Run]]:
     from kpo.losses import get_loss_spec
 
     default_q = get_loss_spec("kpo").hparams["q"]
-    seeds = range(cfg.seeds if cfg.sweep_seeds is None else min(cfg.sweep_seeds, cfg.seeds))
+    seeds = range(cfg.seeds if cfg.sweep_seeds is None else cfg.sweep_seeds)
     return {q: [Run("kpo", s, () if q == default_q else (("q", q),)) for s in seeds] for q in cfg.sweep_q}
 
 
@@ -82,6 +113,96 @@ def plan_runs(cfg: CompareConfig) -> list[Run]:
     for members in sweep_runs(cfg).values():
         runs += [r for r in members if r not in runs]
     return runs
+
+
+def _canonical_methods(names: tuple[str, ...]) -> tuple[tuple[str, ...], list[str]]:
+    """(canonical loss names in the given order, errors): unknown names and losses listed twice (aliases too)."""
+    from kpo.losses import get_loss_spec
+
+    if not names:
+        return (), ["--methods: give at least one loss name"]
+    given: dict[str, list[str]] = {}  # canonical name -> the names that asked for it
+    errors = []
+    for name in names:
+        try:
+            given.setdefault(get_loss_spec(name).name, []).append(name)
+        except ValueError as e:
+            errors.append(f"--methods: {e}")
+    for canonical, asked in given.items():
+        if len(asked) > 1:
+            errors.append(
+                f"--methods: {', '.join(asked)} all name the loss {canonical!r}; list each loss once"
+            )
+    return tuple(given), errors
+
+
+def _range_errors(cfg: CompareConfig) -> list[str]:
+    """Integer settings outside their allowed range (None = the default, always allowed)."""
+    upper = {"sweep_seeds": max(cfg.seeds, 1)}
+    default = {"steps": "kpo train's default", "eval_limit": "the whole test split", "jobs": "one per CPU",
+               "sweep_seeds": "all seeds"}  # fmt: skip
+    errors = []
+    names = ("seeds", "steps", "minibatches", "sweep_seeds", "eval_n", "eval_limit", "dump_every", "jobs")
+    for name in names:
+        value, hi = getattr(cfg, name), upper.get(name)
+        if value is None or (value >= 1 and (hi is None or value <= hi)):
+            continue
+        allowed = f"an integer in 1..{hi}" if hi is not None else "an integer >= 1"
+        omit = f" (or omit it for {default[name]})" if name in default else ""
+        errors.append(f"--{name.replace('_', '-')}={value}: must be {allowed}{omit}")
+    return errors
+
+
+def _owned_flag_errors(train_args: tuple[str, ...]) -> list[str]:
+    """`--` flags that would override a setting kpo compare makes itself."""
+    from kpo.train.config import build_parser
+
+    # kpo train's parser leaves unset flags out of the namespace, so its keys are exactly the flags given.
+    given = vars(build_parser("kpo compare -- (kpo train flags)").parse_args(list(train_args)))
+    return [
+        f"-- --{key.replace('_', '-')}: kpo compare sets it for every run; use {COMPARE_OWNED[key]} instead"
+        for key in given
+        if key in COMPARE_OWNED
+    ]
+
+
+def _train_config_errors(cfg: CompareConfig) -> list[str]:
+    """What `kpo train` would reject in each distinct run config (a method, or a sweep point)."""
+    from kpo.train.config import ConfigError, parse_args
+
+    # (method, loss overrides) -> its first run: a seed never makes a config invalid.
+    distinct: dict[tuple, Run] = {}
+    for run in plan_runs(cfg):
+        distinct.setdefault((run.method, run.loss_kwargs), run)
+    first_run: dict[str, str] = {}  # error -> the first run with it (a bad `--` flag fails every run alike)
+    for run in distinct.values():
+        try:
+            parse_args(_train_argv(cfg, run, Path(cfg.out) / "runs" / run.name)).validate()
+        except ConfigError as e:
+            for err in e.errors:
+                first_run.setdefault(err, run.name)
+    return [f"run {name}: {err}" for err, name in first_run.items()]
+
+
+def _held_out_problems(cfg: CompareConfig, limit: int | None) -> int:
+    """Problems of the task's test split that evaluation uses (``limit`` or the default split); ValueError
+    when the split cannot supply ``limit``."""
+    from kpo.data.synthetic import load_split
+    from kpo.train.config import parse_args
+
+    return len(load_split("test", n=limit, task=parse_args(list(cfg.train_args)).task_config()))
+
+
+def _eval_limit_errors(cfg: CompareConfig) -> list[str]:
+    if cfg.eval_limit is None:
+        return []
+    try:
+        _held_out_problems(cfg, cfg.eval_limit)
+    except ValueError:
+        size = _held_out_problems(cfg, None)
+        return [f"--eval-limit={cfg.eval_limit}: more problems than the task's test split can supply; use "
+                f"1..{size} (the default split) or omit it"]  # fmt: skip
+    return []
 
 
 def _train_argv(cfg: CompareConfig, run: Run, out: Path) -> list[str]:
@@ -123,7 +244,44 @@ def _execute(cfg: CompareConfig, run: Run, out: Path) -> dict:
 
 
 def _done(out: Path) -> bool:
-    return (out / "eval.json").exists() and (out / "metrics.jsonl").exists()
+    return all((out / name).exists() for name in ("config.yaml", "metrics.jsonl", "eval.json"))
+
+
+def _changed_settings(cfg: CompareConfig, run: Run, out: Path, problems: int) -> list[str]:
+    """``"field: was -> now"`` for every setting of a done run that differs from what this compare would use."""
+    from kpo.train.config import TRAJECTORY_FIELDS, TrainConfig, parse_args
+
+    saved, now = TrainConfig.from_yaml(out / "config.yaml"), parse_args(_train_argv(cfg, run, out))
+    # output_dir says where the run is (spelled as --out was), not how it ran; max_steps ends its trajectory.
+    fields = [k for k in TRAJECTORY_FIELDS if k != "output_dir"] + ["max_steps"]
+    changed = [
+        f"{k}: {getattr(saved, k)!r} -> {getattr(now, k)!r}"
+        for k in fields
+        if getattr(saved, k) != getattr(now, k)
+    ]
+    results = json.loads((out / "eval.json").read_text())
+    evaluated = sum(b["problems"] for b in results["benchmarks"].values())
+    if results["params"]["n"] != cfg.eval_n:
+        changed.append(f"eval_n: {results['params']['n']} -> {cfg.eval_n}")
+    if evaluated != problems:
+        changed.append(f"held-out problems: {evaluated} -> {problems} (--eval-limit)")
+    return changed
+
+
+def _stale_run_errors(cfg: CompareConfig, runs: list[Run], out: Path) -> list[str]:
+    """One error per done run whose settings differ from this compare's, then how to proceed."""
+    problems = _held_out_problems(cfg, cfg.eval_limit)
+    errors = []
+    for run in runs:
+        folder = out / "runs" / run.name
+        if _done(folder) and (changed := _changed_settings(cfg, run, folder, problems)):
+            errors.append(f"run {run.name} ({folder}) was made with other settings: {'; '.join(changed)}")
+    if errors:
+        errors.append(
+            f"a compare reuses finished runs only with the same settings: use a new --out, or delete the run "
+            f"directories above (under {out / 'runs'}) to retrain them, or rerun with their settings"
+        )
+    return errors
 
 
 def _steps_logged(out: Path) -> int:
@@ -143,21 +301,25 @@ def _warm_start(cfg: CompareConfig, seed: int) -> None:
 
 
 def run_compare(cfg: CompareConfig) -> Path:
-    """Run every missing (method, seed), then write the report; returns the report's path."""
+    """Run every missing (method, seed), then write the report; returns the report's path.
+
+    Raises :class:`CompareError` before anything trains when a setting is invalid or a done run in ``cfg.out``
+    was made with other settings.
+    """
     from tqdm.auto import tqdm
 
-    from kpo.losses import get_loss_spec
-
-    for method in cfg.methods:
-        get_loss_spec(method)  # unknown names fail here, before any training
+    cfg.validate()
     out = Path(cfg.out)
+    runs = plan_runs(cfg)
+    stale = _stale_run_errors(cfg, runs, out)
+    if stale:
+        raise CompareError(stale)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
-    runs = plan_runs(cfg)
     todo = [r for r in runs if not _done(out / "runs" / r.name)]
     print(f"kpo compare: {len(runs)} runs, {len(runs) - len(todo)} already done; report in {out}", flush=True)
     if todo:
-        jobs = cfg.jobs or os.cpu_count() or 1
+        jobs = cfg.jobs if cfg.jobs is not None else os.cpu_count() or 1
         steps = cfg.steps or _default_steps()
         failures = []
         with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=get_context("spawn")) as pool:
@@ -223,7 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--sweep-q", type=_sweep_q, default=d.sweep_q, help="KPO Q values (V = 1); '' = no sweep.")
     p.add_argument("--sweep-seeds", type=int, default=None, help="Seeds of the Q/V sweep (default: all).")
-    p.add_argument("--eval-n", type=int, default=d.eval_n, help="Samples per held-out problem.")
+    p.add_argument(
+        "--eval-n", type=int, default=None, help="Samples per held-out problem (default: 8; --quick: 4)."
+    )
     p.add_argument(
         "--eval-limit", type=int, default=None, help="Held-out problems (default: the test split)."
     )
@@ -244,26 +408,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def config_from_args(argv: list[str] | None = None) -> CompareConfig:
+    """The comparison the command line asks for (not yet validated: :meth:`CompareConfig.validate`)."""
     args = build_parser().parse_args(argv)
     extra = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
-    cfg = CompareConfig(
-        out=args.out, methods=tuple(m for m in args.methods.split(",") if m), seeds=args.seeds,
+    return CompareConfig(
+        out=args.out, methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), seeds=args.seeds,
         steps=args.steps, minibatches=args.minibatches, sweep_q=args.sweep_q, sweep_seeds=args.sweep_seeds,
         eval_n=args.eval_n, eval_limit=args.eval_limit, dump_every=args.dump_every, jobs=args.jobs,
         train_args=tuple(extra), quick=args.quick,
     )  # fmt: skip
-    errors = [
-        f"--{k}={getattr(cfg, k)}: must be >= 1"
-        for k in ("seeds", "minibatches", "eval_n", "eval_limit", "dump_every")
-        if getattr(cfg, k) is not None and getattr(cfg, k) < 1
-    ]
-    if not cfg.methods:
-        errors.append("--methods: give at least one loss name")
-    if errors:
-        print("kpo compare: " + "; ".join(errors), file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        report = run_compare(config_from_args(argv))  # validates every setting before anything trains
+    except CompareError as e:
+        print(e, file=sys.stderr)
         return 2
-    report = run_compare(cfg)
     print(f"report: {report}\nfigures: {', '.join(str(p) for p in sorted(report.parent.glob('*.png')))}")
     return 0
 

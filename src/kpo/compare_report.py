@@ -141,13 +141,18 @@ def _claims(methods, groups, table1, table2, sweep) -> list[str]:
     key = next((k for k in table1["eval_keys"] if k.startswith("avg@")), table1["eval_keys"][0])
     if "kpo" in table1["rows"] and len(methods) > 1:
         means = {m: table1["rows"][m][key][0] for m in methods}
-        best = max(means, key=means.get)
-        rival = max((m for m in methods if m != "kpo"), key=means.get)
+        # Ties are broken by name, never by the order of --methods; "holds" needs KPO strictly above the rest.
+        rival = max(sorted(m for m in methods if m != "kpo"), key=means.get)
         kpo_m, kpo_s = table1["rows"]["kpo"][key]
         riv_m, riv_s = table1["rows"][rival][key]
-        tie = best != "kpo" and means["kpo"] == means[best]
+        best = ", ".join(sorted(m for m in methods if means[m] == max(means.values())))
+        tied = sorted(m for m in methods if m != "kpo" and means[m] == kpo_m)
         verdict = (
-            "holds" if best == "kpo" else f"does not hold (kpo ties with {best})" if tie else "does not hold"
+            "holds"
+            if kpo_m > riv_m
+            else f"does not hold (kpo ties with {', '.join(tied)})"
+            if kpo_m == riv_m
+            else "does not hold"
         )
         noise = (
             " (the gap is within one standard deviation across seeds)"

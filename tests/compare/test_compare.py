@@ -3,31 +3,17 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
-from kpo.compare import CompareConfig, plan_runs, run_compare, sweep_runs
+from kpo.compare import CompareError, plan_runs, run_compare, sweep_runs
 
 pytestmark = pytest.mark.slow
 
-# The train tests' toy (tests/train/conftest.py): a 1-layer model warm-started to a reward of about 0.6 on
-# sums of two numbers up to 4, so advantages are not all zero and lr 1e-2 moves the ratios visibly.
-TOY_TRAIN = (
-    "--n-terms", "2", "--max-value", "4", "--tiny-hidden-size", "32", "--tiny-layers", "1", "--tiny-heads", "2",
-    "--sft-examples", "12", "--sft-epochs", "300", "--prompts-per-step", "8", "--num-generations", "4",
-    "--learning-rate", "1e-2",
-)  # fmt: skip
 
-
-def _config(tmp_path, **kw) -> CompareConfig:
-    base = dict(out=str(tmp_path / "cmp"), methods=("vanilla", "kpo"), seeds=1, steps=4, minibatches=2,
-                sweep_q=(1e-6, 1e-2), sweep_seeds=1, eval_n=2, eval_limit=2, dump_every=1, jobs=2,
-                train_args=(*TOY_TRAIN, "--cache-dir", str(tmp_path / "cache")))  # fmt: skip
-    return CompareConfig(**{**base, **kw})
-
-
-def test_plan_reuses_the_kpo_run_at_the_default_q(tmp_path):
-    cfg = _config(tmp_path, seeds=2, sweep_seeds=None)
+def test_plan_reuses_the_kpo_run_at_the_default_q(compare_config):
+    cfg = compare_config(seeds=2, sweep_seeds=None)
     names = [r.name for r in plan_runs(cfg)]
     # 2 methods x 2 seeds, plus the sweep's Q=1e-2 run per seed; Q=1e-6 is kpo's default, i.e. the kpo run.
     assert names == [
@@ -41,13 +27,8 @@ def test_plan_reuses_the_kpo_run_at_the_default_q(tmp_path):
     assert [r.name for r in sweep_runs(cfg)[1e-6]] == ["kpo-seed0", "kpo-seed1"]
 
 
-def test_quick_mode_shrinks_the_budget():
-    cfg = CompareConfig(quick=True)
-    assert (cfg.steps, cfg.sweep_seeds, cfg.eval_n) == (120, 1, 4)
-
-
-def test_compare_writes_every_section_and_resumes(tmp_path, capsys):
-    cfg = _config(tmp_path)
+def test_compare_writes_every_section_and_resumes(compare_config, tmp_path, capsys):
+    cfg = compare_config()
     report = run_compare(cfg)
     text = report.read_text()
     for section in ("## Claims", "## Figure 3 analog", "## Table 1 analog", "## Figure 4 analog",
@@ -70,9 +51,9 @@ def test_compare_writes_every_section_and_resumes(tmp_path, capsys):
     run_compare(cfg)
     assert "3 runs, 3 already done" in capsys.readouterr().out
     assert {p: p.stat().st_mtime_ns for p in runs.glob("*/metrics.jsonl")} == stamps
-
-
-def test_unknown_method_fails_before_training(tmp_path):
-    with pytest.raises(ValueError, match="unknown policy loss 'nope'"):
-        run_compare(_config(tmp_path, methods=("vanilla", "nope")))
-    assert not (tmp_path / "cmp" / "runs").exists()
+    # Other settings into the same --out: the finished runs are not reused, and nothing is overwritten.
+    with pytest.raises(
+        CompareError, match=r"run vanilla-seed0 \(.*\) was made with other settings: max_steps: 4 -> 6"
+    ):
+        run_compare(replace(cfg, steps=6))
+    assert {p: p.stat().st_mtime_ns for p in runs.glob("*/metrics.jsonl")} == stamps
