@@ -209,6 +209,24 @@ def test_npz_without_filtered_is_refiltered_with_its_metadata(tmp_path):
     )
 
 
+def test_refiltering_uses_the_dumps_initial_variance_and_state(tmp_path):
+    # a run with p0/x0 set records them; re-filtering with the paper's 0, 0 instead would change every ratio
+    rng = np.random.default_rng(1)
+    z = rng.normal(0, 0.2, size=(3, 25))
+    m = np.ones((3, 25), dtype=bool)
+    meta = {"q": np.array("1e-4"), "v": np.array("1.0"), "p0": np.array("0.5"), "x0": np.array("0.01")}
+    np.savez(tmp_path / "d.npz", log_ratio=z, mask=m.astype(np.uint8), **meta)
+    res = compute([load_dump(tmp_path / "d.npz")], AnalyzeConfig(sweep_q=(1e-3,))).results
+    zt, mt = torch.from_numpy(z), torch.from_numpy(m)
+    filt = kalman_filter(zt, mt, q=1e-4, v=1.0, p0=0.5, x0=0.01).numpy()
+    assert res["after"] == pytest.approx(token_dynamics(filt, m, eps_low=3e-4, eps_high=4e-4), rel=1e-12)
+    paper = kalman_filter(zt, mt, q=1e-4, v=1.0).numpy()
+    assert not np.allclose(filt, paper)
+    np.savez(tmp_path / "bad.npz", log_ratio=z, mask=m.astype(np.uint8), **{**meta, "p0": np.array("big")})
+    with pytest.raises(DumpError, match="p0='big' is not a number"):
+        load_dump(tmp_path / "bad.npz")
+
+
 def test_dumps_of_different_lengths_are_pooled(tmp_path):
     a = _dump(
         tmp_path / "step_000001.safetensors", [[0.1, 0.0, -0.1]], [[1, 1, 1]], [[0.01, 0.0, -0.01]], step=1

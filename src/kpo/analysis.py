@@ -166,7 +166,7 @@ def load_dump(path: str | Path) -> Dump:
     except (ValueError, TypeError) as exc:
         raise DumpError(f"{path}: {exc}") from None
     dump = Dump(path=path, log_ratio=z, mask=m, filtered=filtered, meta=meta)
-    for key in ("q", "v"):  # fail now, not after the first figures
+    for key in ("q", "v", "p0", "x0"):  # fail now, not after the first figures
         dump.meta_float(key)
     return dump
 
@@ -248,13 +248,15 @@ def write_synthetic(folder: str | Path, *, seed: int = 0, samples: int = 64, len
 # ----------------------------------------------------------------------------------------------- analysis
 
 
-def _filter(z: np.ndarray, m: np.ndarray, q: float, v: float, mask_mode: str) -> np.ndarray:
+def _filter(
+    z: np.ndarray, m: np.ndarray, q: float, v: float, mask_mode: str, p0: float = 0.0, x0: float = 0.0
+) -> np.ndarray:
     import torch
 
     from kpo import kalman_filter
 
     clean = np.where(m, z, 0.0)  # masked entries are never observed; keep stray values out of any fast path
-    out = kalman_filter(torch.from_numpy(clean), torch.from_numpy(m), q=q, v=v, mask_mode=mask_mode)
+    out = kalman_filter(torch.from_numpy(clean), torch.from_numpy(m), q=q, v=v, p0=p0, x0=x0, mask_mode=mask_mode)
     return out.numpy().astype(np.float64)
 
 
@@ -294,7 +296,9 @@ def compute(dumps: list[Dump], cfg: AnalyzeConfig) -> Analysis:
         if d.filtered is not None and cfg.q is None and cfg.v is None and cfg.mask_mode is None:
             filtered, source = d.filtered, "dump"
         else:
-            filtered, source = _filter(d.log_ratio, d.mask, q, v, mask_mode), "recomputed"
+            # the run's own initial variance and state (older dumps lack them: the paper's 0, 0)
+            p0, x0 = (d.meta_float(key) or 0.0 for key in ("p0", "x0"))
+            filtered, source = _filter(d.log_ratio, d.mask, q, v, mask_mode, p0, x0), "recomputed"
         z, m = d.log_ratio, d.mask
         n = m.sum(axis=1)
         on_policy = (n > 0) & ~(m & (z != 0)).any(axis=1)
