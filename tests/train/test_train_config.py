@@ -112,6 +112,20 @@ def test_malformed_dataset_row_names_the_row(tmp_path):
         config.validate()
 
 
+def test_dataset_without_math_verify_is_refused_before_training(tmp_path, monkeypatch):
+    # its rewards are graded by math-verify; finding out at the first reward would waste the model load
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "math_verify" else find_spec(name, *a)
+    )
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"problem": "1+1", "answer": "2"}\n')
+    with pytest.raises(ConfigError, match="math-verify, which is not installed: pip install 'kpo\\[train\\]'"):
+        TrainConfig(output_dir=str(tmp_path / "out"), dataset=str(data)).validate()
+
+
 def test_dataset_without_model_and_existing_run_are_refused(tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text('{"problem": "1+1", "answer": "2"}\n')

@@ -236,6 +236,11 @@ class TrainConfig:
                     "dataset is set but model is not: the embedded tiny model only reads the synthetic task; "
                     "pass --model PATH (a Hugging Face checkpoint) with --dataset"
                 )
+            if importlib.util.find_spec("math_verify") is None:
+                errors.append(
+                    "dataset is set, and its rewards are graded by math-verify, which is not installed: "
+                    "pip install 'kpo[train]' (or 'math-verify>=0.8')"
+                )
             if not Path(self.dataset).exists():
                 errors.append(f"dataset={self.dataset!r}: file not found")
             else:
