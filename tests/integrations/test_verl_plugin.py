@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -386,3 +387,13 @@ def test_verl_actor_loss_function_calls_kpo():
     assert metrics["actor/pg_loss"].values == [expected.item()]
     for key in ("ppo_kl", "pg_clipfrac", "filtered_ratio_mean"):
         assert metrics[f"actor/{key}"].values == [expected_metrics[key]]
+
+
+def test_kpo_with_verls_ppo_clip_defaults_warns():
+    # verl's actor config defaults the clip ratios to 0.2: KPO run that way is barely ever clipped
+    with pytest.warns(UserWarning, match="the paper's KPO uses 3e-4/4e-4"):
+        actor_config("kpo")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        actor_config("kpo", clip_ratio_low=3e-4, clip_ratio_high=4e-4)
+        actor_config("vanilla")

@@ -48,6 +48,7 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_lo
 from verl.workers.config import FSDPActorConfig
 
 from kpo.losses import SEQ_AGG_MODE, get_loss_spec, policy_loss
+from kpo.losses._core import resolve_clip
 
 __all__ = [
     "GLOBAL_BATCH_INFO_KEYS",
@@ -280,6 +281,16 @@ class KPOActorConfig(FSDPActorConfig):
             )
         except (TypeError, ValueError) as err:
             raise ValueError(f"actor_rollout_ref.actor (loss_mode={loss_mode!r}): {err}") from err
+        hp = loss_hparams(loss_mode, self)
+        clip = resolve_clip(hp.get("clip_ratio"), hp.get("clip_ratio_low"), hp.get("clip_ratio_high"), 3e-4, 4e-4)
+        if loss_mode == "kpo" and clip == (0.2, 0.2):
+            # verl's PPO defaults are 700x wider than KPO's: with them the filtered ratio is almost never clipped
+            warnings.warn(
+                "actor_rollout_ref.actor: loss_mode='kpo' runs with clip_ratio_low/high = 0.2/0.2, verl's PPO "
+                "defaults; the paper's KPO uses 3e-4/4e-4 (set actor_rollout_ref.actor.clip_ratio_low=3e-4 "
+                "and clip_ratio_high=4e-4, or keep 0.2 on purpose)",
+                stacklevel=2,
+            )
 
 
 REGISTERED = register_with_verl()
