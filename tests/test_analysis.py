@@ -227,6 +227,22 @@ def test_refiltering_uses_the_dumps_initial_variance_and_state(tmp_path):
         load_dump(tmp_path / "bad.npz")
 
 
+def test_on_policy_flag_in_metadata_beats_the_exact_zero_guess(tmp_path):
+    # bf16 or re-batched old log-probs leave an on-policy step's log-ratios near, not exactly, 0: the trainer's
+    # on_policy flag decides; a dump without it falls back to "all valid log-ratios exactly 0"
+    rng = np.random.default_rng(2)
+    z = rng.normal(0, 1e-4, size=(3, 10))
+    m = np.ones((3, 10), dtype=bool)
+    base = {"q": np.array("1e-4"), "v": np.array("1.0")}
+    for flag, want in (("1", 3), ("0", 0)):
+        np.savez(tmp_path / f"d{flag}.npz", log_ratio=z, mask=m.astype(np.uint8), on_policy=np.array(flag), **base)
+        res = compute([load_dump(tmp_path / f"d{flag}.npz")], AnalyzeConfig(sweep_q=(1e-3,))).results
+        assert res["inputs"]["on_policy_rows"] == want
+    np.savez(tmp_path / "bad.npz", log_ratio=z, mask=m.astype(np.uint8), on_policy=np.array("yes"), **base)
+    with pytest.raises(DumpError, match="on_policy='yes' must be 0 or 1"):
+        compute([load_dump(tmp_path / "bad.npz")], AnalyzeConfig(sweep_q=(1e-3,)))
+
+
 def test_dumps_of_different_lengths_are_pooled(tmp_path):
     a = _dump(
         tmp_path / "step_000001.safetensors", [[0.1, 0.0, -0.1]], [[1, 1, 1]], [[0.01, 0.0, -0.01]], step=1

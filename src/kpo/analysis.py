@@ -17,8 +17,10 @@ Choices the paper leaves open (the statistics' own choices are in :mod:`kpo.diag
   :func:`kpo.kalman_filter`; each setting comes from the option, else the dump's metadata, else Q = 1e-6, V = 1,
   mask_mode "skip" (a masked hole is no time step). The sweep uses V = ``--v`` (else 1) and the dumps' common
   mask_mode (else "skip").
-- the paper uses off-policy samples only. Rows whose valid log-ratios are all exactly 0 (an on-policy
-  mini-batch) are counted and reported; ``--off-policy-only`` leaves them out as the paper does.
+- the paper uses off-policy samples only. On-policy rows (a dump whose metadata says ``on_policy=1``, as the
+  trainer writes for the first optimizer step of a generation batch; without that key, rows whose valid
+  log-ratios are all exactly 0) are counted and reported; ``--off-policy-only`` leaves them out as the paper
+  does.
 - example responses for Figure 1 are the ``--examples`` longest rows (ties: the earlier row).
 """
 
@@ -95,7 +97,7 @@ class AnalyzeConfig:
     )
     examples: int = 3  # responses drawn in figure1_traces.png
     max_windows: int = 80  # Figure 1 windows per sample
-    off_policy_only: bool = False  # leave out rows whose valid log-ratios are all exactly 0
+    off_policy_only: bool = False  # leave out on-policy rows (dump metadata on_policy=1, else log-ratios all 0)
 
 
 # ----------------------------------------------------------------------------------------------- loading
@@ -301,7 +303,11 @@ def compute(dumps: list[Dump], cfg: AnalyzeConfig) -> Analysis:
             filtered, source = _filter(d.log_ratio, d.mask, q, v, mask_mode, p0, x0), "recomputed"
         z, m = d.log_ratio, d.mask
         n = m.sum(axis=1)
-        on_policy = (n > 0) & ~(m & (z != 0)).any(axis=1)
+        # the trainer records whether its step was on-policy; other dumps: rows whose log-ratios are all 0
+        flag = d.meta.get("on_policy")
+        if flag not in (None, "0", "1"):
+            raise DumpError(f"{d.path}: metadata on_policy={flag!r} must be 0 or 1")
+        on_policy = (n > 0) & (flag == "1" if flag is not None else ~(m & (z != 0)).any(axis=1))
         keep = ~on_policy if cfg.off_policy_only else np.ones(len(n), dtype=bool)
         zs.append(_pad(np.where(m, z, 0.0)[keep], T))
         ms.append(_pad(m[keep], T))
@@ -494,7 +500,7 @@ def _report(results: dict, table: str, sweep_table: str, figures: dict, cfg: Ana
     for r in inp["files"]:
         lines.append(
             f"- `{r['file']}` (step {r['step']}): {r['rows_used']}/{r['rows']} rows used, {r['empty_rows']} empty, "
-            f"{r['on_policy_rows']} on-policy (all log-ratios exactly 0); filtered: {r['filtered']} "
+            f"{r['on_policy_rows']} on-policy; filtered: {r['filtered']} "
             f"(Q={r['q']:g}, V={r['v']:g}, mask_mode {r['mask_mode']})"
             + (f"; loss {r['loss']}" if r["loss"] else "")
         )
@@ -610,7 +616,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--examples", type=int, default=d.examples, help="responses in figure1_traces.png (3)")
     p.add_argument("--max-windows", type=int, default=d.max_windows, help="Figure 1 windows per sample (80)")
     p.add_argument(
-        "--off-policy-only", action="store_true", help="leave out rows with all log-ratios exactly 0"
+        "--off-policy-only",
+        action="store_true",
+        help="leave out on-policy rows (dump metadata on_policy=1, else rows with all log-ratios exactly 0)",
     )
     return p
 

@@ -70,11 +70,11 @@ def test_outputs_and_off_policy_ratios(tiny_config):
         torch.testing.assert_close(filtered, expected, rtol=1e-5, atol=1e-7)
         valid = z[mask.bool()]
         if step % 2 == 1:
-            # first mini-batch of a generation batch: on-policy, ratio exactly 1
-            assert valid.abs().max().item() == 0.0
+            # first mini-batch of a generation batch: on-policy, ratio exactly 1, and the dump says so
+            assert valid.abs().max().item() == 0.0 and meta["on_policy"] == "1"
         else:
             # second mini-batch: the policy moved after step 1, so ratios differ from 1
-            assert valid.abs().max().item() > 1e-3
+            assert valid.abs().max().item() > 1e-3 and meta["on_policy"] == "0"
     rows = _rows(out)
     # KPO clips the filtered ratio off-policy (q = v makes the filter follow z closely, past the 4e-4 band)
     assert max(rows[1]["clip_frac"], rows[3]["clip_frac"]) > 0.0

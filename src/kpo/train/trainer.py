@@ -245,12 +245,17 @@ class KPOTrainer(GRPOTrainer):
         from safetensors.torch import save_file
 
         self.ratios_dir.mkdir(parents=True, exist_ok=True)
+        # the first optimizer step of a generation batch updates the policy that sampled it: on-policy, whatever
+        # rounding makes of its log-ratios (kpo analyze --off-policy-only reads this)
+        steps_per_batch = self.args.steps_per_generation // self.current_gradient_accumulation_steps
+        on_policy = (step - 1) % steps_per_batch == 0
         save_file(
             {"log_ratio": log_ratio.contiguous(), "filtered_log_ratio": filtered.contiguous(),
              "mask": mask_u8.contiguous()},
             str(self.ratios_dir / f"step_{step:06d}.safetensors"),
             # every filter setting, so kpo analyze can re-filter exactly as the run did
             metadata={"step": str(step), "loss": self.loss_name, "mask_mode": str(filt["mask_mode"]),
+                      "on_policy": str(int(on_policy)),
                       **{k: repr(float(filt[k])) for k in ("q", "v", "p0", "x0")}},
         )
 
