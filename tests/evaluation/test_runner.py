@@ -225,6 +225,10 @@ def test_train_and_eval_build_the_same_prompt(tiny_model, tmp_path):
     assert tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == (
         runner_mod._build_prompt(row, tok, runner_mod.DEFAULT_PROMPT_TEMPLATE, True)
     )
+    # An empty template means plain text to both (train used to take any non-None template as chat).
+    tok.chat_template = ""
+    assert _load_data(config, tok)[0][0]["prompt"] == train_prompt
+    assert runner_mod._use_chat_template(tok, "auto") is False
 
 
 @pytest.mark.parametrize(

@@ -312,3 +312,9 @@ def format_prompt(problem: str, instruction: str = DEFAULT_INSTRUCTION) -> str:
     on the prompt it was trained on.
     """
     return f"{problem}\n{instruction}" if instruction.strip() else problem
+
+
+def has_chat_template(tokenizer) -> bool:
+    """Whether math prompts for ``tokenizer`` go in its chat template by default (kpo train, kpo eval "auto"): a
+    template that is missing or empty means plain text."""
+    return bool(getattr(tokenizer, "chat_template", None))

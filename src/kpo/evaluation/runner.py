@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kpo.data.math import format_prompt
+from kpo.data.math import format_prompt, has_chat_template
 from kpo.evaluation.metrics import benchmark_metrics
 
 __all__ = ["DEFAULT_PROMPT_TEMPLATE", "GenerationCache", "evaluate", "format_table", "sample_seed"]
@@ -116,7 +116,7 @@ def _resolve_device(device: str) -> str:
 def _use_chat_template(tokenizer, mode: str) -> bool:
     if mode not in _CHAT_MODES:
         raise ValueError(f"chat_template={mode!r}: must be one of {_CHAT_MODES}")
-    has = bool(getattr(tokenizer, "chat_template", None))
+    has = has_chat_template(tokenizer)
     if mode == "on" and not has:
         raise ValueError("chat_template='on' but the tokenizer has no chat template; use 'auto' or 'off'")
     return has and mode != "off"

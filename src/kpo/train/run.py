@@ -90,10 +90,10 @@ def _load_data(config: TrainConfig, tokenizer):
 
         rows = load_split("train", seed=config.seed, task=config.task_config())
         return Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows]), synthetic_reward
-    from kpo.data.math import format_prompt, load_problems
+    from kpo.data.math import format_prompt, has_chat_template, load_problems
 
     problems = load_problems(config.dataset, config.problem_key, config.answer_key)
-    chat = getattr(tokenizer, "chat_template", None) is not None
+    chat = has_chat_template(tokenizer)
     records = []
     for p in problems:
         text = format_prompt(p["problem"], config.instruction)
