@@ -116,7 +116,7 @@ def _check_timeout(timeout_s: float) -> None:
         raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}")
 
 
-def _answer_text(answer: numbers.Real | str, where: str, allowed: str) -> str:
+def answer_text(answer: numbers.Real | str, where: str, allowed: str) -> str:
     """One reference answer as grader text; a number becomes its plain decimal form (27.0 -> "27").
 
     where: how the error names it ("answer", "answer[2]"); allowed: the types the error says it may be.
@@ -144,8 +144,8 @@ def _normalize_answers(answer: str | numbers.Real | Sequence[str | numbers.Real]
     if isinstance(answer, list | tuple):
         if not answer:
             raise ValueError("answer is an empty list; give at least one accepted alternative")
-        return tuple(_answer_text(a, f"answer[{i}]", "a str or a real number") for i, a in enumerate(answer))
-    return (_answer_text(answer, "answer", "a str, a real number or a list of them"),)
+        return tuple(answer_text(a, f"answer[{i}]", "a str or a real number") for i, a in enumerate(answer))
+    return (answer_text(answer, "answer", "a str, a real number or a list of them"),)
 
 
 def _grade_with_alarm(completion: str, answers: tuple[str, ...], timeout_s: float) -> float:

@@ -88,6 +88,8 @@ def _jsonl(tmp_path: Path, rows: list, name: str = "bench.jsonl") -> Path:
             r"row 1 .*must be a string",
         ),
         ([{"problem": "p", "answer": "1"}, [1, 2]], r"row 1 .*expected a JSON object"),
+        # a NaN answer would read as the text "nan" and grade every response 0
+        ([{"problem": "p", "answer": 1.0}, {"problem": "q", "answer": float("nan")}], r"row 1 .*must be finite"),
         ([{"question": "q", "final_answer": "2"}], r"row 0 .*'final_answer' must be a non-empty list"),
         ([{"problem": "p", "solution": "so it is 5"}], r"row 0 .*no complete \\boxed"),
         ([{"question": "q", "answer": "#### 1\n#### 2"}], r"row 0 .*exactly one '#### N'"),
@@ -170,3 +172,4 @@ def test_format_prompt_puts_the_instruction_on_its_own_line():
     assert format_prompt("What is 1+1?") == "What is 1+1?\n" + DEFAULT_INSTRUCTION
     assert format_prompt("What is 1+1?", "Answer in \\boxed{}.") == "What is 1+1?\nAnswer in \\boxed{}."
     assert format_prompt("What is 1+1?", "") == "What is 1+1?"
+    assert format_prompt("What is 1+1?", "Answer in \\boxed{}.\n") == "What is 1+1?\nAnswer in \\boxed{}."

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kpo.rewards import last_boxed
+from kpo.rewards import answer_text, last_boxed
 
 __all__ = ["DEFAULT_INSTRUCTION", "FORMATS", "format_prompt", "load_problems"]
 
@@ -89,16 +89,14 @@ def _text(row: dict, key: str) -> str:
     if key not in row:
         raise _RowError(f"missing field {key!r} (fields present: {sorted(row)})")
     value = row[key]
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise _RowError(
-            f"field {key!r} must be a string or a number, got {type(value).__name__}: {value!r:.80}"
-        )
     if isinstance(value, str):
         if not value.strip():
             raise _RowError(f"field {key!r} is empty")
         return value.strip()
-    # Numbers: 27.0 -> "27" (AMC23 stores integers as floats).
-    return str(int(value)) if float(value).is_integer() else repr(value)
+    try:  # numbers as the grader writes them: 27.0 -> "27" (AMC23 stores integers as floats); NaN is an error
+        return answer_text(value, f"field {key!r}", "a string or a number")
+    except (TypeError, ValueError) as err:
+        raise _RowError(str(err)) from None
 
 
 def _problem_answer(row: dict) -> tuple[str, Any]:
@@ -311,7 +309,8 @@ def format_prompt(problem: str, instruction: str = DEFAULT_INSTRUCTION) -> str:
     The one place this text is built, so a model trained by ``kpo train --dataset`` is evaluated by ``kpo eval``
     on the prompt it was trained on.
     """
-    return f"{problem}\n{instruction}" if instruction.strip() else problem
+    instruction = instruction.strip()  # a YAML block scalar ends in a newline the prompt should not
+    return f"{problem}\n{instruction}" if instruction else problem
 
 
 def has_chat_template(tokenizer) -> bool:
