@@ -157,13 +157,20 @@ def _owned_flag_errors(train_args: tuple[str, ...]) -> list[str]:
     """`--` flags that would override a setting kpo compare makes itself."""
     from kpo.train.config import build_parser
 
-    # kpo train's parser leaves unset flags out of the namespace, so its keys are exactly the flags given.
+    # kpo train's parser leaves unset fields out of the namespace, so its keys are exactly the flags given
+    # (and --config, None when not given).
     given = vars(build_parser("kpo compare -- (kpo train flags)").parse_args(list(train_args)))
-    return [
+    errors = [
         f"-- --{key.replace('_', '-')}: kpo compare sets it for every run; use {COMPARE_OWNED[key]} instead"
         for key in given
         if key in COMPARE_OWNED
     ]
+    if given.get("config") is not None:
+        errors.append(
+            "-- --config: a YAML file could set what kpo compare sets itself (loss_kwargs, max_steps, resume, "
+            "...) unseen; give its settings as -- flags"
+        )
+    return errors
 
 
 def _train_config_errors(cfg: CompareConfig) -> list[str]:
@@ -194,12 +201,15 @@ def _held_out_problems(cfg: CompareConfig, limit: int | None) -> int:
 
 
 def _eval_limit_errors(cfg: CompareConfig) -> list[str]:
+    try:
+        size = _held_out_problems(cfg, None)
+    except ValueError as err:  # a task too small for any test split
+        return [f"held-out evaluation: {err}"]
     if cfg.eval_limit is None:
         return []
     try:
         _held_out_problems(cfg, cfg.eval_limit)
     except ValueError:
-        size = _held_out_problems(cfg, None)
         return [f"--eval-limit={cfg.eval_limit}: more problems than the task's test split can supply; use "
                 f"1..{size} (the default split) or omit it"]  # fmt: skip
     return []
@@ -253,7 +263,8 @@ def _changed_settings(cfg: CompareConfig, run: Run, out: Path, problems: int) ->
 
     saved, now = TrainConfig.from_yaml(out / "config.yaml"), parse_args(_train_argv(cfg, run, out))
     # output_dir says where the run is (spelled as --out was), not how it ran; max_steps ends its trajectory.
-    fields = [k for k in TRAJECTORY_FIELDS if k != "output_dir"] + ["max_steps"]
+    # dump_ratios_every changes no trajectory, but the report analyzes the dumps at the period it records.
+    fields = [k for k in TRAJECTORY_FIELDS if k != "output_dir"] + ["max_steps", "dump_ratios_every"]
     changed = [
         f"{k}: {getattr(saved, k)!r} -> {getattr(now, k)!r}"
         for k in fields

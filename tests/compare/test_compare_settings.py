@@ -53,6 +53,10 @@ def test_quick_mode_shrinks_only_what_is_not_set():
             "-- --max-steps: kpo compare sets it for every run; use --steps instead",
         ),
         (["--", "--n-terms", "1"], "run vanilla-seed0: n_terms/max_value"),
+        # a YAML file could set what compare owns (loss_kwargs, max_steps, resume) unseen
+        (["--", "--config", "run.yaml"], "-- --config: a YAML file could set what kpo compare sets itself"),
+        # sums of two numbers up to 1: too few problems for any test split
+        (["--", "--max-value", "1"], "held-out evaluation: the task"),
     ],
 )
 def test_main_rejects_bad_settings_before_training(tmp_path, capsys, no_training, argv, message):
@@ -121,6 +125,8 @@ def test_a_finished_run_with_its_own_settings_is_reused(compare_config):
         ({"train_args": "--learning-rate 2e-2"}, "learning_rate: 0.01 -> 0.02"),
         ({"eval_n": 3}, "eval_n: 2 -> 3"),
         ({"eval_limit": 1}, "held-out problems: 2 -> 1"),
+        # the report analyzes the ratio dumps at the period compare.json records
+        ({"dump_every": 2}, "dump_ratios_every: 1 -> 2"),
     ],
 )
 def test_a_finished_run_with_other_settings_is_refused(

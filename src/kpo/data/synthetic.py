@@ -131,6 +131,11 @@ def load_split(
     n = min(_DEFAULT_SIZES[split], max(1, available // 2)) if n is None else n
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n={n!r}: must be a positive integer")
+    if available // 2 < 1:
+        raise ValueError(
+            f"the task {asdict(task)} is too small for a {split} split (about {available} problems in it); raise "
+            "max_value or n_terms"
+        )
     if n > available // 2:
         raise ValueError(
             f"n={n} {split} problems requested but the task {asdict(task)} allows at most {available // 2} "
