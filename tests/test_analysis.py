@@ -222,6 +222,12 @@ def test_refiltering_uses_the_dumps_initial_variance_and_state(tmp_path):
     assert res["after"] == pytest.approx(token_dynamics(filt, m, eps_low=3e-4, eps_high=4e-4), rel=1e-12)
     paper = kalman_filter(zt, mt, q=1e-4, v=1.0).numpy()
     assert not np.allclose(filt, paper)
+    # the Q/V sweep starts the filter where the run did too
+    sweep = kalman_filter(zt, mt, q=1e-3, v=1.0, p0=0.5, x0=0.01).numpy()
+    row = res["sweep"]["rows"][0]
+    assert {k: row[k] for k in STAT_KEYS} == pytest.approx(
+        token_dynamics(sweep, m, eps_low=3e-4, eps_high=4e-4), rel=1e-12, nan_ok=True
+    )
     np.savez(tmp_path / "bad.npz", log_ratio=z, mask=m.astype(np.uint8), **{**meta, "p0": np.array("big")})
     with pytest.raises(DumpError, match="p0='big' is not a number"):
         load_dump(tmp_path / "bad.npz")
@@ -238,6 +244,11 @@ def test_on_policy_flag_in_metadata_beats_the_exact_zero_guess(tmp_path):
         np.savez(tmp_path / f"d{flag}.npz", log_ratio=z, mask=m.astype(np.uint8), on_policy=np.array(flag), **base)
         res = compute([load_dump(tmp_path / f"d{flag}.npz")], AnalyzeConfig(sweep_q=(1e-3,))).results
         assert res["inputs"]["on_policy_rows"] == want
+    # an off-policy step whose row happens to have all log-ratios exactly 0 stays off-policy
+    z[0] = 0.0
+    np.savez(tmp_path / "d.npz", log_ratio=z, mask=m.astype(np.uint8), on_policy=np.array("0"), **base)
+    res = compute([load_dump(tmp_path / "d.npz")], AnalyzeConfig(sweep_q=(1e-3,))).results
+    assert res["inputs"]["on_policy_rows"] == 0
     np.savez(tmp_path / "bad.npz", log_ratio=z, mask=m.astype(np.uint8), on_policy=np.array("yes"), **base)
     with pytest.raises(DumpError, match="on_policy='yes' must be 0 or 1"):
         compute([load_dump(tmp_path / "bad.npz")], AnalyzeConfig(sweep_q=(1e-3,)))

@@ -15,8 +15,8 @@ Choices the paper leaves open (the statistics' own choices are in :mod:`kpo.diag
 - "after filtering" uses the dump's ``filtered_log_ratio`` when present, i.e. what training used. Without it, or
   when any of ``--q``/``--v``/``--mask-mode`` is given, the log-ratios are filtered here with
   :func:`kpo.kalman_filter`; each setting comes from the option, else the dump's metadata, else Q = 1e-6, V = 1,
-  mask_mode "skip" (a masked hole is no time step). The sweep uses V = ``--v`` (else 1) and the dumps' common
-  mask_mode (else "skip").
+  mask_mode "skip" (a masked hole is no time step); p0 and x0 come from the metadata, else 0. The sweep uses
+  V = ``--v`` (else 1) and the dumps' common mask_mode (else "skip") and p0, x0 (else 0, 0).
 - the paper uses off-policy samples only. On-policy rows (a dump whose metadata says ``on_policy=1``, as the
   trainer writes for the first optimizer step of a generation batch; without that key, rows whose valid
   log-ratios are all exactly 0) are counted and reported; ``--off-policy-only`` leaves them out as the paper
@@ -295,11 +295,11 @@ def compute(dumps: list[Dump], cfg: AnalyzeConfig) -> Analysis:
         mask_mode = cfg.mask_mode or d.meta.get("mask_mode") or "skip"
         if mask_mode not in MASK_MODES:
             raise DumpError(f"{d.path}: metadata mask_mode={mask_mode!r} is not one of {MASK_MODES}")
+        # the run's own initial variance and state (older dumps lack them: the paper's 0, 0)
+        p0, x0 = (d.meta_float(key) or 0.0 for key in ("p0", "x0"))
         if d.filtered is not None and cfg.q is None and cfg.v is None and cfg.mask_mode is None:
             filtered, source = d.filtered, "dump"
         else:
-            # the run's own initial variance and state (older dumps lack them: the paper's 0, 0)
-            p0, x0 = (d.meta_float(key) or 0.0 for key in ("p0", "x0"))
             filtered, source = _filter(d.log_ratio, d.mask, q, v, mask_mode, p0, x0), "recomputed"
         z, m = d.log_ratio, d.mask
         n = m.sum(axis=1)
@@ -324,6 +324,8 @@ def compute(dumps: list[Dump], cfg: AnalyzeConfig) -> Analysis:
                 "filtered": source,
                 "q": q,
                 "v": v,
+                "p0": p0,
+                "x0": x0,
                 "mask_mode": mask_mode,
                 "loss": d.meta.get("loss"),
             }
@@ -356,9 +358,11 @@ def compute(dumps: list[Dump], cfg: AnalyzeConfig) -> Analysis:
     v_sweep = cfg.v if cfg.v is not None else 1.0
     modes = {r["mask_mode"] for r in rows_meta}
     sweep_mode = cfg.mask_mode or (modes.pop() if len(modes) == 1 else "skip")
-    sweep = {"v": v_sweep, "mask_mode": sweep_mode, "rows": []}
+    starts = {(r["p0"], r["x0"]) for r in rows_meta}  # the dumps' common p0, x0, else the paper's 0, 0
+    p0, x0 = starts.pop() if len(starts) == 1 else (0.0, 0.0)
+    sweep = {"v": v_sweep, "mask_mode": sweep_mode, "p0": p0, "x0": x0, "rows": []}
     for q in tqdm(cfg.sweep_q, desc="Q/V sweep"):
-        stats = _stats(_filter(z, m, q, v_sweep, sweep_mode), m, cfg, band=True)[0]
+        stats = _stats(_filter(z, m, q, v_sweep, sweep_mode, p0, x0), m, cfg, band=True)[0]
         sweep["rows"].append({"q": q, "q_over_v": q / v_sweep, **stats})
 
     qs = sorted({r["q"] for r in rows_meta})
