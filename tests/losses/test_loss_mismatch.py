@@ -81,14 +81,21 @@ def test_token_rejection_equals_the_loss_without_that_token(name):
     kept = mask.clone()
     kept[0, 2] = False
     results = []
-    for kw, m in (({"rollout_log_prob": rollout, "rollout_rs": "token"}, mask), ({}, kept)):
+    # precomputed weights of 0 (TRL's *_mask modes) reject the same way
+    zero_weight = torch.where(kept, 1.0, 0.0).to(torch.float64)
+    for kw, m in (
+        ({"rollout_log_prob": rollout, "rollout_rs": "token"}, mask),
+        ({"rollout_is_weights": zero_weight}, mask),
+        ({}, kept),
+    ):
         lp = lp0.clone().requires_grad_()
         loss, _ = policy_loss(name, lp, old, adv, m, **kw)
         (grad,) = torch.autograd.grad(loss, lp)
         results.append((loss.detach(), grad))
     # rtol 1e-9: GMPO/HolderPO take the geometric mean of the kept weights (all 1) as verl does, log(w + 1e-10)
-    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-9, atol=1e-14)
-    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-9, atol=1e-14)
+    for loss, grad in results[:2]:
+        torch.testing.assert_close(loss, results[2][0], rtol=1e-9, atol=1e-14)
+        torch.testing.assert_close(grad, results[2][1], rtol=1e-9, atol=1e-14)
 
 
 def test_sequence_mis_with_token_tis():

@@ -187,3 +187,23 @@ def test_gradient_accumulation_matches_whole_mini_batch(tiny_config):
     for a, b in zip(whole, split):
         for key in ("reward_mean", "pg_loss", "ppo_kl", "clip_frac", "entropy", "grad_norm", "ratio_max"):
             assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-5), (a["step"], key)
+
+
+def test_dr_grpo_divides_by_the_longest_allowed_response(tiny_config, monkeypatch):
+    """seq-mean-token-sum-norm's constant is max_completion_length for every batch, not the batch's padded width
+    (which changes from batch to batch and with GPU padding)."""
+    import kpo.train.trainer as trainer_mod
+    from kpo.train import run_training
+
+    real, seen = trainer_mod.policy_loss, []
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("loss_scale_factor"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_mod, "policy_loss", spy)
+    config = tiny_config(
+        "drgrpo", loss="vanilla", loss_agg_mode="seq-mean-token-sum-norm", max_steps=2, max_completion_length=9
+    )
+    run_training(config)
+    assert seen and set(seen) == {9}

@@ -16,7 +16,7 @@ Keywords every loss accepts (besides its own):
 - train/inference mismatch (see ``kpo.losses.mismatch``): ``rollout_is``, ``rollout_is_threshold``,
   ``rollout_rs``, ``rollout_rs_threshold``, ``rollout_rs_threshold_lower`` (used with ``rollout_log_prob``; a
   rejected token leaves the mask, as in verl), or precomputed detached weights ``rollout_is_weights`` [B, T]
-  (what verl passes; >= 0). The weights multiply the per-token loss; GMPO and HolderPO multiply their per-sequence loss by the geometric mean of the row's weights
+  (what verl passes; >= 0, and a token of weight 0 counts as rejected). The weights multiply the per-token loss; GMPO and HolderPO multiply their per-sequence loss by the geometric mean of the row's weights
   (as verl's geo_mean); VESPO folds them into its sequence weight (as its authors).
 
 Metrics (plain floats): ``pg_loss``; ``pg_clipfrac`` (valid tokens whose clipped branch is active);
@@ -231,6 +231,9 @@ def policy_loss(
         )
     if weights is not None:
         weights = weights.detach().to(lp.dtype)
+        # a zero weight is a rejected token (TRL's *_mask importance-sampling modes): it leaves the mask, as
+        # rollout_rs does
+        m = m & (weights > 0)
 
     batch = LossBatch(lp, olp, adv, m, weights if spec.is_weights == "consumed" else None)
     terms = spec.fn(batch, **hparams)

@@ -48,7 +48,7 @@ def rollout_correction(
     rollout_rs: str | None = None,
     rollout_rs_threshold: float = 2.0,
     rollout_rs_threshold_lower: float | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """(detached per-token weights [B, T], kept-token mask [B, T] bool, metrics as 0-dim tensors) from trainer and
     rollout log-probs. The kept mask is ``mask`` less the rejected tokens (``mask`` itself without rejection)."""
     if rollout_is is None and rollout_rs is None:

@@ -201,6 +201,9 @@ class KPOTrainer(GRPOTrainer):
                 "global_num_seqs": inputs["kpo_global_num_seqs"],
                 "global_num_tokens": inputs["kpo_global_num_tokens"],
                 "dp_size": self.accelerator.num_processes,
+                # Dr. GRPO's constant (seq-mean-token-sum-norm; the other modes ignore it): the longest allowed
+                # response, not this batch's padded width, which varies per batch and with GPU padding
+                "loss_scale_factor": self.max_completion_length,
             }
         loss, metrics = policy_loss(
             self.loss_name, log_prob, old_log_prob, inputs["advantages"], mask,
