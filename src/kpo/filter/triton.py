@@ -213,7 +213,7 @@ def _backward_kernel(
     row = tl.program_id(0).to(tl.int64)
     base = row * T
     idx = tl.arange(0, BLOCK)
-    u = tl.zeros([1], tl.float64).sum(axis=0)
+    u = tl.sum(tl.zeros([1], tl.float64), axis=0)
     if MODE == SKIP:
         cnt_hi = tl.load(count_ptr + row)  # valid tokens at or before the current tile's last position
     # tiles [lo, lo + BLOCK) from the row's end down; element j of a tile is position lo + BLOCK - 1 - j, so
