@@ -51,7 +51,7 @@ def main() -> int:
         out / "pytest_cuda.log",
         180,
     )  # fmt: skip
-    run([py, __file__, "--sweep"], out / "sweep_cuda.log", 240)
+    run([py, __file__, "--sweep"], out / "sweep_cuda.log", 180)  # the steps total < 9 min: run's 600 s limit
     return 0
 
 
