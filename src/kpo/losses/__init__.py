@@ -14,10 +14,11 @@ Keywords every loss accepts (besides its own):
   ``dp_size``, ``loss_scale_factor``) under kpo names: the loss is ``local_sum / global_count * dp_size``, so the
   sum of the losses of the pieces of a split mini-batch equals the loss of the unsplit one.
 - train/inference mismatch (see ``kpo.losses.mismatch``): ``rollout_is``, ``rollout_is_threshold``,
-  ``rollout_rs``, ``rollout_rs_threshold``, ``rollout_rs_threshold_lower`` (used with ``rollout_log_prob``; a
-  rejected token leaves the mask, as in verl), or precomputed detached weights ``rollout_is_weights`` [B, T]
-  (what verl passes; >= 0, and a token of weight 0 counts as rejected). The weights multiply the per-token loss; GMPO and HolderPO multiply their per-sequence loss by the geometric mean of the row's weights
-  (as verl's geo_mean); VESPO folds them into its sequence weight (as its authors).
+  ``rollout_rs``, ``rollout_rs_threshold``, ``rollout_rs_threshold_lower`` (used with ``rollout_log_prob``), or
+  precomputed detached weights ``rollout_is_weights`` [B, T] (what verl passes; >= 0). A token of weight 0 is
+  rejected: it leaves the mask, as in verl. The weights multiply the per-token loss; GMPO and HolderPO multiply
+  their per-sequence loss by the geometric mean of the row's weights (as verl's geo_mean); VESPO folds them into
+  its sequence weight (as its authors).
 
 Metrics (plain floats): ``pg_loss``; ``pg_clipfrac`` (valid tokens whose clipped branch is active);
 ``pg_clipfrac_lower`` (dual-clip fraction; GMPO: log-clip hits with A < 0); ``ppo_kl`` = mean(old - new
@@ -223,7 +224,7 @@ def policy_loss(
     if rollout_log_prob is not None:
         if weights is not None:
             raise ValueError("pass rollout_log_prob or precomputed rollout_is_weights, not both")
-        weights, m, rc_metrics = rollout_correction(olp, rollout_log_prob.to(lp.dtype), m, **mismatch_kw)
+        weights, rc_metrics = rollout_correction(olp, rollout_log_prob.to(lp.dtype), m, **mismatch_kw)
         metrics.update(rc_metrics)
     elif mismatch_kw:
         raise ValueError(
@@ -231,8 +232,8 @@ def policy_loss(
         )
     if weights is not None:
         weights = weights.detach().to(lp.dtype)
-        # a zero weight is a rejected token (TRL's *_mask importance-sampling modes): it leaves the mask, as
-        # rollout_rs does
+        # a zero weight is a rejected token (rollout_rs, TRL's *_mask importance-sampling modes): it leaves
+        # the mask, as verl's rejection does
         m = m & (weights > 0)
 
     batch = LossBatch(lp, olp, adv, m, weights if spec.is_weights == "consumed" else None)

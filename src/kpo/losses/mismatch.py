@@ -7,10 +7,11 @@ With l_t = old_log_prob_t - rollout_log_prob_t (trainer vs rollout engine, verl'
   Yao et al.; verl's default). ``None``: no IS weight (w = 1).
 - ``rollout_rs`` (MIS, rejection): ``"token"`` drops a token, ``"sequence"`` a whole row, whose ratio (token or
   sequence, as above) lies above ``rollout_rs_threshold`` (2.0) or below ``rollout_rs_threshold_lower`` (None =
-  no lower bound; Liu & Li's MIS masks only from above). A dropped token leaves the response mask, as in verl:
-  it counts in no denominator, a sequence-level loss (GMPO, HolderPO, VESPO) forms its row ratio without it,
-  and KPO's filter treats it as a hole. Global token/sequence counts passed with it must count kept tokens only
-  (verl computes them after rejection).
+  no lower bound; Liu & Li's MIS masks only from above). A dropped token gets weight 0, and ``policy_loss``
+  takes a token of weight 0 out of the response mask, as verl does with rejected tokens: it counts in no local
+  denominator, a sequence-level loss (GMPO, HolderPO, VESPO) forms its row ratio without it, and KPO's filter
+  treats it as a hole. Global token/sequence counts, when given, are the denominators as passed (verl counts
+  kept tokens only).
 
 When ``rollout_log_prob`` is given and neither option is set, token-level TIS is used. The weights are detached
 and 0 on padding.
@@ -48,9 +49,9 @@ def rollout_correction(
     rollout_rs: str | None = None,
     rollout_rs_threshold: float = 2.0,
     rollout_rs_threshold_lower: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """(detached per-token weights [B, T], kept-token mask [B, T] bool, metrics as 0-dim tensors) from trainer and
-    rollout log-probs. The kept mask is ``mask`` less the rejected tokens (``mask`` itself without rejection)."""
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Detached per-token weights [B, T] (0 on padding and rejected tokens, > 0 elsewhere) and their metrics
+    (0-dim tensors) from trainer and rollout log-probs."""
     if rollout_is is None and rollout_rs is None:
         rollout_is = "token"
     for key, level in (("rollout_is", rollout_is), ("rollout_rs", rollout_rs)):
@@ -85,7 +86,7 @@ def rollout_correction(
     n = kept.sum().clamp(min=1).to(weights.dtype)
     metrics["rollout_is_mean"] = weights.sum() / n
     metrics["rollout_is_max"] = weights.max() if kept.any() else torch.zeros(())
-    return weights.detach(), kept, metrics
+    return weights.detach(), metrics
 
 
 __all__ = ["LEVELS", "MISMATCH_KEYS", "rollout_correction"]
