@@ -250,9 +250,7 @@ def write_synthetic(folder: str | Path, *, seed: int = 0, samples: int = 64, len
 # ----------------------------------------------------------------------------------------------- analysis
 
 
-def _filter(
-    z: np.ndarray, m: np.ndarray, q: float, v: float, mask_mode: str, p0: float = 0.0, x0: float = 0.0
-) -> np.ndarray:
+def _filter(z: np.ndarray, m: np.ndarray, q: float, v: float, mask_mode: str, p0: float, x0: float) -> np.ndarray:
     import torch
 
     from kpo import kalman_filter
