@@ -88,6 +88,17 @@ def test_vanilla(mode, use_weights):
     )
 
 
+def test_vanilla_metrics_with_log_ratios_beyond_20():
+    # verl clamps log r to +-20 before its ratio and ppo_kl: tokens at +25 and -30 enter ppo_kl as -20 and +20.
+    lp, old, adv, mask, _ = _batch(0)
+    lp[1, 0], lp[2, 0] = old[1, 0] + 25.0, old[2, 0] - 30.0
+    hp = {"clip_ratio": 0.2}
+    _compare(
+        _verl("vanilla", lp, old, adv, mask, "token-mean", _config(**hp), None),
+        _kpo("vanilla", lp, old, adv, mask, "token-mean", None, **hp),
+    )
+
+
 @pytest.mark.parametrize("mode", ["seq-mean-token-mean", "token-mean"])
 def test_gspo(mode):
     lp, old, adv, mask, w = _batch(1, scale=0.05)

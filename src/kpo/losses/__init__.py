@@ -22,7 +22,8 @@ Keywords every loss accepts (besides its own):
 
 Metrics (plain floats): ``pg_loss``; ``pg_clipfrac`` (valid tokens whose clipped branch is active);
 ``pg_clipfrac_lower`` (dual-clip fraction; GMPO: log-clip hits with A < 0); ``ppo_kl`` = mean(old - new
-log-prob); ``ratio_mean/min/max`` of the token ratio exp(log_prob - old_log_prob) over valid tokens; per loss:
+log-prob) and ``ratio_mean/min/max`` of the token ratio exp(log_prob - old_log_prob) over valid tokens, both with
+the log-ratio clamped at +-20 as verl's; per loss:
 ``filtered_ratio_mean/min/max`` (KPO: exp of the filtered log-ratio), ``seq_ratio_mean/min/max`` (sequence
 ratio of GSPO, GMPO, HolderPO, VESPO over non-empty rows); with mismatch correction ``rollout_is_mean/max``
 and ``rollout_rs_masked_fraction``.
@@ -251,8 +252,9 @@ def policy_loss(
             seq_loss = seq_loss * torch.exp(log_w.sum(dim=-1) / batch.lengths.clamp(min=1))
         loss = aggregate_sequences(seq_loss, m, **global_kw)
 
-    log_ratio = (lp - olp).detach()
-    ratio = torch.exp(log_ratio.clamp(-20.0, 20.0))
+    # clamped at +-20 as verl does before its ratio and ppo_kl metrics
+    log_ratio = (lp - olp).detach().clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)
     valid = m.any()
     metrics |= {
         "pg_loss": loss.detach(),
