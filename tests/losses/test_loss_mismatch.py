@@ -107,6 +107,45 @@ def test_sequence_mis_with_token_tis():
     assert _vanilla(lp, old, adv, mask, **kw, rollout_rs_threshold=1.4)[0] == 0.0
 
 
+def test_geo_rs_rejects_a_row_by_its_mean_log_ratio():
+    # Geo-RS (verl's seq_mean_k1, "0.999_1.001"): keep a row when log 0.999 <= mean_t(-l_t) <= log 1.001,
+    # l = log pi_old/pi_rollout; log 0.999 = -1.0005e-3.
+    # Ratios [1.0004, 1.0004]: mean(-l) = -4.0e-4: kept, token-mean loss -A r = -1.
+    # Ratios [1.003, 0.9995]: mean(-l) = -(2.9955e-3 - 5.001e-4) / 2 = -1.2477e-3 < -1.0005e-3: rejected, though
+    # each token alone lies within 0.3% of 1; nothing is left, so the loss is 0.
+    kw = {"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.999_1.001"}
+    for ratios, want_loss, want_fraction in (([1.0004, 1.0004], -1.0, 0.0), ([1.003, 0.9995], 0.0, 1.0)):
+        lp, old, adv, mask, rollout = _on_policy(ratios)
+        loss, _, m = _vanilla(lp, old, adv, mask, rollout_log_prob=rollout, **kw)
+        assert loss == pytest.approx(want_loss) and m["rollout_rs_masked_fraction"] == want_fraction
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        (
+            {"rollout_rs": "seq_mean_k4", "rollout_rs_threshold": "0.01"},
+            r"unknown option\(s\) \['seq_mean_k4'\]",
+        ),
+        ({"rollout_rs": "seq_mean_k3"}, "needs rollout_rs_threshold"),
+        (
+            {"rollout_rs": "token_k1", "rollout_rs_threshold": 2.0, "rollout_rs_threshold_lower": 0.5},
+            "no rollout_rs_threshold_lower",
+        ),
+        ({"rollout_rs": "token_k2,seq_max_k3", "rollout_rs_threshold": "1,2,3"}, "gives 3 thresholds for 2"),
+        ({"rollout_rs": "token_k3", "rollout_rs_threshold": "0.5_2.0"}, "must be one positive upper bound"),
+        ({"rollout_rs": "token_k1", "rollout_rs_threshold": "lo_hi"}, "is not a number"),
+        ({"rollout_rs": "seq_sum_k1", "rollout_rs_threshold": "2.0_0.5"}, "lower > upper"),
+        ({"rollout_rs": "token", "rollout_rs_threshold": "0.5_2.0"}, "needs rollout_rs_threshold > 0"),
+        ({"rollout_rs_threshold": 2.0}, "need rollout_rs"),
+    ],
+)
+def test_bad_rejection_settings_name_the_fix(kw, message):
+    lp, old, adv, mask, rollout = _on_policy([1.0, 1.0])
+    with pytest.raises(ValueError, match=message):
+        policy_loss("vanilla", lp, old, adv, mask, rollout_log_prob=rollout, **kw)
+
+
 def test_precomputed_weights_and_errors():
     lp, old, adv, mask, rollout = _on_policy([3.0, 0.5])
     w = torch.tensor([[2.0, 0.5]], dtype=torch.float64)

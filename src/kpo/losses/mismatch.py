@@ -7,7 +7,14 @@ With l_t = old_log_prob_t - rollout_log_prob_t (trainer vs rollout engine, verl'
   Yao et al.; verl's default). ``None``: no IS weight (w = 1).
 - ``rollout_rs`` (MIS, rejection): ``"token"`` drops a token, ``"sequence"`` a whole row, whose ratio (token or
   sequence, as above) lies above ``rollout_rs_threshold`` (2.0) or below ``rollout_rs_threshold_lower`` (None =
-  no lower bound; Liu & Li's MIS masks only from above). A dropped token gets weight 0, and ``policy_loss``
+  no lower bound; Liu & Li's MIS masks only from above). Or verl's divergence options (``DIVERGENCE_OPTIONS``,
+  comma-separated; a token is kept when it passes all of them), with verl's threshold spec and semantics:
+  per token k1 = -l, k2 = l^2 / 2, k3 = e^l - 1 - l (l clamped at +-20); ``token_k*`` per token, ``seq_sum_k*``,
+  ``seq_mean_k*``, ``seq_max_k*`` per row over its valid tokens. ``rollout_rs_threshold`` is one spec for all
+  options or one per option, comma-separated: an upper bound, and for k1 ``"lower_upper"`` ratio bounds
+  applied in log space to k1 (a single number u means ``1/u_u``). Presets (METHODS.md): Geo-RS
+  ``rollout_rs="seq_mean_k1", rollout_rs_threshold="0.999_1.001"``; K3-RS ``"seq_mean_k3"`` with 0.01; Seq-MIS
+  ``"seq_sum_k1"`` with ``"0.5_2.0"``. A dropped token gets weight 0, and ``policy_loss``
   takes a token of weight 0 out of the response mask, as verl does with rejected tokens: it counts in no local
   denominator, a sequence-level loss (GMPO, HolderPO, VESPO) forms its row ratio without it, and KPO's filter
   treats it as a hole. Global token/sequence counts, when given, are the denominators as passed (verl counts
@@ -19,6 +26,8 @@ and 0 on padding.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 MISMATCH_KEYS = (
@@ -29,6 +38,13 @@ MISMATCH_KEYS = (
     "rollout_rs_threshold_lower",
 )
 LEVELS = ("token", "sequence")
+DIVERGENCE_OPTIONS = (
+    *(f"token_k{k}" for k in (1, 2, 3)),
+    *(f"seq_sum_k{k}" for k in (1, 2, 3)),
+    *(f"seq_mean_k{k}" for k in (1, 2, 3)),
+    "seq_max_k2",
+    "seq_max_k3",
+)
 _BOUND = 20.0
 
 
@@ -39,6 +55,85 @@ def _log_ratio(level: str, log_ratio: torch.Tensor, mask: torch.Tensor) -> torch
     return seq.expand_as(log_ratio)
 
 
+def _divergence_bounds(options: list[str], spec: float | str) -> list[tuple[float, float]]:
+    """(lower, upper) bounds on each option's statistic from verl's threshold spec (k1: log-ratio bounds;
+    k2/k3: upper only, lower -inf)."""
+    parts = [p.strip() for p in spec.split(",") if p.strip()] if isinstance(spec, str) else [str(spec)]
+    if len(parts) not in (1, len(options)):
+        raise ValueError(
+            f"rollout_rs_threshold={spec!r} gives {len(parts)} thresholds for {len(options)} rollout_rs options; "
+            "give one shared threshold or one per option, comma-separated"
+        )
+    bounds = []
+    for option, part in zip(options, parts * len(options) if len(parts) == 1 else parts):
+        try:
+            values = [float(x) for x in part.split("_")]
+        except ValueError:
+            raise ValueError(f"rollout_rs_threshold {part!r} for {option!r} is not a number") from None
+        k1 = option.endswith("k1")
+        if len(values) > (2 if k1 else 1) or not all(x > 0 and math.isfinite(x) for x in values):
+            form = "an upper ratio bound u or 'lower_upper'" if k1 else "one positive upper bound"
+            raise ValueError(f"rollout_rs_threshold {part!r} for {option!r} must be {form}")
+        if not k1:
+            bounds.append((-math.inf, values[0]))
+            continue
+        lower, upper = values if len(values) == 2 else (1.0 / values[0], values[0])
+        if lower > upper:
+            raise ValueError(f"rollout_rs_threshold {part!r} for {option!r} has lower > upper")
+        bounds.append((math.log(lower), math.log(upper)))
+    return bounds
+
+
+def _divergence_statistic(option: str, log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """verl's rejection statistic: [B, T] for ``token_*``, [B, 1] per row otherwise (0 for an empty row's max)."""
+    level, kind = option.rsplit("_", 1)
+    lr = log_ratio.clamp(-_BOUND, _BOUND)
+    d = {"k1": -lr, "k2": 0.5 * lr**2, "k3": torch.expm1(lr) - lr}[kind]
+    if level == "token":
+        return d
+    if level == "seq_max":
+        top = d.masked_fill(~mask, -math.inf).amax(dim=-1, keepdim=True)
+        return torch.where(mask.any(dim=-1, keepdim=True), top, torch.zeros_like(top))
+    total = (d * mask).sum(dim=-1, keepdim=True)
+    return total if level == "seq_sum" else total / (mask.sum(dim=-1, keepdim=True) + 1e-8)  # verl's mean
+
+
+def _rejection_keep(
+    rollout_rs: str, threshold: float | str | None, lower: float | None, log_ratio, mask
+) -> torch.Tensor:
+    """[B, T] bool: tokens kept by ``rollout_rs`` (kpo's ratio bounds or verl's divergence options)."""
+    if rollout_rs in LEVELS:
+        threshold = 2.0 if threshold is None else threshold
+        if isinstance(threshold, str) or not threshold > 0:
+            raise ValueError(
+                f"rollout_rs={rollout_rs!r} needs rollout_rs_threshold > 0 (an upper ratio bound), got {threshold!r}"
+            )
+        if lower is not None and not 0 <= lower <= threshold:
+            raise ValueError(
+                f"rollout_rs_threshold_lower must lie in [0, rollout_rs_threshold={threshold}], got {lower!r}"
+            )
+        ratio = torch.exp(_log_ratio(rollout_rs, log_ratio, mask))
+        keep = ratio <= threshold
+        return keep & (ratio >= lower) if lower is not None else keep
+    options = list(dict.fromkeys(o.strip() for o in rollout_rs.split(",") if o.strip()))
+    unknown = [o for o in options if o not in DIVERGENCE_OPTIONS]
+    if unknown or not options:
+        raise ValueError(
+            f"rollout_rs={rollout_rs!r}: unknown option(s) {unknown}; use one of {LEVELS}, or verl's "
+            f"{', '.join(DIVERGENCE_OPTIONS)} (comma-separated to combine)"
+        )
+    if threshold is None or lower is not None:
+        raise ValueError(
+            f"rollout_rs={rollout_rs!r} needs rollout_rs_threshold (verl's spec, e.g. '0.999_1.001' for "
+            "seq_mean_k1) and no rollout_rs_threshold_lower (k1 bounds are 'lower_upper')"
+        )
+    keep = torch.ones_like(mask)
+    for option, (lo, hi) in zip(options, _divergence_bounds(options, threshold)):
+        stat = _divergence_statistic(option, log_ratio, mask)
+        keep = keep & (stat >= lo) & (stat <= hi)
+    return keep
+
+
 def rollout_correction(
     old_log_prob: torch.Tensor,
     rollout_log_prob: torch.Tensor,
@@ -47,25 +142,20 @@ def rollout_correction(
     rollout_is: str | None = None,
     rollout_is_threshold: float = 2.0,
     rollout_rs: str | None = None,
-    rollout_rs_threshold: float = 2.0,
+    rollout_rs_threshold: float | str | None = None,
     rollout_rs_threshold_lower: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Detached per-token weights [B, T] (0 on padding and rejected tokens, > 0 elsewhere) and their metrics
-    (0-dim tensors) from trainer and rollout log-probs."""
+    (0-dim tensors) from trainer and rollout log-probs. ``rollout_rs_threshold`` None: 2.0 for ``"token"`` and
+    ``"sequence"``; verl's options need it given."""
     if rollout_is is None and rollout_rs is None:
         rollout_is = "token"
-    for key, level in (("rollout_is", rollout_is), ("rollout_rs", rollout_rs)):
-        if level is not None and level not in LEVELS:
-            raise ValueError(f"{key} must be one of {LEVELS} or None, got {level!r}")
-    if not rollout_is_threshold > 0 or not rollout_rs_threshold > 0:
-        raise ValueError(
-            f"rollout_is_threshold and rollout_rs_threshold must be > 0, got {rollout_is_threshold!r}, {rollout_rs_threshold!r}"
-        )
-    if rollout_rs_threshold_lower is not None and not 0 <= rollout_rs_threshold_lower <= rollout_rs_threshold:
-        raise ValueError(
-            f"rollout_rs_threshold_lower must lie in [0, rollout_rs_threshold={rollout_rs_threshold}], "
-            f"got {rollout_rs_threshold_lower!r}"
-        )
+    if rollout_is is not None and rollout_is not in LEVELS:
+        raise ValueError(f"rollout_is must be one of {LEVELS} or None, got {rollout_is!r}")
+    if rollout_rs is not None and not isinstance(rollout_rs, str):
+        raise ValueError(f"rollout_rs must be a string or None, got {rollout_rs!r}")
+    if not rollout_is_threshold > 0:
+        raise ValueError(f"rollout_is_threshold must be > 0, got {rollout_is_threshold!r}")
     m = mask.to(torch.bool)
     kept = m
     log_ratio = (old_log_prob - rollout_log_prob).detach()
@@ -75,13 +165,12 @@ def rollout_correction(
     if rollout_is is not None:
         weights = torch.exp(_log_ratio(rollout_is, log_ratio, m)).clamp(max=rollout_is_threshold)
     if rollout_rs is not None:
-        ratio = torch.exp(_log_ratio(rollout_rs, log_ratio, m))
-        keep = ratio <= rollout_rs_threshold
-        if rollout_rs_threshold_lower is not None:
-            keep &= ratio >= rollout_rs_threshold_lower
+        keep = _rejection_keep(rollout_rs, rollout_rs_threshold, rollout_rs_threshold_lower, log_ratio, m)
         kept = m & keep
         dropped = (~keep & m).sum().to(weights.dtype)
         metrics["rollout_rs_masked_fraction"] = dropped / m.sum().clamp(min=1).to(weights.dtype)
+    elif rollout_rs_threshold is not None or rollout_rs_threshold_lower is not None:
+        raise ValueError("rollout_rs_threshold and rollout_rs_threshold_lower need rollout_rs")
     weights = torch.where(kept, weights, torch.zeros_like(weights))
     n = kept.sum().clamp(min=1).to(weights.dtype)
     metrics["rollout_is_mean"] = weights.sum() / n
@@ -89,4 +178,4 @@ def rollout_correction(
     return weights.detach(), metrics
 
 
-__all__ = ["LEVELS", "MISMATCH_KEYS", "rollout_correction"]
+__all__ = ["DIVERGENCE_OPTIONS", "LEVELS", "MISMATCH_KEYS", "rollout_correction"]
