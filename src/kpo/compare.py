@@ -28,6 +28,8 @@ __all__ = ["CompareConfig", "CompareError", "Run", "plan_runs", "sweep_runs", "r
 
 DEFAULT_METHODS = ("vanilla", "gspo", "gmpo", "kpo", "kpo_unclipped")
 SWEEP_Q = (1e-6, 1e-4, 1e-2)  # the paper's Figure 4 values of Q (V = 1)
+EVAL_N = 8  # samples per held-out problem
+QUICK = {"steps": 120, "sweep_seeds": 1, "eval_n": 4}  # what --quick sets where the option is not given
 # `kpo train` fields that kpo compare sets from its own options (or its run plan); a `--` flag for one of them
 # would override compare's value after compare.json recorded it.
 COMPARE_OWNED = {"loss": "--methods", "seed": "--seeds", "output_dir": "--out", "max_steps": "--steps",
@@ -51,11 +53,11 @@ class CompareConfig:
     out: str = "runs/compare"
     methods: tuple[str, ...] = DEFAULT_METHODS
     seeds: int = 3
-    steps: int | None = None  # optimizer steps per run; None = kpo train's default (quick: 120)
+    steps: int | None = None  # optimizer steps per run; None = kpo train's default (quick: QUICK)
     minibatches: int = 4  # optimizer steps per generation batch (3 of 4 off-policy in the paper)
     sweep_q: tuple[float, ...] = SWEEP_Q  # KPO's Q/V sweep (Figure 4); empty = no sweep
-    sweep_seeds: int | None = None  # seeds of the sweep runs; None = all seeds (quick: 1)
-    eval_n: int | None = None  # samples per held-out problem; None = 8 (quick: 4)
+    sweep_seeds: int | None = None  # seeds of the sweep runs; None = all seeds (quick: QUICK)
+    eval_n: int | None = None  # samples per held-out problem; None = EVAL_N (quick: QUICK)
     eval_limit: int | None = None  # held-out problems; None = the task's default test split
     dump_every: int = 5  # ratio dumps every N optimizer steps (analysis input)
     jobs: int | None = None  # parallel runs; None = CPU count
@@ -64,10 +66,11 @@ class CompareConfig:
 
     def __post_init__(self) -> None:
         if self.quick:
-            self.steps = 120 if self.steps is None else self.steps
-            self.sweep_seeds = 1 if self.sweep_seeds is None else self.sweep_seeds
+            for name, value in QUICK.items():
+                if getattr(self, name) is None:
+                    setattr(self, name, value)
         if self.eval_n is None:
-            self.eval_n = 4 if self.quick else 8
+            self.eval_n = EVAL_N
 
     def validate(self) -> CompareConfig:
         """Check every setting before anything trains, and name each loss by its canonical name (``grpo`` ->
@@ -150,7 +153,35 @@ def _range_errors(cfg: CompareConfig) -> list[str]:
         allowed = f"an integer in 1..{hi}" if hi is not None else "an integer >= 1"
         omit = f" (or omit it for {default[name]})" if name in default else ""
         errors.append(f"--{name.replace('_', '-')}={value}: must be {allowed}{omit}")
+    if not {e.split("=")[0] for e in errors} & {"--steps", "--minibatches", "--dump-every"}:
+        errors += _dump_period_errors(cfg)
     return errors
+
+
+def _has_analyzed_dump(steps: int, every: int, minibatches: int) -> bool:
+    """Whether dumping every ``every`` optimizer steps of a ``steps``-step run dumps a step Table 2 analyzes: an
+    off-policy one (not the first step of a generation batch of ``minibatches`` steps), or any step when
+    ``minibatches`` = 1 (no step is off-policy; Table 2 then says so)."""
+    return any(minibatches == 1 or (s - 1) % minibatches for s in range(every, steps + 1, every))
+
+
+def _dump_period_errors(cfg: CompareConfig) -> list[str]:
+    """--dump-every that dumps no step Table 2 can analyze within --steps (its settings are in range)."""
+    steps, every, m = cfg.steps or _default_steps(), cfg.dump_every, cfg.minibatches
+    # steps < minibatches: no off-policy step at all, and kpo train's check (steps a multiple of it) says so
+    if steps < m or _has_analyzed_dump(steps, every, m):
+        return []
+    # the longest period up to the asked one that works (p = minibatches always does, as steps >= it)
+    fix = next(p for p in range(min(every, steps), 0, -1) if _has_analyzed_dump(steps, p, m))
+    steps_text = f"--steps={steps}" + (" (kpo train's default)" if cfg.steps is None else "")
+    if every > steps:
+        problem = f"is longer than {steps_text}: no ratio dump would be written, so Table 2 would be empty"
+    else:  # one dump only: steps s and 2s are not both 1 more than a multiple of m > 1, so 2s would be analyzed
+        problem = (
+            f"with {steps_text} dumps only step {every}, the first (on-policy) step of a generation batch of "
+            f"--minibatches={m}; Table 2 analyzes off-policy steps"
+        )
+    return [f"--dump-every={every} {problem}: use --dump-every={fix} (or more --steps)"]
 
 
 def _owned_flag_errors(train_args: tuple[str, ...]) -> list[str]:
@@ -377,39 +408,64 @@ def _sweep_q(text: str) -> tuple[float, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line; each option's help states its default once (settings left unset are resolved by
+    :class:`CompareConfig`, so their help says what they resolve to)."""
     d = CompareConfig()
     p = argparse.ArgumentParser(
         prog="kpo compare",
         description="Train every method with every seed on the embedded task under the paper's off-policy "
         "protocol, evaluate, analyze, and write one report. Finished runs are reused.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--out", default=d.out, help="Report and run directory.")
-    p.add_argument("--methods", default=",".join(d.methods), help="Comma-separated loss names.")
-    p.add_argument("--seeds", type=int, default=d.seeds, help="Seeds per method.")
-    p.add_argument("--steps", type=int, default=None, help="Optimizer steps per run (default: kpo train's).")
+    p.add_argument("--out", default=d.out, help="Report and run directory (default: %(default)s).")
+    p.add_argument(
+        "--methods", default=",".join(d.methods), help="Comma-separated loss names (default: %(default)s)."
+    )
+    p.add_argument("--seeds", type=int, default=d.seeds, help="Seeds per method (default: %(default)s).")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"Optimizer steps per run (default: {_default_steps()}, kpo train's; --quick: {QUICK['steps']}).",
+    )
     p.add_argument(
         "--minibatches",
         type=int,
         default=d.minibatches,
-        help="Optimizer steps per generation batch: more = more off-policy updates.",
-    )
-    p.add_argument("--sweep-q", type=_sweep_q, default=d.sweep_q, help="KPO Q values (V = 1); '' = no sweep.")
-    p.add_argument("--sweep-seeds", type=int, default=None, help="Seeds of the Q/V sweep (default: all).")
-    p.add_argument(
-        "--eval-n", type=int, default=None, help="Samples per held-out problem (default: 8; --quick: 4)."
+        help="Optimizer steps per generation batch: more = more off-policy updates (default: %(default)s).",
     )
     p.add_argument(
-        "--eval-limit", type=int, default=None, help="Held-out problems (default: the test split)."
+        "--sweep-q",
+        type=_sweep_q,
+        default=d.sweep_q,
+        help=f"KPO Q values (V = 1); '' = no sweep (default: {','.join(f'{q:g}' for q in d.sweep_q)}).",
     )
     p.add_argument(
-        "--dump-every", type=int, default=d.dump_every, help="Ratio dump period (optimizer steps)."
+        "--sweep-seeds",
+        type=int,
+        default=None,
+        help=f"Seeds of the Q/V sweep (default: all; --quick: {QUICK['sweep_seeds']}).",
     )
-    p.add_argument("--jobs", type=int, default=None, help="Parallel runs (default: CPU count).")
+    p.add_argument(
+        "--eval-n",
+        type=int,
+        default=None,
+        help=f"Samples per held-out problem (default: {EVAL_N}; --quick: {QUICK['eval_n']}).",
+    )
+    p.add_argument(
+        "--eval-limit", type=int, default=None, help="Held-out problems (default: the whole test split)."
+    )
+    p.add_argument(
+        "--dump-every",
+        type=int,
+        default=d.dump_every,
+        help="Ratio dump period in optimizer steps (default: %(default)s).",
+    )
+    p.add_argument("--jobs", type=int, default=None, help="Parallel runs (default: one per CPU).")
     p.add_argument(
         "--quick",
         action="store_true",
-        help="120 steps per run, one sweep seed, 4 samples per problem: minutes instead of an hour.",
+        help=f"{QUICK['steps']} steps per run, {QUICK['sweep_seeds']} sweep seed(s), {QUICK['eval_n']} samples per "
+        "problem, where those options are not given: minutes instead of an hour.",
     )
     p.add_argument(
         "train_args",

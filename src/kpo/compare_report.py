@@ -101,6 +101,11 @@ def _table1(methods, groups) -> tuple[str, dict]:
     return "\n".join(lines), {"eval_keys": eval_keys, "rows": stats}
 
 
+def _note_row(method: str, note: str, columns: int) -> str:
+    """A table row of ``columns`` cells that says, in place of numbers, why ``method`` has none."""
+    return f"| {method} | {note} |" + " |" * (columns - 2)
+
+
 def _table2(methods, groups, out: Path) -> tuple[str, dict]:
     from kpo.analysis import AnalyzeConfig, DumpError, compute, find_dumps, load_dump
 
@@ -116,14 +121,18 @@ def _table2(methods, groups, out: Path) -> tuple[str, dict]:
             for p in find_dumps(e["dir"] / "ratios")
         ]
         if not dumps:
+            lines.append(
+                _note_row(m, "no ratio dump in its runs (runs/*/ratios is missing or empty)", len(header))
+            )
             continue
         try:
             results = compute(dumps, cfg).results
-        except DumpError:  # every dumped ratio is exactly 1: no update happened between the mini-batches
-            lines.append(
-                f"| {m} | no off-policy token in the dumps (every ratio is exactly 1) |"
-                + " |" * (len(header) - 2)
+        except DumpError:  # every dumped row is on-policy (or, in dumps without that flag, has all ratios 1)
+            note = (
+                "no off-policy token in the dumps (each dumped step is the first, on-policy step of its "
+                "generation batch, e.g. with --minibatches=1)"
             )
+            lines.append(_note_row(m, note, len(header)))
             continue
         stats[m] = {
             "before": results["before"],
@@ -136,89 +145,126 @@ def _table2(methods, groups, out: Path) -> tuple[str, dict]:
     return "\n".join(lines), stats
 
 
-def _claims(methods, groups, table1, table2, sweep) -> list[str]:
-    lines = []
+def _claim(title: str, text: str) -> str:
+    return f"- **{title}** — {text}"
+
+
+def _missing_methods(methods, needed: tuple[str, ...]) -> str | None:
+    """Why a claim needing the methods ``needed`` is not tested on ``methods``, or None when all are there."""
+    missing = [m for m in needed if m not in methods]
+    if not missing:
+        return None
+    it = "it" if len(missing) == 1 else "them"
+    fixed = ",".join([*methods, *missing])
+    return f"not tested: --methods has no {' and '.join(missing)} (add {it}: --methods {fixed})"
+
+
+def _table1_claim(methods, table1) -> str:
     key = next((k for k in table1["eval_keys"] if k.startswith("avg@")), table1["eval_keys"][0])
-    if "kpo" in table1["rows"] and len(methods) > 1:
-        means = {m: table1["rows"][m][key][0] for m in methods}
-        # Ties are broken by name, never by the order of --methods; "holds" needs KPO strictly above the rest.
-        rival = max(sorted(m for m in methods if m != "kpo"), key=means.get)
-        kpo_m, kpo_s = table1["rows"]["kpo"][key]
-        riv_m, riv_s = table1["rows"][rival][key]
-        best = ", ".join(sorted(m for m in methods if means[m] == max(means.values())))
-        tied = sorted(m for m in methods if m != "kpo" and means[m] == kpo_m)
-        verdict = (
-            "holds"
-            if kpo_m > riv_m
-            else f"does not hold (kpo ties with {', '.join(tied)})"
-            if kpo_m == riv_m
-            else "does not hold"
-        )
-        noise = (
-            " (the gap is within one standard deviation across seeds)"
-            if abs(kpo_m - riv_m) <= max(kpo_s, riv_s)
-            else ""
-        )
-        lines.append(
-            f"- **Table 1: KPO has the best held-out {key}** — {verdict}: kpo {100 * kpo_m:.1f}, best other "
-            f"({rival}) {100 * riv_m:.1f}; best overall: {best}{noise}."
-        )
-    if "vanilla" in groups and "kpo" in groups:
+    title = f"Table 1: KPO has the best held-out {key}"
+    if (why := _missing_methods(methods, ("kpo",))) is not None:
+        return _claim(title, why)
+    if len(methods) == 1:
+        return _claim(title, "not tested: kpo is the only method (add another, e.g. --methods kpo,vanilla)")
+    means = {m: table1["rows"][m][key][0] for m in methods}
+    # Ties are broken by name, never by the order of --methods; "holds" needs KPO strictly above the rest.
+    rival = max(sorted(m for m in methods if m != "kpo"), key=means.get)
+    kpo_m, kpo_s = table1["rows"]["kpo"][key]
+    riv_m, riv_s = table1["rows"][rival][key]
+    best = ", ".join(sorted(m for m in methods if means[m] == max(means.values())))
+    tied = sorted(m for m in methods if m != "kpo" and means[m] == kpo_m)
+    verdict = (
+        "holds"
+        if kpo_m > riv_m
+        else f"does not hold (kpo ties with {', '.join(tied)})"
+        if kpo_m == riv_m
+        else "does not hold"
+    )
+    noise = (
+        " (the gap is within one standard deviation across seeds)"
+        if abs(kpo_m - riv_m) <= max(kpo_s, riv_s)
+        else ""
+    )
+    return _claim(
+        title,
+        f"{verdict}: kpo {100 * kpo_m:.1f}, best other ({rival}) {100 * riv_m:.1f}; best overall: {best}{noise}.",
+    )
 
-        def collapsed(entry):
-            s = entry["summary"]
-            return s["final"] <= s["peak"] - CLAIM_RULES["collapse_drop"]
 
-        def rising(entry):
-            s = entry["summary"]
-            return s["final"] >= s["peak"] - CLAIM_RULES["rise_tolerance"] and s["final"] > s["first"]
+def _figure3_claim(methods, groups) -> str:
+    title = "Figure 3: GRPO collapses while KPO keeps rising"
+    if (why := _missing_methods(methods, ("vanilla", "kpo"))) is not None:
+        return _claim(title, why)
 
-        van = [collapsed(e) for e in groups["vanilla"]]
-        kpo = [rising(e) for e in groups["kpo"]]
-        detail = "; ".join(
-            f"{m}: first {statistics.fmean(e['summary']['first'] for e in groups[m]):.3f}, peak "
-            f"{statistics.fmean(e['summary']['peak'] for e in groups[m]):.3f}, final "
-            f"{statistics.fmean(e['summary']['final'] for e in groups[m]):.3f}, entropy "
-            f"{statistics.fmean(e['summary']['entropy_first'] for e in groups[m]):.3f} -> "
-            f"{statistics.fmean(e['summary']['entropy_final'] for e in groups[m]):.3f}"
-            for m in methods
+    def collapsed(entry):
+        s = entry["summary"]
+        return s["final"] <= s["peak"] - CLAIM_RULES["collapse_drop"]
+
+    def rising(entry):
+        s = entry["summary"]
+        return s["final"] >= s["peak"] - CLAIM_RULES["rise_tolerance"] and s["final"] > s["first"]
+
+    van = [collapsed(e) for e in groups["vanilla"]]
+    kpo = [rising(e) for e in groups["kpo"]]
+    detail = "; ".join(
+        f"{m}: first {statistics.fmean(e['summary']['first'] for e in groups[m]):.3f}, peak "
+        f"{statistics.fmean(e['summary']['peak'] for e in groups[m]):.3f}, final "
+        f"{statistics.fmean(e['summary']['final'] for e in groups[m]):.3f}, entropy "
+        f"{statistics.fmean(e['summary']['entropy_first'] for e in groups[m]):.3f} -> "
+        f"{statistics.fmean(e['summary']['entropy_final'] for e in groups[m]):.3f}"
+        for m in methods
+    )
+    verdict = "holds" if all(van) and all(kpo) else "does not hold"
+    return _claim(
+        title,
+        f"{verdict}: vanilla collapsed in {sum(van)}/{len(van)} seeds (final >= {CLAIM_RULES['collapse_drop']} "
+        f"below peak), kpo still rising in {sum(kpo)}/{len(kpo)} seeds. Per method (mean over seeds): {detail}.",
+    )
+
+
+def _table2_claim(table2) -> str:
+    title = "Table 2: filtering lengthens runs and removes switching"
+    if not table2:
+        return _claim(title, "not tested: no method has off-policy ratio dumps (Table 2 says why)")
+    parts, ok = [], []
+    runlen = ("runlen_up", "runlen_down", "runlen_on")
+    for m, s in table2.items():
+        # Mean over the states that occur: after filtering a state may have no run at all (NaN).
+        run_before = float(np.nanmean([s["before"][k] for k in runlen]))
+        run_after = float(np.nanmean([s["after"][k] for k in runlen]))
+        ok.append(run_after > run_before and s["after"]["switch_freq"] < s["before"]["switch_freq"])
+        parts.append(
+            f"{m}: mean run length {run_before:.2f} -> {run_after:.2f}, switch frequency "
+            f"{s['before']['switch_freq']:.3f} -> {s['after']['switch_freq']:.3f}"
         )
-        verdict = "holds" if all(van) and all(kpo) else "does not hold"
-        lines.append(
-            f"- **Figure 3: GRPO collapses while KPO keeps rising** — {verdict}: vanilla collapsed in "
-            f"{sum(van)}/{len(van)} seeds (final >= {CLAIM_RULES['collapse_drop']} below peak), kpo still rising in "
-            f"{sum(kpo)}/{len(kpo)} seeds. Per method (mean over seeds): {detail}."
+    return _claim(title, f"{'holds' if all(ok) else 'does not hold'}: {'; '.join(parts)}.")
+
+
+def _figure4_claim(sweep) -> str:
+    title = "Figure 4: smaller Q/V gives higher reward"
+    if not sweep:
+        return _claim(title, "not tested: no Q/V sweep (--sweep-q '')")
+    if len(sweep) == 1:
+        return _claim(
+            title, "not tested: --sweep-q has one Q value (give two or more, e.g. --sweep-q 1e-6,1e-2)"
         )
-    if table2:
-        parts, ok = [], []
-        for m, s in table2.items():
-            # Mean over the states that occur: after filtering a state may have no run at all (NaN).
-            run_before = float(np.nanmean([s["before"][k] for k in ("runlen_up", "runlen_down", "runlen_on")]))
-            run_after = float(np.nanmean([s["after"][k] for k in ("runlen_up", "runlen_down", "runlen_on")]))
-            longer = run_after > run_before
-            fewer = s["after"]["switch_freq"] < s["before"]["switch_freq"]
-            ok.append(longer and fewer)
-            parts.append(
-                f"{m}: mean run length {run_before:.2f} -> {run_after:.2f}, switch frequency "
-                f"{s['before']['switch_freq']:.3f} -> {s['after']['switch_freq']:.3f}"
-            )
-        verdict = "holds" if all(ok) else "does not hold"
-        lines.append(
-            f"- **Table 2: filtering lengthens runs and removes switching** — {verdict}: "
-            + "; ".join(parts)
-            + "."
-        )
-    if len(sweep) > 1:
-        qs = sorted(sweep)
-        finals = [sweep[q]["final"][0] for q in qs]
-        # Non-increasing in Q, and not flat: the smallest Q must beat the largest.
-        monotone = all(a >= b for a, b in zip(finals, finals[1:])) and finals[0] > finals[-1]
-        listing = ", ".join(f"Q/V={q:g}: {f:.3f}" for q, f in zip(qs, finals))
-        lines.append(
-            f"- **Figure 4: smaller Q/V gives higher reward** — {'holds' if monotone else 'does not hold'}: "
-            f"final training reward {listing}."
-        )
-    return lines
+    qs = sorted(sweep)
+    finals = [sweep[q]["final"][0] for q in qs]
+    # Non-increasing in Q, and not flat: the smallest Q must beat the largest.
+    monotone = all(a >= b for a, b in zip(finals, finals[1:])) and finals[0] > finals[-1]
+    listing = ", ".join(f"Q/V={q:g}: {f:.3f}" for q, f in zip(qs, finals))
+    return _claim(title, f"{'holds' if monotone else 'does not hold'}: final training reward {listing}.")
+
+
+def _claims(methods, groups, table1, table2, sweep) -> list[str]:
+    """One line per claim, in the order of the paper's sections: its verdict with numbers, or why it is not
+    tested on this comparison (a method missing from --methods, no dumps, no sweep)."""
+    return [
+        _table1_claim(methods, table1),
+        _figure3_claim(methods, groups),
+        _table2_claim(table2),
+        _figure4_claim(sweep),
+    ]
 
 
 def write_report(cfg, runs, out: Path) -> Path:

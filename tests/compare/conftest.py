@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 
-from kpo.compare import CompareConfig
+from kpo.compare import CompareConfig, Run, _train_argv
+from kpo.train.config import parse_args
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -38,3 +41,30 @@ def no_training(monkeypatch):
         raise AssertionError("kpo compare started training")
 
     monkeypatch.setattr("kpo.compare.ProcessPoolExecutor", refuse)
+
+
+@pytest.fixture
+def fake_done_run():
+    """Factory of a run directory as a finished run leaves it (config.yaml, metrics.jsonl, eval.json), made
+    with a CompareConfig: ``make(cfg, run, problems=2) -> folder``. Its metrics rows and eval.json hold what
+    the report reads (reward_mean, entropy; macro avg@n / pass@n), so the report can be written untrained."""
+
+    def make(cfg: CompareConfig, run: Run, problems: int = 2) -> Path:
+        folder = Path(cfg.out) / "runs" / run.name
+        folder.mkdir(parents=True)
+        parse_args(_train_argv(cfg, run, folder)).save_yaml(folder / "config.yaml")
+        rows = [
+            {"step": s, "reward_mean": 0.5, "entropy": 1.0, "clip_frac": 0.0, "pg_loss": 0.0}
+            for s in range(1, (cfg.steps or 1) + 1)
+        ]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        macro = {f"avg@{cfg.eval_n}": 0.5, f"pass@{cfg.eval_n}": 0.5, "mean_response_tokens": 3.0}
+        results = {
+            "params": {"n": cfg.eval_n},
+            "benchmarks": {"synthetic": {"problems": problems}},
+            "macro": macro,
+        }
+        (folder / "eval.json").write_text(json.dumps(results))
+        return folder
+
+    return make

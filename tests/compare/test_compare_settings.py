@@ -4,7 +4,7 @@ No test here trains (the `no_training` fixture fails a test that would)."""
 from __future__ import annotations
 
 import itertools
-import json
+import re
 from pathlib import Path
 
 import pytest
@@ -14,13 +14,11 @@ from kpo.compare import (
     CompareError,
     Run,
     _stale_run_errors,
-    _train_argv,
     config_from_args,
     main,
     run_compare,
 )
 from kpo.compare_report import _claims
-from kpo.train.config import parse_args
 
 
 def test_quick_mode_shrinks_only_what_is_not_set():
@@ -47,6 +45,19 @@ def test_quick_mode_shrinks_only_what_is_not_set():
             "--eval-limit=41: more problems than the task's test split can supply; use 1..40",
         ),
         (["--eval-n", "0"], "--eval-n=0: must be an integer >= 1"),
+        (
+            ["--steps", "4", "--dump-every", "5"],
+            "--dump-every=5 is longer than --steps=4: no ratio dump would be written, so Table 2 would be "
+            "empty: use --dump-every=4 (or more --steps)",
+        ),
+        (["--dump-every", "1001"], "--dump-every=1001 is longer than --steps=1000 (kpo train's default)"),
+        (["--quick", "--dump-every", "121"], "--dump-every=121 is longer than --steps=120"),
+        # 4 steps per generation batch: step 5 is the first of the second batch, on-policy
+        (
+            ["--steps", "8", "--dump-every", "5"],
+            "--dump-every=5 with --steps=8 dumps only step 5, the first (on-policy) step of a generation batch "
+            "of --minibatches=4; Table 2 analyzes off-policy steps: use --dump-every=4 (or more --steps)",
+        ),
         (["--methods", ","], "--methods: give at least one loss name"),
         (
             ["--", "--max-steps", "5"],
@@ -66,6 +77,42 @@ def test_main_rejects_bad_settings_before_training(tmp_path, capsys, no_training
     assert message in err, err
     assert "Traceback" not in err
     assert not out.exists()  # no compare.json claiming settings that never ran
+
+
+@pytest.mark.parametrize(
+    "steps, dump_every, minibatches",
+    [(4, 4, 4), (4, 1, 2), (8, 7, 4), (12, 5, 4), (3, 3, 1), (None, 5, 4)],
+)
+def test_a_dump_period_with_an_off_policy_dump_is_accepted(compare_config, steps, dump_every, minibatches):
+    compare_config(steps=steps, dump_every=dump_every, minibatches=minibatches, sweep_q=()).validate()
+
+
+def test_help_shows_each_default_once_and_as_used():
+    from kpo.compare import build_parser
+    from kpo.train.config import TrainConfig
+
+    text = build_parser().format_help()
+    # one block per option: its line and the wrapped help lines under it, whitespace normalized
+    blocks = {
+        b.split()[0]: " ".join(b.split())
+        for b in re.split(r"\n(?=  -)", text.split("options:")[1])
+        if b.strip()
+    }
+    for flag, block in blocks.items():
+        if flag not in ("-h,", "--quick"):
+            assert block.count("default") == 1, block
+    assert "default: None" not in text and "default: False" not in text
+    expected = {
+        "--steps": f"default: {TrainConfig().max_steps}, kpo train's; --quick: 120",
+        "--sweep-seeds": "default: all; --quick: 1",
+        "--eval-n": "default: 8; --quick: 4",
+        "--jobs": "default: one per CPU",
+        "--sweep-q": "default: 1e-06,0.0001,0.01",
+        "--dump-every": "default: 5",
+        "--methods": "default: vanilla,gspo,gmpo,kpo,kpo_unclipped",
+    }
+    for flag, default in expected.items():
+        assert default in blocks[flag], blocks[flag]
 
 
 def test_every_bad_setting_is_reported_at_once(compare_config):
@@ -97,22 +144,11 @@ def test_duplicate_and_unknown_methods_are_rejected(compare_config, tmp_path, no
     assert not (tmp_path / "cmp").exists()
 
 
-def _fake_done_run(cfg: CompareConfig, run: Run, problems: int = 2) -> Path:
-    """A run directory as a finished run leaves it (config.yaml, metrics.jsonl, eval.json), made with ``cfg``."""
-    folder = Path(cfg.out) / "runs" / run.name
-    folder.mkdir(parents=True)
-    parse_args(_train_argv(cfg, run, folder)).save_yaml(folder / "config.yaml")
-    (folder / "metrics.jsonl").write_text('{"step": 1}\n')
-    results = {"params": {"n": cfg.eval_n}, "benchmarks": {"synthetic": {"problems": problems}}}
-    (folder / "eval.json").write_text(json.dumps(results))
-    return folder
-
-
-def test_a_finished_run_with_its_own_settings_is_reused(compare_config):
+def test_a_finished_run_with_its_own_settings_is_reused(compare_config, fake_done_run):
     cfg = compare_config(methods=("kpo",)).validate()
     runs = [Run("kpo", 0), Run("kpo", 0, (("q", 1e-2),))]
     for run in runs:
-        _fake_done_run(cfg, run)
+        fake_done_run(cfg, run)
     # config.yaml round-trips (loss_kwargs floats, None fields): the same settings are not a change.
     assert _stale_run_errors(cfg, runs, Path(cfg.out)) == []
 
@@ -130,10 +166,10 @@ def test_a_finished_run_with_its_own_settings_is_reused(compare_config):
     ],
 )
 def test_a_finished_run_with_other_settings_is_refused(
-    compare_config, tmp_path, no_training, change, expected
+    compare_config, fake_done_run, tmp_path, no_training, change, expected
 ):
     old = compare_config(methods=("kpo",))
-    folder = _fake_done_run(old, Run("kpo", 0))
+    folder = fake_done_run(old, Run("kpo", 0))
     if "train_args" in change:
         change = {"train_args": (*old.train_args, *change["train_args"].split())}
     with pytest.raises(CompareError) as e:
@@ -146,6 +182,12 @@ def test_a_finished_run_with_other_settings_is_refused(
 
 def _table1(means: dict[str, float]) -> dict:
     return {"eval_keys": ["avg@2"], "rows": {m: {"avg@2": (v, 0.0)} for m, v in means.items()}}
+
+
+def _groups(methods) -> dict:
+    """One flat-reward run per method, as the Figure 3 claim reads it."""
+    summary = {"first": 0.5, "peak": 0.5, "final": 0.5, "entropy_first": 1.0, "entropy_final": 1.0}
+    return {m: [{"summary": summary}] for m in methods}
 
 
 @pytest.mark.parametrize(
@@ -167,8 +209,47 @@ def _table1(means: dict[str, float]) -> dict:
 )
 def test_table1_verdict_does_not_depend_on_method_order(means, verdict):
     lines = {
-        tuple(_claims(list(order), {}, _table1(means), {}, {})) for order in itertools.permutations(means)
+        _claims(list(order), _groups(means), _table1(means), {}, {})[0]
+        for order in itertools.permutations(means)
     }
     assert len(lines) == 1, lines
-    [line] = lines.pop()
-    assert verdict in line, line
+    [line] = lines
+    assert line.startswith("- **Table 1:") and verdict in line, line
+
+
+@pytest.mark.parametrize(
+    "methods, claim, reason",
+    [
+        (
+            ["kpo", "gspo"],
+            "Figure 3",
+            "not tested: --methods has no vanilla (add it: --methods kpo,gspo,vanilla)",
+        ),
+        (
+            ["vanilla", "gspo"],
+            "Table 1",
+            "not tested: --methods has no kpo (add it: --methods vanilla,gspo,kpo)",
+        ),
+        (["kpo"], "Table 1", "not tested: kpo is the only method (add another, e.g. --methods kpo,vanilla)"),
+        (["kpo"], "Figure 3", "not tested: --methods has no vanilla (add it: --methods kpo,vanilla)"),
+        (["kpo"], "Table 2", "not tested: no method has off-policy ratio dumps (Table 2 says why)"),
+        (["kpo"], "Figure 4", "not tested: no Q/V sweep (--sweep-q '')"),
+    ],
+)
+def test_a_claim_that_cannot_be_tested_says_why(methods, claim, reason):
+    lines = _claims(methods, _groups(methods), _table1({m: 0.5 for m in methods}), {}, {})
+    # every claim has one line, in the order of the paper's sections
+    assert [line.split(":")[0] for line in lines] == [
+        "- **Table 1",
+        "- **Figure 3",
+        "- **Table 2",
+        "- **Figure 4",
+    ]
+    [line] = [line for line in lines if line.startswith(f"- **{claim}:")]
+    assert reason in line, line
+
+
+def test_a_sweep_of_one_q_is_not_tested():
+    sweep = {1e-6: {"final": (0.5, 0.0)}}
+    lines = _claims(["kpo"], _groups(["kpo"]), _table1({"kpo": 0.5}), {}, sweep)
+    assert lines[3].startswith("- **Figure 4:") and "not tested: --sweep-q has one Q value" in lines[3], lines

@@ -1,0 +1,62 @@
+"""The report of `kpo compare` written from fake finished runs (no training): a section or claim without data
+says why in one line instead of leaving an empty header."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from kpo.compare import plan_runs
+from kpo.compare_report import write_report
+
+
+def _section(text: str, title: str) -> str:
+    """The body of the report section whose header starts with ``title`` (up to the next header)."""
+    return re.search(rf"^## {re.escape(title)}.*?\n(.*?)(?=^## )", text, re.S | re.M).group(1)
+
+
+def _report(cfg, fake_done_run) -> str:
+    runs = plan_runs(cfg)
+    for run in runs:
+        fake_done_run(cfg, run)
+    return write_report(cfg, runs, cfg.out).read_text()
+
+
+def test_table2_without_dumps_says_why(compare_config, fake_done_run):
+    text = _report(compare_config(methods=("kpo",), sweep_q=()), fake_done_run)
+    table = _section(text, "Table 2 analog")
+    assert "| kpo | no ratio dump in its runs (runs/*/ratios is missing or empty) |" in table, table
+
+
+def test_table2_with_only_on_policy_dumps_says_why(compare_config, fake_done_run):
+    cfg = compare_config(methods=("kpo",), sweep_q=())
+    text_dir = cfg.out
+    runs = plan_runs(cfg)
+    for run in runs:
+        ratios = fake_done_run(cfg, run) / "ratios"
+        ratios.mkdir()
+        z = torch.tensor(np.full((2, 3), 0.01, dtype=np.float32))
+        meta = {"step": "1", "loss": "kpo", "mask_mode": "skip", "on_policy": "1"}
+        save_file(
+            {"log_ratio": z, "mask": torch.ones(2, 3, dtype=torch.uint8)},
+            str(ratios / "step_000001.safetensors"),
+            metadata=meta,
+        )
+    table = _section(write_report(cfg, runs, text_dir).read_text(), "Table 2 analog")
+    assert (
+        "| kpo | no off-policy token in the dumps (each dumped step is the first, on-policy step of its "
+        in table
+    )
+
+
+def test_claims_without_vanilla_say_what_is_missing(compare_config, fake_done_run):
+    text = _report(compare_config(methods=("kpo", "gspo"), sweep_q=()), fake_done_run)
+    claims = _section(text, "Claims")
+    assert (
+        "**Figure 3: GRPO collapses while KPO keeps rising** — not tested: --methods has no vanilla" in claims
+    )
+    # every claim is listed, tested or not
+    assert len([line for line in claims.splitlines() if line.startswith("- **")]) == 4, claims
