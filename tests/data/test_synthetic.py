@@ -80,3 +80,12 @@ def test_too_many_problems_states_the_true_maximum():
     with pytest.raises(ValueError, match=r"n=50 test problems requested .* allows at most 40 \("):
         load_split("test", n=50)
     assert len(load_split("test", n=40)) == 40
+
+
+def test_a_split_with_too_few_problems_is_a_value_error_saying_how_many_there_are():
+    # 16 problems of which none hashes into the test split: the expected share (3) said one could be drawn
+    assert TaskConfig(max_value=3).max_problems("test") == 1
+    with pytest.raises(ValueError, match=r"has 16 distinct problems, 0 of them in the test split, too few for 1 "
+                                         r"distinct test problems: raise max_value or n_terms$"):
+        load_split("test", max_value=3)
+    assert TaskConfig().max_problems("train") == 200 and TaskConfig().max_problems("test") == 40

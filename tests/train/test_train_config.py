@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kpo.train.config import ConfigError, TrainConfig, parse_args
@@ -134,3 +136,94 @@ def test_dataset_without_model_and_existing_run_are_refused(tmp_path):
         TrainConfig(output_dir=str(tmp_path), dataset=str(data)).validate()
     assert "pass --model PATH" in str(info.value)
     assert "--resume to continue it" in str(info.value)
+
+
+def test_every_field_is_type_checked_against_its_annotation(tmp_path):
+    """Wrong YAML value types give one error per field (field, value, expected type) instead of a traceback
+    from numpy or a comparison, or a value accepted as is; the other config errors are listed with them."""
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "seed: 1.5\ntemperature: null\nlearning_rate: [1]\nprogress: maybe\nnum_generations: 2.5\n"
+        "loss_kwargs: [q]\nmax_grad_norm: .inf\nminibatches: 3\nmax_steps: 3\n"
+        f"output_dir: {tmp_path / 'out'}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        parse_args(["--config", str(path)]).validate()
+    errors = info.value.errors
+    for expected in (
+        "seed=1.5: expected an integer, got float",
+        "temperature=None: expected a finite number, got NoneType",
+        "learning_rate=[1]: expected a finite number, got list",
+        "progress='maybe': expected true/false, got str",
+        "num_generations=2.5: expected an integer, got float",
+        "loss_kwargs=['q']: expected a mapping, got list",
+        "max_grad_norm=inf: expected a finite number, got float",
+    ):
+        assert expected in errors, (expected, errors)
+    # num_generations is reported once: no divisibility message about a value already reported as wrong
+    assert not any("divisible" in e or "max_steps" in e for e in errors), errors
+    assert len(errors) == 7, errors
+    # Optional fields take None; ints pass as floats
+    TrainConfig(output_dir=str(tmp_path / "ok"), micro_batch_size=None, learning_rate=1).validate()
+
+
+def test_numeric_ranges_are_checked(tmp_path):
+    config = parse_args(["--weight-decay", "-1", "--seed", "-2", "--num-generations", "1", "--output-dir",
+                         str(tmp_path / "out"), "--learning-rate", "0"])
+    with pytest.raises(ConfigError) as info:
+        config.validate()
+    errors = info.value.errors
+    assert "weight_decay=-1.0: must be >= 0" in errors
+    assert "seed=-2: must be in [0, 4294967295] (numpy's seed range)" in errors
+    assert any(e.startswith("num_generations=1: must be >= 2") for e in errors)
+    assert "learning_rate=0.0: must be > 0" in errors
+
+
+def test_synthetic_task_too_small_for_the_run_is_a_config_error(tmp_path):
+    # 19 x 19 = 361 problems: at most 180 distinct warm-start problems, not the default 200
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(output_dir=str(tmp_path / "a"), max_value=18).validate()
+    assert info.value.errors == [
+        "sft_examples=200: the synthetic task (n_terms=2, max_value=18) gives at most 180 distinct training "
+        "problems for the warm start: lower --sft-examples to 180 or less, or raise --max-value / --n-terms"
+    ]
+    # 16 problems: 8 training prompts, fewer than a generation batch of 32 distinct prompts
+    with pytest.raises(ConfigError, match=r"prompts_per_step=32: .* gives 8 training prompts .*--prompts-per-step"):
+        TrainConfig(output_dir=str(tmp_path / "b"), max_value=3, sft_examples=8).validate()
+    TrainConfig(output_dir=str(tmp_path / "c"), max_value=18, sft_examples=180).validate()
+
+
+def test_report_to_is_checked_before_training(tmp_path, monkeypatch):
+    import transformers.integrations
+
+    with pytest.raises(ConfigError, match="report_to='bogus': unknown; use none, all or one of .*wandb"):
+        TrainConfig(output_dir=str(tmp_path), report_to="bogus").validate()
+    monkeypatch.setattr(transformers.integrations, "get_available_reporting_integrations", lambda: ["tensorboard"])
+    with pytest.raises(ConfigError, match="report_to='wandb': wandb is not installed.*--report-to none or one of"
+                                          " the installed tensorboard"):
+        TrainConfig(output_dir=str(tmp_path), report_to="wandb").validate()
+    TrainConfig(output_dir=str(tmp_path), report_to="none").validate()
+
+
+def test_output_dir_that_is_a_file_is_a_config_error(tmp_path):
+    (tmp_path / "file").write_text("")
+    for out in ("file", "file/run"):
+        with pytest.raises(ConfigError, match=r"output_dir=.*/file' is a file, not a directory"):
+            TrainConfig(output_dir=str(tmp_path / out)).validate()
+
+
+def test_help_shows_each_default_and_flags_still_merge_with_yaml(tmp_path):
+    from kpo.train.config import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    assert re.search(r"--max_steps MAX_STEPS Optimizer steps[^-]*\(default: 1000\)", text)
+    for shown in ("(default: 1000)", "(default: runs/kpo-tiny)", "(default: none)", "(default: true)",
+                  "(default: {})", "(default: 0.0001)", "(default: tensorboard)"):
+        assert shown in text, shown
+    assert "--loss-kwargs q=1e-4 v=1" in text and "loss_kwargs: {q: 1.0e-4, v: 1}" in text
+    assert "ratios/step_000012.safetensors" in text
+    # an unset flag does not override the YAML file with its default
+    path = tmp_path / "run.yaml"
+    path.write_text("max_steps: 8\nprogress: false\n")
+    config = parse_args(["--config", str(path)])
+    assert config.max_steps == 8 and config.progress is False

@@ -207,3 +207,30 @@ def test_dr_grpo_divides_by_the_longest_allowed_response(tiny_config, monkeypatc
     )
     run_training(config)
     assert seen and set(seen) == {9}
+
+
+def _snapshot(out: Path) -> dict:
+    """Every file under out with its bytes and modification time."""
+    return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_resume_of_a_finished_run_changes_nothing(tiny_config, capsys):
+    """Resuming at the last checkpoint's step is a no-op that says so (exit 0); resuming with max_steps below it
+    is refused with both numbers and the fix. Neither trains a step, writes a checkpoint or touches a file."""
+    from kpo.train import ConfigError, run_training
+    from kpo.train.cli import main
+
+    config = tiny_config("done", max_steps=4)
+    out = run_training(config)
+    before = _snapshot(out)
+    config.resume = True
+    assert run_training(config) == out
+    assert "already complete (checkpoint-4, max_steps=4)" in capsys.readouterr().err
+    config.max_steps = 2
+    with pytest.raises(ConfigError, match=r"already trained 4 steps \(checkpoint-4\), past max_steps=2; to train "
+                                          r"further raise --max-steps above 4, or start a new --output-dir"):
+        run_training(config)
+    assert main(["--config", str(out / "config.yaml"), "--resume"]) == 0
+    assert f"the run in {out} is already complete" in capsys.readouterr().err
+    assert _snapshot(out) == before
+    assert [r["step"] for r in _rows(out)] == [1, 2, 3, 4]

@@ -64,6 +64,14 @@ class TaskConfig:
         """Number of distinct problems (both splits together)."""
         return (self.max_value + 1) ** self.n_terms
 
+    def max_problems(self, split: str) -> int:
+        """Most distinct problems :func:`load_split` draws from ``split``: half the split's expected size
+        (about 80% of :meth:`space_size` for train, 20% for test), so rejection sampling stays fast."""
+        if split not in _SPLITS:
+            raise ValueError(f"split={split!r}: must be one of {_SPLITS}")
+        available = self.space_size() // _TEST_BUCKETS if split == "test" else self.space_size()
+        return available // 2
+
 
 def solve(terms: list[int]) -> str:
     """Reference chain of thought for ``terms``: each step replaces the first two numbers by their sum.
@@ -121,26 +129,23 @@ def load_split(
         rows ``{"id", "problem", "answer", "prompt", "solution"}``: ``prompt`` is the exact text fed to the
         model (problem + ``"="``), ``solution`` the reference completion used for supervised warm start.
     """
-    if split not in _SPLITS:
-        raise ValueError(f"split={split!r}: must be one of {_SPLITS}")
     if task is not None and task_kw:
         raise ValueError(f"give either task= or task fields {sorted(task_kw)}, not both")
     task = task if task is not None else TaskConfig(**task_kw)
-    # Expected share of the space in this split; ask for at most half of it so sampling terminates quickly.
-    available = task.space_size() // _TEST_BUCKETS if split == "test" else task.space_size()
-    n = min(_DEFAULT_SIZES[split], max(1, available // 2)) if n is None else n
+    most = task.max_problems(split)
+    n = min(_DEFAULT_SIZES[split], max(1, most)) if n is None else n
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n={n!r}: must be a positive integer")
-    if available // 2 < 1:
+    if most < 1:
         raise ValueError(
-            f"the task {asdict(task)} is too small for a {split} split (about {available} problems in it); raise "
-            "max_value or n_terms"
+            f"the task {asdict(task)} is too small for a {split} split (under 2 problems expected in it): "
+            "raise max_value or n_terms"
         )
-    if n > available // 2:
+    if n > most:
         raise ValueError(
-            f"n={n} {split} problems requested but the task {asdict(task)} allows at most {available // 2} "
-            f"(half of the about {available} problems in this split, so sampling them stays fast): lower n to "
-            f"{available // 2} or less, or raise max_value / n_terms"
+            f"n={n} {split} problems requested but the task {asdict(task)} allows at most {most} "
+            f"(half of the problems expected in this split, so sampling them stays fast): lower n to "
+            f"{most} or less, or raise max_value / n_terms"
         )
     # Salt the stream with the split so train and test seeds are independent streams.
     rng = random.Random(f"kpo-synthetic/{split}/{seed}")
@@ -164,7 +169,22 @@ def load_split(
         )
         if len(rows) == n:
             return rows
-    raise RuntimeError(f"could not draw {n} distinct {split} problems for {asdict(task)}; lower n")
+    # Only small tasks get here (the hash put fewer problems in this split than its expected share), so
+    # counting the split exactly is cheap.
+    count = _split_count(task, split)
+    fewer = f", or ask for {count} {split} problems or fewer" if count else ""
+    raise ValueError(
+        f"the task {asdict(task)} has {task.space_size()} distinct problems, {count} of them in the {split} "
+        f"split, too few for {n} distinct {split} problems: raise max_value or n_terms{fewer}"
+    )
+
+
+def _split_count(task: TaskConfig, split: str) -> int:
+    """Exact number of distinct problems in ``split`` (enumerates the task: only for small ones)."""
+    from itertools import product
+
+    values = range(task.max_value + 1)
+    return sum(_is_test("+".join(map(str, t))) == (split == "test") for t in product(values, repeat=task.n_terms))
 
 
 def grade(completion: str, answer: str) -> float:

@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import math
 import os
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,7 +68,11 @@ class TrainConfig:
 
     # --- loss ---
     loss: str = _f("kpo", "Policy loss, one of kpo.list_losses().")
-    loss_kwargs: dict = _f({}, "Loss hyperparameters (verl names), e.g. {q: 1e-4}; unset = the method's default.")
+    loss_kwargs: dict = _f(
+        {},
+        "Loss hyperparameters (verl names); unset ones take the method's default. On the command line NAME=VALUE "
+        "pairs (--loss-kwargs q=1e-4 v=1), in a YAML file a mapping (loss_kwargs: {q: 1.0e-4, v: 1}).",
+    )
     loss_agg_mode: str | None = _f(
         None,
         "Loss aggregation; None = the protocol's seq-mean-token-mean where the loss allows it, else the "
@@ -124,9 +130,12 @@ class TrainConfig:
     )
     save_total_limit: int = _f(2, "Checkpoints kept.")
     dump_ratios_every: int = _f(
-        0, "Every N optimizer steps save ratios/step_N.safetensors (log-ratio, filtered, mask); 0 = never."
+        0, "Every N optimizer steps save ratios/step_000012.safetensors (the step, 6 digits; log-ratio, "
+        "filtered, mask); 0 = never."
     )
-    report_to: str = _f("tensorboard", "TRL/transformers report_to (tensorboard, wandb, none).")
+    report_to: str = _f(
+        "tensorboard", "TRL/transformers report_to: none, all (every installed one) or one integration (wandb, ...)."
+    )
     num_threads: int | None = _f(
         1, "torch CPU threads; 1 is fastest for the tiny model on a shared CPU; None = torch's default."
     )
@@ -161,115 +170,190 @@ class TrainConfig:
 
     # ------------------------------------------------------------------ validation
     def validate(self, *, world_size: int = 1) -> TrainConfig:
-        """Check every field; raise :class:`ConfigError` listing all problems. Returns self."""
-        errors: list[str] = []
-        positive = ("max_steps", "prompts_per_step", "minibatches", "tiny_hidden_size", "tiny_layers",
-                    "tiny_heads", "sft_examples", "sft_epochs", "save_total_limit")
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                errors.append(f"{name}={value!r}: must be an integer >= 1")
-        for name in ("save_steps", "dump_ratios_every"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                errors.append(f"{name}={value!r}: must be an integer >= 0 (0 = off)")
-        if not 0.0 <= self.sft_noise <= 1.0:
-            errors.append(f"sft_noise={self.sft_noise!r}: must be a probability in [0, 1]")
-        for name in ("learning_rate", "temperature", "sft_learning_rate", "max_grad_norm"):
-            if not getattr(self, name) > 0:
-                errors.append(f"{name}={getattr(self, name)!r}: must be > 0")
-        if self.num_generations < 2:
-            errors.append(f"num_generations={self.num_generations}: a GRPO group needs >= 2 responses per prompt")
-        batch_fields_ok = not any(e.split("=")[0] in ("prompts_per_step", "minibatches", "num_generations")
-                                  for e in errors)
-        if batch_fields_ok:
-            if self.generation_batch % self.minibatches:
-                errors.append(
-                    f"prompts_per_step x num_generations = {self.generation_batch} is not divisible by "
-                    f"minibatches={self.minibatches}: pick minibatches dividing {self.generation_batch}"
-                )
-            elif self.mini_batch % world_size:
-                errors.append(
-                    f"mini-batch of {self.mini_batch} sequences does not split over {world_size} devices: "
-                    "change prompts_per_step or minibatches"
-                )
-            elif self.micro_batch_size is not None and (
-                self.micro_batch_size < 1 or (self.mini_batch // world_size) % self.micro_batch_size
-            ):
-                errors.append(
-                    f"micro_batch_size={self.micro_batch_size} must divide the per-device mini-batch of "
-                    f"{self.mini_batch // world_size} sequences"
-                )
-            # A checkpoint inside a generation batch cannot resume it: the rest of the batch is not saved.
-            # The last checkpoint is written at max_steps, so max_steps must end a generation batch too.
-            for name in ("max_steps", "save_steps"):
-                value = getattr(self, name)
-                if isinstance(value, int) and value > 0 and value % self.minibatches:
-                    errors.append(
-                        f"{name}={value} must be a multiple of minibatches={self.minibatches} (a checkpoint "
-                        "inside a generation batch could not resume to the same trajectory): use "
-                        f"{name}={_round_up(value, self.minibatches)} or another multiple"
-                    )
-        if self.max_completion_length is not None and self.max_completion_length < 1:
-            errors.append(f"max_completion_length={self.max_completion_length}: must be >= 1 or None")
-        if self.tiny_hidden_size % max(self.tiny_heads, 1):
+        """Check every field; raise :class:`ConfigError` listing all problems. Returns self.
+
+        A field of the wrong type or out of range gets one error, and the checks that combine it with other
+        fields are skipped (their message would be about a value that is already reported)."""
+        bad = self._type_errors()
+        bad |= self._range_errors(skip=bad)
+        errors = list(bad.values())
+
+        def ok(*names: str) -> bool:
+            return not bad.keys() & set(names)
+
+        if ok("prompts_per_step", "num_generations", "minibatches", "max_steps", "save_steps", "micro_batch_size"):
+            errors += self._batch_errors(world_size)
+        if ok("tiny_hidden_size", "tiny_heads") and self.tiny_hidden_size % self.tiny_heads:
             errors.append(f"tiny_hidden_size={self.tiny_hidden_size} must be divisible by tiny_heads={self.tiny_heads}")
-        errors += self._validate_loss()
-        from kpo.advantages import compute_advantages
-
-        try:
-            import torch
-
-            compute_advantages(self.advantage, torch.tensor([0.0, 1.0]), [0, 0])
-        except (ValueError, TypeError) as e:
-            errors.append(f"advantage={self.advantage!r}: {e}")
-        if self.model is None:
-            try:
-                self.task_config()
-            except ValueError as e:
-                errors.append(f"n_terms/max_value: {e}")
-        elif not (Path(self.model) / "config.json").exists():
-            errors.append(f"model={self.model!r}: no config.json there; give a Hugging Face checkpoint directory")
-        if self.dataset is not None:
-            if self.model is None:
-                errors.append(
-                    "dataset is set but model is not: the embedded tiny model only reads the synthetic task; "
-                    "pass --model PATH (a Hugging Face checkpoint) with --dataset"
-                )
-            if importlib.util.find_spec("math_verify") is None:
-                errors.append(
-                    "dataset is set, and its rewards are graded by math-verify, which is not installed: "
-                    "pip install 'kpo[train]' (or 'math-verify>=0.8')"
-                )
-            if not Path(self.dataset).exists():
-                errors.append(f"dataset={self.dataset!r}: file not found")
-            else:
-                try:
-                    from kpo.data.math import load_problems
-
-                    load_problems(self.dataset, self.problem_key, self.answer_key)
-                except (ValueError, KeyError, OSError) as e:
-                    errors.append(f"dataset={self.dataset!r}: {e}")
-        if self.use_vllm and importlib.util.find_spec("vllm") is None:
+        if ok("loss", "loss_kwargs", "loss_agg_mode"):
+            errors += self._validate_loss()
+        if ok("advantage"):
+            errors += self._advantage_errors()
+        if ok("model") and self.model is not None:
+            errors += self._model_errors()
+        elif ok("model", "n_terms", "max_value", "seed", "sft_examples", "prompts_per_step"):
+            errors += self._task_errors()
+        if ok("dataset", "model", "problem_key", "answer_key") and self.dataset is not None:
+            errors += self._dataset_errors()
+        if ok("use_vllm") and self.use_vllm and importlib.util.find_spec("vllm") is None:
             errors.append("use_vllm=True but vllm is not installed: pip install vllm, or drop --use-vllm")
-        if self.bf16:
+        if ok("bf16") and self.bf16:
             import torch
 
             if not (torch.cuda.is_available() and torch.cuda.is_bf16_supported()):
                 errors.append("bf16=True needs a CUDA device with bfloat16; leave bf16 unset on CPU")
-        if self.num_threads is not None and self.num_threads < 1:
-            errors.append(f"num_threads={self.num_threads}: must be >= 1 or None")
-        out = Path(self.output_dir)
-        if self.resume and self.overwrite:
-            errors.append("resume and overwrite are exclusive: resume continues the run, overwrite replaces it")
-        elif not self.resume and not self.overwrite and (out / "metrics.jsonl").exists():
-            errors.append(
-                f"output_dir={self.output_dir!r} already holds a run: pass --resume to continue it, "
-                "--overwrite to replace it, or another --output-dir"
-            )
+        if ok("report_to"):
+            errors += _report_to_errors(self.report_to)
+        if ok("output_dir", "resume", "overwrite"):
+            errors += self._output_dir_errors()
         if errors:
             raise ConfigError(errors)
         return self
+
+    def _type_errors(self) -> dict[str, str]:
+        """{field: error} for every field whose value does not match its annotation (ints pass as floats)."""
+        hints = typing.get_type_hints(TrainConfig)
+        errors = {}
+        for f in dataclasses.fields(self):
+            kinds = typing.get_args(hints[f.name]) or (hints[f.name],)
+            value = getattr(self, f.name)
+            if not any(_has_type(value, kind) for kind in kinds):
+                expected = " or ".join(_TYPE_NAMES[kind] for kind in kinds)
+                errors[f.name] = f"{f.name}={value!r}: expected {expected}, got {type(value).__name__}"
+        return errors
+
+    def _range_errors(self, skip: dict[str, str]) -> dict[str, str]:
+        """{field: error} for numbers outside :data:`_BOUNDS` (fields in ``skip`` and None values pass)."""
+        errors = {}
+        for name, (low, high, why) in _BOUNDS.items():
+            value = getattr(self, name)
+            if name in skip or value is None:
+                continue
+            if name in _POSITIVE and value <= low:
+                errors[name] = f"{name}={value!r}: must be > {low}{why}"
+            elif value < low or (high is not None and value > high):
+                limit = f"in [{low}, {high}]" if high is not None else f">= {low}"
+                errors[name] = f"{name}={value!r}: must be {limit}{why}"
+        return errors
+
+    def _batch_errors(self, world_size: int) -> list[str]:
+        errors = []
+        if self.generation_batch % self.minibatches:
+            errors.append(
+                f"prompts_per_step x num_generations = {self.generation_batch} is not divisible by "
+                f"minibatches={self.minibatches}: pick minibatches dividing {self.generation_batch}"
+            )
+        elif self.mini_batch % world_size:
+            errors.append(
+                f"mini-batch of {self.mini_batch} sequences does not split over {world_size} devices: "
+                "change prompts_per_step or minibatches"
+            )
+        elif self.micro_batch_size is not None and (self.mini_batch // world_size) % self.micro_batch_size:
+            errors.append(
+                f"micro_batch_size={self.micro_batch_size} must divide the per-device mini-batch of "
+                f"{self.mini_batch // world_size} sequences"
+            )
+        # A checkpoint inside a generation batch cannot resume it: the rest of the batch is not saved.
+        # The last checkpoint is written at max_steps, so max_steps must end a generation batch too.
+        for name in ("max_steps", "save_steps"):
+            value = getattr(self, name)
+            if value > 0 and value % self.minibatches:
+                errors.append(
+                    f"{name}={value} must be a multiple of minibatches={self.minibatches} (a checkpoint "
+                    "inside a generation batch could not resume to the same trajectory): use "
+                    f"{name}={_round_up(value, self.minibatches)} or another multiple"
+                )
+        return errors
+
+    def _advantage_errors(self) -> list[str]:
+        import torch
+
+        from kpo.advantages import compute_advantages
+
+        try:
+            compute_advantages(self.advantage, torch.tensor([0.0, 1.0]), [0, 0])
+        except (ValueError, TypeError) as e:
+            return [f"advantage={self.advantage!r}: {e}"]
+        return []
+
+    def _task_errors(self) -> list[str]:
+        """The synthetic task can supply the warm start's problems and a generation batch of distinct prompts."""
+        from kpo.data.synthetic import load_split
+        from kpo.train.tiny import sft_problems
+
+        try:
+            task = self.task_config()
+            rl_problems = len(load_split("train", seed=self.seed, task=task))
+        except ValueError as e:
+            return [f"n_terms/max_value: {e}"]
+        errors = []
+        task_text = f"the synthetic task (n_terms={self.n_terms}, max_value={self.max_value})"
+        most = task.max_problems("train")
+        if self.sft_examples > most:
+            errors.append(
+                f"sft_examples={self.sft_examples}: {task_text} gives at most {most} distinct training problems "
+                f"for the warm start: lower --sft-examples to {most} or less, or raise --max-value / --n-terms"
+            )
+        else:
+            try:
+                sft_problems(task, self.sft_examples, self.seed)
+            except ValueError as e:
+                errors.append(f"sft_examples={self.sft_examples}: {e}")
+        if self.prompts_per_step > rl_problems:
+            errors.append(
+                f"prompts_per_step={self.prompts_per_step}: {task_text} gives {rl_problems} training prompts and "
+                f"a generation batch takes that many distinct ones: lower --prompts-per-step to {rl_problems} "
+                "or less, or raise --max-value / --n-terms"
+            )
+        return errors
+
+    def _model_errors(self) -> list[str]:
+        if not (Path(self.model) / "config.json").exists():
+            return [f"model={self.model!r}: no config.json there; give a Hugging Face checkpoint directory"]
+        return []
+
+    def _dataset_errors(self) -> list[str]:
+        errors = []
+        if self.model is None:
+            errors.append(
+                "dataset is set but model is not: the embedded tiny model only reads the synthetic task; "
+                "pass --model PATH (a Hugging Face checkpoint) with --dataset"
+            )
+        if importlib.util.find_spec("math_verify") is None:
+            errors.append(
+                "dataset is set, and its rewards are graded by math-verify, which is not installed: "
+                "pip install 'kpo[train]' (or 'math-verify>=0.8')"
+            )
+        if not Path(self.dataset).exists():
+            return [*errors, f"dataset={self.dataset!r}: file not found"]
+        from kpo.data.math import load_problems
+
+        try:
+            problems = load_problems(self.dataset, self.problem_key, self.answer_key)
+        except (ValueError, KeyError, OSError) as e:
+            return [*errors, f"dataset={self.dataset!r}: {e}"]
+        if isinstance(self.prompts_per_step, int) and self.prompts_per_step > len(problems):
+            errors.append(
+                f"prompts_per_step={self.prompts_per_step}: dataset={self.dataset!r} has {len(problems)} problems "
+                f"and a generation batch takes that many distinct ones: lower --prompts-per-step to "
+                f"{len(problems)} or less"
+            )
+        return errors
+
+    def _output_dir_errors(self) -> list[str]:
+        out = Path(self.output_dir)
+        existing = next(p for p in (out, *out.parents) if p.exists())
+        if not existing.is_dir():
+            return [f"output_dir={self.output_dir!r}: {str(existing)!r} is a file, not a directory; choose "
+                    "another --output-dir"]  # fmt: skip
+        if self.resume and self.overwrite:
+            return ["resume and overwrite are exclusive: resume continues the run, overwrite replaces it"]
+        if not self.resume and not self.overwrite and (out / "metrics.jsonl").exists():
+            return [
+                f"output_dir={self.output_dir!r} already holds a run: pass --resume to continue it, "
+                "--overwrite to replace it, or another --output-dir"
+            ]
+        return []
 
     def _validate_loss(self) -> list[str]:
         import torch
@@ -281,8 +365,6 @@ class TrainConfig:
         except ValueError as e:
             return [f"loss: {e}"]
         errors = []
-        if not isinstance(self.loss_kwargs, dict):
-            return [f"loss_kwargs={self.loss_kwargs!r}: must be a mapping name -> value"]
         # The trainer itself supplies token_entropy (ASPO); a user value would be a [B, T] tensor.
         accepted = {k: v for k, v in spec.hparams.items() if k != "token_entropy"}
         unknown = sorted(set(self.loss_kwargs) - set(accepted))
@@ -344,6 +426,51 @@ class TrainConfig:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
 
 
+# Numeric fields' bounds, name -> (low, high or None, why); a None value (where the type allows it) passes.
+_POSITIVE = ("learning_rate", "temperature", "sft_learning_rate", "max_grad_norm")  # low is exclusive
+_BOUNDS = {
+    **dict.fromkeys(
+        ("max_steps", "prompts_per_step", "minibatches", "tiny_hidden_size", "tiny_layers", "tiny_heads",
+         "sft_examples", "sft_epochs", "save_total_limit", "micro_batch_size", "max_completion_length",
+         "num_threads"),
+        (1, None, ""),
+    ),
+    "num_generations": (2, None, " (a GRPO group compares at least 2 responses per prompt)"),
+    **dict.fromkeys(("save_steps", "dump_ratios_every"), (0, None, " (0 = off)")),
+    "weight_decay": (0, None, ""),
+    "seed": (0, 2**32 - 1, " (numpy's seed range)"),
+    "sft_noise": (0, 1, " (a probability)"),
+    **dict.fromkeys(_POSITIVE, (0, None, "")),
+}
+_TYPE_NAMES = {bool: "true/false", int: "an integer", float: "a finite number", str: "a string",
+               dict: "a mapping", type(None): "none"}
+
+
+def _has_type(value: Any, kind: type) -> bool:
+    """isinstance for config fields: bools are not numbers, ints pass as floats, floats must be finite."""
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def _report_to_errors(report_to: str) -> list[str]:
+    """``report_to`` is none, all, or one transformers integration that is installed here."""
+    if report_to in ("none", "all"):
+        return []
+    from transformers.integrations import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
+
+    if report_to not in INTEGRATION_TO_CALLBACK:
+        known = ", ".join(sorted(INTEGRATION_TO_CALLBACK))
+        return [f"report_to={report_to!r}: unknown; use none, all or one of {known}"]
+    available = get_available_reporting_integrations()
+    if report_to not in available:
+        return [f"report_to={report_to!r}: {report_to} is not installed; install it, or use --report-to none"
+                + (f" or one of the installed {', '.join(available)}" if available else "")]
+    return []
+
+
 TRAJECTORY_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name not in TRAJECTORY_FIELDS_EXEMPT)
 
 
@@ -361,6 +488,13 @@ def _scalar(value: Any) -> Any:
         except ValueError:
             pass
     return yaml.safe_load(value) if value.strip() else value
+
+
+def _show_default(value: Any) -> str:
+    """A default as it is written on the command line: none, true/false, {} or the value itself."""
+    if value is None or isinstance(value, bool):
+        return yaml.safe_dump(value).split("\n")[0].replace("null", "none")
+    return str(value)
 
 
 def _parse_bool(text: str) -> bool:
@@ -392,13 +526,16 @@ def build_parser(prog: str = "kpo train") -> argparse.ArgumentParser:
         prog=prog,
         description="RL post-training with KPO or any importance-ratio baseline (TRL GRPOTrainer). "
         "With no arguments: the embedded tiny model on the synthetic arithmetic task (minutes on a CPU).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--config", help="YAML file of config fields; flags override it.")
     hints = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
+    defaults = TrainConfig().to_dict()
     for f in dataclasses.fields(TrainConfig):
         flags = [f"--{f.name.replace('_', '-')}"] + ([f"--{f.name}"] if "_" in f.name else [])
-        kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": f.metadata["help"]}
+        # The flag's own default stays SUPPRESS, so an unset flag leaves the YAML file's value in place;
+        # the help shows the dataclass default that applies when neither sets it.
+        help_text = f"{f.metadata['help']} (default: {_show_default(defaults[f.name])})".replace("%", "%%")
+        kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
         hint = str(hints[f.name])
         if f.name == "loss_kwargs":
             kw |= {"nargs": "*", "type": _parse_kwarg, "metavar": "NAME=VALUE"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from kpo.train.config import TRAJECTORY_FIELDS, ConfigError, TrainConfig
@@ -45,7 +46,10 @@ def _last_checkpoint(out: Path) -> Path | None:
 
 
 def _prepare_output_dir(config: TrainConfig, out: Path) -> Path | None:
-    """Create/clean output_dir; on resume check the config matches and trim metrics to the checkpoint."""
+    """Create/clean output_dir; on resume check the config and the checkpoint, then trim metrics to it.
+
+    Returns the checkpoint to resume from, or None for a fresh run. A resume of a run whose last checkpoint is
+    at max_steps returns that checkpoint before anything is written (:func:`run_training` then stops)."""
     if config.overwrite and out.is_dir():
         for name in _RUN_OUTPUTS:
             path = out / name
@@ -55,6 +59,22 @@ def _prepare_output_dir(config: TrainConfig, out: Path) -> Path | None:
     out.mkdir(parents=True, exist_ok=True)
     if not config.resume:
         return None
+    ckpt = _resume_checkpoint(config, out)
+    step = _step(ckpt)
+    metrics = out / "metrics.jsonl"
+    if step < config.max_steps and metrics.exists():
+        rows = [line for line in metrics.read_text().splitlines() if line.strip()]
+        kept = [line for line in rows if json.loads(line)["step"] <= step]
+        metrics.write_text("".join(line + "\n" for line in kept))
+    return ckpt
+
+
+def _step(ckpt: Path) -> int:
+    return int(ckpt.name.split("-")[-1])
+
+
+def _resume_checkpoint(config: TrainConfig, out: Path) -> Path:
+    """The checkpoint a resume continues from; ConfigError when the run cannot continue to max_steps."""
     saved = TrainConfig.from_yaml(out / "config.yaml") if (out / "config.yaml").exists() else None
     if saved is None:
         raise ConfigError([f"resume: {out} has no config.yaml; start the run without --resume"])
@@ -66,18 +86,18 @@ def _prepare_output_dir(config: TrainConfig, out: Path) -> Path | None:
     ckpt = _last_checkpoint(out)
     if ckpt is None:
         raise ConfigError([f"resume: no checkpoint-* in {out}; set save_steps to checkpoint a run"])
-    step = int(ckpt.name.split("-")[-1])
+    step = _step(ckpt)
+    if step > config.max_steps:
+        raise ConfigError([
+            f"resume: {out} has already trained {step} steps ({ckpt.name}), past max_steps={config.max_steps}; "
+            f"to train further raise --max-steps above {step}, or start a new --output-dir"
+        ])
     if step % config.minibatches:
         raise ConfigError([
             f"resume: {ckpt.name} ends inside a generation batch (step {step} is not a multiple of "
             f"minibatches={config.minibatches}), whose unused mini-batches were not saved; a resume would "
             f"regenerate them and diverge. Delete {ckpt.name} to resume from an earlier checkpoint, or start anew"
         ])
-    metrics = out / "metrics.jsonl"
-    if metrics.exists():
-        rows = [line for line in metrics.read_text().splitlines() if line.strip()]
-        kept = [line for line in rows if json.loads(line)["step"] <= step]
-        metrics.write_text("".join(line + "\n" for line in kept))
     return ckpt
 
 
@@ -144,6 +164,11 @@ def run_training(config: TrainConfig) -> Path:
         torch.set_num_threads(config.num_threads)
     out = Path(config.output_dir)
     ckpt = _prepare_output_dir(config, out)
+    if ckpt is not None and _step(ckpt) == config.max_steps:
+        # Training on would add a step past max_steps and replace final/: leave the finished run as it is.
+        print(f"kpo train: the run in {out} is already complete ({ckpt.name}, max_steps={config.max_steps}); "
+              f"nothing to do. Raise --max-steps to train further.", file=sys.stderr)
+        return out
     config.save_yaml(out / "config.yaml")
 
     from trl import GRPOConfig

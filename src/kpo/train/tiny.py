@@ -17,7 +17,8 @@ from pathlib import Path
 
 from kpo.data.synthetic import ALPHABET, TaskConfig, load_split, noisy_solve
 
-__all__ = ["TinyModelConfig", "SFTSettings", "build_tokenizer", "build_model", "warm_start", "default_cache_dir"]
+__all__ = ["TinyModelConfig", "SFTSettings", "build_tokenizer", "build_model", "sft_problems", "warm_start",
+           "default_cache_dir"]
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 
@@ -137,6 +138,13 @@ def _cache_key(shape: TinyModelConfig, task: TaskConfig, sft: SFTSettings, seed:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def sft_problems(task: TaskConfig, n: int, seed: int) -> list[dict]:
+    """The warm start's ``n`` training problems (:func:`kpo.data.synthetic.load_split` rows); ValueError when
+    the task's train split cannot supply them."""
+    # Seed offset keeps warm-start problems a different draw from the RL prompts of the same seed.
+    return load_split("train", n=n, seed=seed + 10_000, task=task)
+
+
 def warm_start(
     task: TaskConfig | None = None,
     shape: TinyModelConfig | None = None,
@@ -168,8 +176,7 @@ def warm_start(
         print(f"kpo: warm start (supervised, cached afterwards) -> {out}", file=sys.stderr)
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, shape, seed=seed)
-    # Seed offset keeps warm-start problems a different draw from the RL prompts of the same seed.
-    rows = load_split("train", n=sft.n_examples, seed=seed + 10_000, task=task)
+    rows = sft_problems(task, sft.n_examples, seed)
     rng = random.Random(f"kpo-sft-noise/{seed}")
     records = [
         {"prompt": r["prompt"], "completion": noisy_solve([int(x) for x in r["problem"].split("+")], rng, sft.noise)}
