@@ -65,6 +65,8 @@ def _series(run: Run, key: str) -> dict[int, float]:
 def _trailing_mean(ys: np.ndarray, window: int) -> np.ndarray:
     """Trailing mean [S] of ``ys`` [S] (one value per step, NaN = not logged): at step i the mean of the finite
     values among steps i - window + 1 .. i; NaN where that window holds none."""
+    if ys.size == 0:  # np.convolve refuses an empty input
+        return ys.astype(float)
     kernel = np.ones(window)
     finite = np.isfinite(ys)
     num = np.convolve(np.where(finite, ys, 0.0), kernel)[: len(ys)]

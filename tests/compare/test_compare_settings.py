@@ -66,8 +66,13 @@ def test_quick_mode_shrinks_only_what_is_not_set():
         (["--", "--n-terms", "1"], "run vanilla-seed0: n_terms/max_value"),
         # a YAML file could set what compare owns (loss_kwargs, max_steps, resume) unseen
         (["--", "--config", "run.yaml"], "-- --config: a YAML file could set what kpo compare sets itself"),
-        # sums of two numbers up to 1: too few problems for any test split
-        (["--", "--max-value", "1"], "held-out evaluation: the task"),
+        # sums of two numbers up to 1: too few problems for kpo train's warm start (its own check, per run)
+        (["--", "--max-value", "1"], "run vanilla-seed0: sft_examples=200"),
+        # up to 2: enough for a small warm start, too few for any test split
+        (
+            ["--", "--max-value", "2", "--sft-examples", "4", "--prompts-per-step", "4"],
+            "held-out evaluation: the task",
+        ),
     ],
 )
 def test_main_rejects_bad_settings_before_training(tmp_path, capsys, no_training, argv, message):

@@ -50,8 +50,9 @@ def test_seed_band_smooths_each_seed_by_a_trailing_mean_first():
     np.testing.assert_allclose(mean, [2.0, 2.5, 3.25, 5.5])
 
 
-def test_seed_band_of_a_metric_nobody_logged_is_empty():
-    steps, mean, lo, hi = seed_band([SEED_A, SEED_B], "entropy")
+@pytest.mark.parametrize("smooth", [1, 3])
+def test_seed_band_of_a_metric_nobody_logged_is_empty(smooth):
+    steps, mean, lo, hi = seed_band([SEED_A, SEED_B], "entropy", smooth=smooth)
     assert steps.size == mean.size == lo.size == hi.size == 0
 
 
