@@ -25,13 +25,14 @@ def _task_field(text: str) -> tuple[str, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from kpo.evaluation.runner import DEFAULT_MATH_MAX_NEW_TOKENS
+    from kpo.evaluation.runner import BACKENDS, DEFAULT_MATH_MAX_NEW_TOKENS, DTYPES
 
     p = argparse.ArgumentParser(
         prog="kpo eval",
         description="Sample N completions per problem, grade them (math-verify, or the synthetic task's grader) "
-        "and report avg@N and pass@k per benchmark with the macro average. Generations are cached, so an "
-        "interrupted run resumes where it stopped.",
+        "and report avg@N and pass@k per benchmark with the macro average. With --output (or --cache) the "
+        "generations are cached batch by batch, so an interrupted run resumes where it stopped; without "
+        "either, results are only printed and an interrupted run starts over.",
     )
     p.add_argument("--model", required=True, help="Hugging Face model directory (tokenizer beside it)")
     p.add_argument("--data", nargs="+", required=True, metavar="FILE",
@@ -47,9 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "longest reference + 1 for synthetic)")  # fmt: skip
     p.add_argument("--batch-size", type=int, default=32, help="sequences per generate call (default 32)")
     p.add_argument("--seed", type=int, default=0, help="base seed of the per-sample generators (default 0)")
-    p.add_argument(
-        "--output", default=None, help="results JSON, not ending in .md (a .md table is written beside it)"
-    )
+    p.add_argument("--output", default=None, metavar="PATH.json",
+                   help="results JSON, not ending in .md (a .md table and the generation cache are written "
+                   "beside it); without it results are only printed, and an interrupted run cannot resume "
+                   "unless --cache is given")  # fmt: skip
     p.add_argument(
         "--cache", default=None, help="generation cache jsonl (default <output>.generations.jsonl)"
     )
@@ -58,10 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "your final answer within \\boxed{}.'")  # fmt: skip
     p.add_argument("--chat-template", choices=("auto", "on", "off"), default="auto",
                    help="wrap math prompts in the tokenizer's chat template (auto: when it has one)")  # fmt: skip
-    p.add_argument("--backend", choices=("auto", "transformers", "vllm"), default="auto",
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="auto: vLLM on a GPU when installed, else transformers")  # fmt: skip
     p.add_argument("--device", default="auto", help="transformers device: auto, cpu, cuda, cuda:1 ...")
-    p.add_argument("--dtype", default=None, help="model dtype (default bfloat16 on GPU, float32 on CPU)")
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="model dtype (default bfloat16 on GPU, float32 on CPU)")  # fmt: skip
     p.add_argument(
         "--limit", type=int, default=None, help="first N >= 1 problems per benchmark (synthetic: N problems)"
     )
@@ -77,6 +80,9 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from kpo.evaluation.runner import evaluate, format_table
 
+    if args.output is None and args.cache is None:
+        print("kpo eval: warning: no --output: results are printed only and an interrupted run cannot "
+              "resume; pass --output PATH.json", file=sys.stderr)  # fmt: skip
     try:
         results = evaluate(
             args.model,

@@ -33,6 +33,11 @@ DEFAULT_PROMPT_TEMPLATE = format_prompt("{problem}")
 DEFAULT_MATH_MAX_NEW_TOKENS = 4096
 SYNTHETIC = "synthetic"
 _CHAT_MODES = ("auto", "on", "off")
+BACKENDS = ("auto", "transformers", "vllm")
+# Model dtypes both backends take by these names (vLLM has no float64).
+DTYPES = ("bfloat16", "float16", "float32")
+# The devices vLLM can honour: it places the model itself (on the GPUs CUDA_VISIBLE_DEVICES shows it).
+_VLLM_DEVICES = ("auto", "cuda")
 
 
 def sample_seed(seed: int, dataset: str, problem_id: str, sample: int) -> int:
@@ -113,6 +118,46 @@ def _resolve_device(device: str) -> str:
     return device
 
 
+def _check_engine(backend: str, device: str, dtype: str | None) -> list[str]:
+    """Problems with backend/device/dtype, found before anything loads (they used to fail inside the load)."""
+    import importlib.util
+
+    if backend not in BACKENDS:
+        return [f"backend={backend!r} (--backend): must be one of {BACKENDS}"]
+    errors = []
+    if dtype is not None and dtype not in DTYPES:
+        errors.append(f"dtype={dtype!r} (--dtype): must be one of {DTYPES}; leave it unset for the default "
+                      "(bfloat16 on GPU, float32 on CPU)")  # fmt: skip
+    if backend == "vllm":
+        if importlib.util.find_spec("vllm") is None:
+            errors.append("backend='vllm' (--backend): vllm is not installed; pip install vllm, or use "
+                          "--backend transformers")  # fmt: skip
+        if device not in _VLLM_DEVICES:
+            errors.append(f"device={device!r} (--device): vLLM places the model itself (choose its GPUs with "
+                          "CUDA_VISIBLE_DEVICES); drop --device or use --backend transformers")  # fmt: skip
+        return errors
+    return errors + _check_device(device)
+
+
+def _check_device(device: str) -> list[str]:
+    """Problems with the transformers device: a malformed name, or a CUDA device this machine lacks."""
+    import torch
+
+    if device in ("auto", "cpu"):
+        return []
+    kind, colon, index = device.partition(":")
+    if kind != "cuda" or (colon and not index.isdigit()):
+        return [f"device={device!r} (--device): must be auto, cpu, cuda or cuda:N"]
+    if not torch.cuda.is_available():
+        return [f"device={device!r} (--device): no CUDA device is available (torch.cuda.is_available() is "
+                "False); use --device cpu or --device auto"]  # fmt: skip
+    count = torch.cuda.device_count()
+    if colon and int(index) >= count:
+        return [f"device={device!r} (--device): this machine has {count} CUDA device(s), cuda:0 to "
+                f"cuda:{count - 1}"]  # fmt: skip
+    return []
+
+
 def _use_chat_template(tokenizer, mode: str) -> bool:
     if mode not in _CHAT_MODES:
         raise ValueError(f"chat_template={mode!r}: must be one of {_CHAT_MODES}")
@@ -158,6 +203,7 @@ class TransformersBackend:
 
     def __init__(self, model_path: str | Path, *, device: str = "auto", dtype: str | None = None):
         import torch
+        from safetensors import SafetensorError
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = _resolve_device(device)
@@ -166,13 +212,16 @@ class TransformersBackend:
             if dtype
             else (torch.bfloat16 if self.device.startswith("cuda") else torch.float32)
         )
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)
+        except (OSError, SafetensorError) as e:
+            # The loaders' own failures (missing weights, unreadable config or weight files): name the model.
+            raise ValueError(f"model={str(model_path)!r}: cannot load it: {e}") from e
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = (
-            AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(self.device).eval()
-        )
+        self.model = model.to(self.device).eval()
         eos = self.model.generation_config.eos_token_id
         if eos is None:
             eos = self.tokenizer.eos_token_id
@@ -262,13 +311,11 @@ def _make_backend(name: str, model_path: str | Path, device: str, dtype: str | N
 
         import torch
 
-        gpu = torch.cuda.is_available() and device != "cpu"
+        gpu = torch.cuda.is_available() and device in _VLLM_DEVICES
         name = "vllm" if gpu and importlib.util.find_spec("vllm") else "transformers"
-    if name == "transformers":
-        return TransformersBackend(model_path, device=device, dtype=dtype)
     if name == "vllm":
         return VLLMBackend(model_path, device=device, dtype=dtype)
-    raise ValueError(f"backend={name!r}: must be 'auto', 'transformers' or 'vllm'")
+    return TransformersBackend(model_path, device=device, dtype=dtype)
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -351,6 +398,21 @@ def _check_outputs(output: Path | None, table: Path | None, cache: Path | None) 
                 f"JSON: give a .json path, e.g. {str(output.with_suffix('.json'))!r}"]  # fmt: skip
     if cache is not None and cache in (output, table):
         return [f"cache={str(cache)!r} is also the results file; give the cache another name"]
+    errors = _path_errors("output", output) if output is not None else []
+    # The default cache sits beside the output: report a file in the way of their folder once.
+    if cache is not None and not (errors and cache.parent == output.parent):
+        errors += _path_errors("cache", cache)
+    return errors
+
+
+def _path_errors(name: str, path: Path) -> list[str]:
+    """A file can be written at `path`: it is no directory, and no file stands where a parent folder goes."""
+    if path.is_dir():
+        return [f"{name}={str(path)!r} (--{name}) is a directory; give a file path"]
+    existing = next(p for p in path.parents if p.exists())
+    if not existing.is_dir():
+        return [f"{name}={str(path)!r} (--{name}): {str(existing)!r} is a file, not a directory; choose "
+                "another path"]  # fmt: skip
     return []
 
 
@@ -410,7 +472,10 @@ def evaluate(
         prompt_template: text with ``{problem}``; default :data:`DEFAULT_PROMPT_TEMPLATE`. Synthetic rows use
             their raw ``prompt``.
         chat_template: "auto" (wrap math prompts in the tokenizer's chat template when it has one), "on", "off".
-        backend: "auto" (vLLM on a GPU when installed, else transformers), "transformers", "vllm".
+        backend: "auto" (vLLM on a GPU when installed and `device` is "auto" or "cuda", else transformers),
+            "transformers", "vllm".
+        device: transformers device: "auto" (cuda when available), "cpu", "cuda", "cuda:N".
+        dtype: one of :data:`DTYPES`; default bfloat16 on GPU, float32 on CPU.
         limit: first `limit` problems of each benchmark, >= 1 (synthetic: number of test problems, default the
             whole test split: ``kpo.data.synthetic.load_split("test")``, 40 problems for the default task).
         synthetic_kw: task fields for the synthetic split, e.g. ``{"n_terms": 3}``.
@@ -418,7 +483,14 @@ def evaluate(
 
     Returns:
         ``{"model", "params", "benchmarks": {name: {"problems", "samples", "avg@n", "pass@k"...,
-        "mean_response_tokens", "truncated_frac", "per_problem": [{"id", "correct"}]}}, "macro": {...}}``.
+        "mean_response_tokens", "truncated_frac", "per_problem": [{"id", "correct"}], "max_new_tokens"}},
+        "macro": {...}}``. ``params["max_new_tokens"]`` is the budget used, or ``{name: budget}`` when the
+        benchmarks' defaults differ.
+
+    Raises:
+        ValueError: a bad argument (all of them are checked before anything loads), a benchmark or task that
+            cannot be read or drawn, or a model that cannot be loaded (naming the path and the loader's
+            reason).
     """
     ks = [int(k) for k in ks]
     errors = []
@@ -443,6 +515,7 @@ def evaluate(
         errors.append(f"limit={limit!r}: must be a positive integer (the first `limit` problems), or None for all")
     output, table, cache = _output_paths(output, cache)
     errors += _check_task(synthetic_kw, _specs(data)) + _check_outputs(output, table, cache)
+    errors += _check_engine(backend, device, dtype)
     if errors:
         raise ValueError("evaluate: " + "; ".join(errors))
 
@@ -453,8 +526,12 @@ def evaluate(
     model_id = _model_id(model)
 
     results: dict[str, Any] = {"model": model_id, "benchmarks": {}}
+    budgets = {
+        name: max_new_tokens if max_new_tokens is not None else _default_budget(name, synthetic_kw)
+        for name in benchmarks
+    }
     for name, (rows, grader) in benchmarks.items():
-        budget = max_new_tokens if max_new_tokens is not None else _default_budget(name, synthetic_kw)
+        budget = budgets[name]
         params = {
             "temperature": temperature, "top_p": top_p, "max_new_tokens": budget, "seed": seed, "backend": engine.name
         }  # fmt: skip
@@ -472,10 +549,14 @@ def evaluate(
                 else:
                     todo.append((i, j, prompt, rec))
         _generate(engine, todo, records, store, params, batch_size, name, show_progress)
-        results["benchmarks"][name] = _score(rows, records, grader, n, ks, name, show_progress)
+        results["benchmarks"][name] = {
+            **_score(rows, records, grader, n, ks, name, show_progress), "max_new_tokens": budget
+        }
 
+    # The budgets used, not the argument (None means a per-benchmark default); a mapping when they differ.
+    used = next(iter(budgets.values())) if len(set(budgets.values())) == 1 else budgets
     results["params"] = {
-        "n": n, "ks": ks, "temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens,
+        "n": n, "ks": ks, "temperature": temperature, "top_p": top_p, "max_new_tokens": used,
         "seed": seed, "prompt_template": template, "chat_template": use_chat, "backend": engine.name,
     }  # fmt: skip
     metric_keys = [k for k in next(iter(results["benchmarks"].values())) if "@" in k or k.startswith("mean_")]

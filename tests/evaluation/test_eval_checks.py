@@ -1,0 +1,177 @@
+"""``kpo eval``: bad backend/device/dtype/output settings and unloadable models are clean errors found before
+anything loads; a run without --output says it cannot resume; the results record the budget actually used."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import pytest
+
+from kpo.data.synthetic import TaskConfig
+from kpo.evaluation import evaluate
+from kpo.evaluation import runner as runner_mod
+from kpo.evaluation.cli import build_parser
+from kpo.evaluation.cli import main as cli_main
+
+NO_OUTPUT_WARNING = "no --output: results are printed only and an interrupted run cannot resume"
+
+
+class _EmptyBackend:
+    """Answers "" to every prompt and remembers each budget it was given."""
+
+    name = "empty"
+
+    def __init__(self):
+        from transformers import PreTrainedTokenizerBase
+
+        self.tokenizer = PreTrainedTokenizerBase()
+        self.budgets = set()
+
+    def generate(self, prompts, seeds, *, temperature, top_p, max_new_tokens):
+        self.budgets.add(max_new_tokens)
+        return [("", 1, True) for _ in prompts]
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    """Fail the test if evaluate gets as far as building a backend (the checks must come first)."""
+
+    def refuse(*args):
+        raise AssertionError("the model was loaded before the settings were checked")
+
+    monkeypatch.setattr(runner_mod, "_make_backend", refuse)
+
+
+@pytest.fixture
+def empty_backend(monkeypatch):
+    backend = _EmptyBackend()
+    monkeypatch.setattr(runner_mod, "_make_backend", lambda *a: backend)
+    return backend
+
+
+def _eval(model, *extra):
+    return cli_main(
+        ["--model", str(model), "--data", "synthetic", "--n", "1", "--k", "1", "--no-progress", *extra]
+    )
+
+
+def _error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+def test_dtype_must_be_a_model_dtype(tiny_model, no_load, capsys):
+    with pytest.raises(SystemExit) as e:
+        _eval(tiny_model, "--dtype", "float99")
+    assert e.value.code == 2
+    assert "argument --dtype: invalid choice: 'float99'" in _error(capsys)
+    with pytest.raises(ValueError, match=r"dtype='float99' \(--dtype\): must be one of \('bfloat16', "):
+        evaluate(tiny_model, "synthetic", dtype="float99")
+
+
+def test_cuda_device_without_cuda(tiny_model, no_load, monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _eval(tiny_model, "--device", "cuda") == 2
+    assert "device='cuda' (--device): no CUDA device is available" in (err := _error(capsys))
+    assert "use --device cpu" in err
+    assert _eval(tiny_model, "--device", "gpu0") == 2
+    assert "device='gpu0' (--device): must be auto, cpu, cuda or cuda:N" in _error(capsys)
+
+
+def test_vllm_backend_without_vllm(tiny_model, no_load, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # find_spec then reports it as not installed
+    assert _eval(tiny_model, "--backend", "vllm") == 2
+    assert "backend='vllm' (--backend): vllm is not installed; pip install vllm" in _error(capsys)
+
+
+def test_vllm_backend_takes_no_device(tiny_model, no_load, capsys):
+    assert _eval(tiny_model, "--backend", "vllm", "--device", "cpu") == 2
+    assert "device='cpu' (--device): vLLM places the model itself" in _error(capsys)
+
+
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        ("weights", "no file named model.safetensors"),
+        ("corrupt", "Error while deserializing header"),
+    ],
+)
+def test_a_model_that_cannot_load_names_the_path_and_the_reason(tiny_model, tmp_path, capsys, damage, reason):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    if damage == "weights":
+        (model / "model.safetensors").unlink()
+    else:
+        (model / "model.safetensors").write_bytes(b"not a safetensors file")
+    assert _eval(model, "--limit", "1") == 2
+    err = _error(capsys)
+    assert f"kpo eval: error: model={str(model)!r}: cannot load it: " in err and reason in err
+
+
+def test_a_task_too_small_for_a_test_split_is_a_clean_error(tiny_model, no_load, capsys):
+    assert _eval(tiny_model, "--task", "max_value=3") == 2
+    err = _error(capsys)
+    assert "kpo eval: error: " in err and "'max_value': 3" in err and "raise max_value or n_terms" in err
+
+
+def test_no_output_warns_that_nothing_is_saved(tmp_path, empty_backend, capsys):
+    assert _eval("m", "--limit", "1") == 0
+    assert f"kpo eval: warning: {NO_OUTPUT_WARNING}; pass --output PATH.json" in capsys.readouterr().err
+    assert _eval("m", "--limit", "1", "--output", str(tmp_path / "r.json")) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert (
+        "without it results are only printed, and an interrupted run cannot resume unless --cache"
+        in " ".join(build_parser().format_help().split())
+    )
+
+
+def test_results_record_the_budget_used(tmp_path, empty_backend):
+    synthetic_budget = TaskConfig().max_response_chars() + 1
+    out = tmp_path / "r.json"
+    res = evaluate("m", "synthetic", n=1, ks=(1,), limit=1, output=out, show_progress=False)
+    assert empty_backend.budgets == {synthetic_budget}
+    assert json.loads(out.read_text())["params"]["max_new_tokens"] == synthetic_budget
+    assert res["benchmarks"]["synthetic"]["max_new_tokens"] == synthetic_budget
+    # Benchmarks with different default budgets: each one's, by name.
+    bench = tmp_path / "toy.jsonl"
+    bench.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
+    res = evaluate("m", ["synthetic", bench], n=1, ks=(1,), limit=1, show_progress=False)
+    budgets = {"synthetic": synthetic_budget, "toy": runner_mod.DEFAULT_MATH_MAX_NEW_TOKENS}
+    assert res["params"]["max_new_tokens"] == budgets
+    assert (
+        evaluate("m", bench, n=1, ks=(1,), max_new_tokens=7, show_progress=False)["params"]["max_new_tokens"]
+        == 7
+    )
+
+
+@pytest.mark.parametrize(
+    "flag, path, message",
+    [
+        (
+            "--output",
+            "{file}/r.json",
+            "output='{file}/r.json' (--output): '{file}' is a file, not a directory",
+        ),
+        ("--output", "{file}/sub/r.json", "'{file}' is a file, not a directory"),
+        (
+            "--cache",
+            "{file}/c.jsonl",
+            "cache='{file}/c.jsonl' (--cache): '{file}' is a file, not a directory",
+        ),
+        ("--output", "{tmp}", "output='{tmp}' (--output) is a directory; give a file path"),
+    ],
+)
+def test_an_output_path_blocked_by_a_file_is_a_clean_error(
+    tiny_model, tmp_path, no_load, capsys, flag, path, message
+):
+    file = tmp_path / "existing_file"
+    file.write_text("")
+    assert _eval(tiny_model, flag, path.format(file=file, tmp=tmp_path)) == 2
+    err = _error(capsys)
+    assert message.format(file=file, tmp=tmp_path) in err
+    assert err.count("is a file") <= 1  # the default cache beside the output is not reported again
