@@ -14,3 +14,37 @@ def test_filter_rejects_repeats_below_one(value, capsys):
         main(["filter", "--repeats", value])
     assert e.value.code == 2
     assert f"--repeats: must be an integer >= 1, got '{value}'" in capsys.readouterr().err
+
+
+def _parse_error(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "q"])
+def test_filter_rejects_a_process_noise_that_is_not_positive_and_finite(value, capsys):
+    # gains.check_params used to raise a ValueError traceback from inside the benchmark.
+    err = _parse_error(["filter", "--sizes", "4x16", "--q", value], capsys)
+    assert f"argument --q: must be a finite number > 0 (the process noise Q; V = 1), got '{value}'" in err
+
+
+def test_filter_checks_the_plot_path_before_running(tmp_path, capsys, monkeypatch):
+    import kpo.bench
+
+    # A bad --plot used to fail with FileNotFoundError only after the whole benchmark had run.
+    monkeypatch.setattr(kpo.bench, "_bench_size", lambda *a: pytest.fail("the benchmark ran"))
+    err = _parse_error(["filter", "--sizes", "4x16", "--plot", str(tmp_path / "nope" / "x.png")], capsys)
+    assert f"argument --plot: {str(tmp_path / 'nope')!r} is not an existing directory" in err
+    assert "is a directory" in _parse_error(["filter", "--plot", str(tmp_path)], capsys)
+    assert "matplotlib cannot write '.foo' files" in _parse_error(
+        ["filter", "--plot", str(tmp_path / "x.foo")], capsys
+    )
+
+
+@pytest.mark.parametrize("arch", ["7", "60", "88", "101"])
+def test_triton_ptx_takes_only_architectures_triton_compiles_for(arch, capsys):
+    # sm_7 and sm_88 used to abort the process inside LLVM; sm_101 failed in ptxas.
+    err = _parse_error(["triton-ptx", "--arch", arch], capsys)
+    assert f"argument --arch: invalid choice: {arch} (choose from 70, 72, 75, 80" in err

@@ -10,12 +10,15 @@ Add a benchmark by writing a ``(configure(parser), run(args) -> int)`` pair and 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import math
 import os
 import re
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -89,6 +92,41 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _process_noise(text: str) -> float:
+    """``--q``: the filter's process noise Q, a finite float > 0 (V is 1), e.g. 1e-6."""
+    try:
+        q = float(text)
+    except ValueError:
+        q = math.nan
+    if not (math.isfinite(q) and q > 0):
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number > 0 (the process noise Q; V = 1), got {text!r}"
+        )
+    return q
+
+
+def _plot_path(text: str) -> str:
+    """``--plot``: checked before the benchmark runs (a bad path used to fail only after it)."""
+    path = Path(text)
+    if importlib.util.find_spec("matplotlib") is None:
+        raise argparse.ArgumentTypeError("needs matplotlib: pip install matplotlib, or drop --plot")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file path, e.g. filter.png")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{str(path.parent)!r} is not an existing directory; create it first"
+        )
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix and path.suffix[1:].lower() not in formats:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: matplotlib cannot write {path.suffix!r} files; use one of "
+            + ", ".join("." + f for f in sorted(formats))
+        )
+    return text
+
+
 def _configure_filter(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument(
@@ -98,12 +136,16 @@ def _configure_filter(parser: argparse.ArgumentParser) -> None:
         help="BxT list; default 256x4096,64x32768 (cpu), 256x4096,1024x32768 (cuda)",
     )
     parser.add_argument("--repeats", type=_positive_int, default=5, help="timed runs per entry (median reported)")
-    parser.add_argument("--q", type=float, default=1e-6, help="process noise (v = 1)")
+    parser.add_argument("--q", type=_process_noise, default=1e-6, help="process noise > 0 (v = 1)")
     parser.add_argument("--mode", choices=("skip", "advance", "zero"), default="skip")
     parser.add_argument("--no-backward", action="store_true", help="forward only")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--plot", metavar="PNG", default=None, help="also write a bar chart (needs matplotlib)"
+        "--plot",
+        type=_plot_path,
+        metavar="PNG",
+        default=None,
+        help="also write a bar chart (needs matplotlib)",
     )
 
 
@@ -130,11 +172,8 @@ def _run_filter(args: argparse.Namespace) -> int:
     for B, T in sizes:
         tables += _bench_size(args, device, paths, sync, gen, B, T)
     if args.plot:
-        try:
-            _plot(tables, args.plot, f"kpo filter, {device}, mode={args.mode}, q={args.q:g}")
-            print(f"\nplot: {args.plot}")
-        except ImportError:
-            print("\nno plot: matplotlib is not installed (pip install matplotlib)")
+        _plot(tables, args.plot, f"kpo filter, {device}, mode={args.mode}, q={args.q:g}")
+        print(f"\nplot: {args.plot}")
     return 0
 
 
@@ -299,8 +338,16 @@ def ptx_counts(ptx: str) -> dict[str, int]:
     return {kind: len(re.findall(pattern, ptx)) for kind, pattern in PTX_KINDS.items()}
 
 
+# NVIDIA compute capabilities (x10) these kernels compile for with triton 3.9's bundled LLVM and ptxas, from
+# Volta (triton runs on compute capability >= 7.0) to Blackwell. Others abort the process inside LLVM (sm_7:
+# "Cannot select ... shfl"; sm_88: "PTX version 8.8 does not support target") or fail in ptxas (sm_101).
+PTX_ARCHS = (70, 72, 75, 80, 86, 87, 89, 90, 100, 103, 110, 120, 121)
+
+
 def _configure_triton_ptx(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--arch", type=int, default=90, help="NVIDIA compute capability x10 (90: H100/H200)")
+    parser.add_argument("--arch", type=int, choices=PTX_ARCHS, default=90, metavar="ARCH",
+                        help=f"NVIDIA compute capability x10, one of {', '.join(map(str, PTX_ARCHS))} "
+                        "(default 90: H100/H200)")  # fmt: skip
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--json", action="store_true", help="print one JSON object per variant instead")
 
