@@ -271,3 +271,15 @@ def test_dumps_of_different_lengths_are_pooled(tmp_path):
     assert [d["step"] for d in res["per_dump"]] == ["1", "2"]
     assert res["per_dump"][0]["before"]["switch_freq"] == pytest.approx(1.0)
     assert res["inputs"]["valid_tokens"] == 7
+
+
+@pytest.mark.parametrize("sub", ["", "sub"])
+def test_an_output_folder_blocked_by_a_file_is_a_clean_error(tmp_path, capsys, sub):
+    # A file at --out (or above it) used to end in a FileExistsError / NotADirectoryError traceback.
+    file = tmp_path / "existing_file"
+    file.write_text("")
+    out = file / sub if sub else file
+    assert main(["--synthetic", "--out", str(out), "--samples", "2", "--length", "8"]) == 2
+    err = capsys.readouterr().err
+    assert f"kpo analyze: error: output folder {str(out)!r}: {str(file)!r} is a file, not a folder" in err
+    assert "Traceback" not in err and file.read_text() == ""

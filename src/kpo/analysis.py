@@ -646,9 +646,19 @@ def main(argv: list[str] | None = None) -> int:
         max_windows=args.max_windows,
         off_policy_only=args.off_policy_only,
     )
+    if args.synthetic:
+        out = args.out or Path("kpo-analysis")
+    else:
+        base = Path(args.paths[0]) if Path(args.paths[0]).is_dir() else Path(args.paths[0]).parent
+        out = args.out or ((base.parent if base.name == "ratios" else base) / "analysis")
+    # Checked before any work: a file in the way used to end in a FileExistsError/NotADirectoryError traceback.
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        print(f"kpo analyze: error: output folder {str(out)!r}: {str(existing)!r} is a file, not a folder; "
+              "give another --out", file=sys.stderr)  # fmt: skip
+        return 2
     try:
         if args.synthetic:
-            out = args.out or Path("kpo-analysis")
             dump_path = write_synthetic(
                 out / "synthetic", seed=args.seed, samples=args.samples, length=args.length
             )
@@ -656,8 +666,6 @@ def main(argv: list[str] | None = None) -> int:
             files = [dump_path]
         else:
             files = [f for p in args.paths for f in find_dumps(p)]
-            base = Path(args.paths[0]) if Path(args.paths[0]).is_dir() else Path(args.paths[0]).parent
-            out = args.out or ((base.parent if base.name == "ratios" else base) / "analysis")
         dumps = [load_dump(f) for f in files]
         results = analyze(dumps, cfg, out)
     except (DumpError, ValueError) as exc:
