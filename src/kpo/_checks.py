@@ -1,8 +1,16 @@
-"""Input checks shared by the public entry points (the filter and the policy losses)."""
+"""Input checks shared by the public entry points (the filter, the policy losses, the commands' paths)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+
+
+def file_in_the_way(folder: Path) -> Path | None:
+    """The file that stands where ``folder`` or one of its parents must be a directory, or None."""
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    return None if existing.is_dir() else existing
 
 
 def bool_mask(mask: torch.Tensor) -> torch.Tensor:

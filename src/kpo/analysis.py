@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kpo._checks import file_in_the_way
 from kpo.diagnostics import STAT_KEYS, average_samples, prepare, run_lengths, sample_dynamics, window_stats
 from kpo.filter import MASK_MODES
 
@@ -652,8 +653,8 @@ def main(argv: list[str] | None = None) -> int:
         base = Path(args.paths[0]) if Path(args.paths[0]).is_dir() else Path(args.paths[0]).parent
         out = args.out or ((base.parent if base.name == "ratios" else base) / "analysis")
     # Checked before any work: a file in the way used to end in a FileExistsError/NotADirectoryError traceback.
-    existing = next(p for p in (out, *out.parents) if p.exists())
-    if not existing.is_dir():
+    existing = file_in_the_way(out)
+    if existing is not None:
         print(f"kpo analyze: error: output folder {str(out)!r}: {str(existing)!r} is a file, not a folder; "
               "give another --out", file=sys.stderr)  # fmt: skip
         return 2

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from kpo._checks import file_in_the_way
 from kpo.data.math import format_prompt, has_chat_template
 from kpo.evaluation.metrics import benchmark_metrics
 
@@ -409,8 +410,8 @@ def _path_errors(name: str, path: Path) -> list[str]:
     """A file can be written at `path`: it is no directory, and no file stands where a parent folder goes."""
     if path.is_dir():
         return [f"{name}={str(path)!r} (--{name}) is a directory; give a file path"]
-    existing = next(p for p in path.parents if p.exists())
-    if not existing.is_dir():
+    existing = file_in_the_way(path.parent)
+    if existing is not None:
         return [f"{name}={str(path)!r} (--{name}): {str(existing)!r} is a file, not a directory; choose "
                 "another path"]  # fmt: skip
     return []

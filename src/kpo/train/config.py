@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from kpo._checks import file_in_the_way
 from kpo.data.math import DEFAULT_INSTRUCTION
 
 __all__ = ["ConfigError", "TrainConfig", "parse_args", "TRAJECTORY_FIELDS"]
@@ -342,8 +343,8 @@ class TrainConfig:
 
     def _output_dir_errors(self) -> list[str]:
         out = Path(self.output_dir)
-        existing = next(p for p in (out, *out.parents) if p.exists())
-        if not existing.is_dir():
+        existing = file_in_the_way(out)
+        if existing is not None:
             return [f"output_dir={self.output_dir!r}: {str(existing)!r} is a file, not a directory; choose "
                     "another --output-dir"]  # fmt: skip
         if self.resume and self.overwrite:
