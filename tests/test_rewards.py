@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
 import os
@@ -13,6 +14,8 @@ import pytest
 
 import kpo.rewards as rewards
 from kpo.rewards import last_boxed, math_reward
+
+_REAL_GRADE = rewards._grade
 
 SHARED = Path(
     os.environ.get("KPO_SHARED_DATA", Path(__file__).resolve().parents[1] / ".." / "shared" / "data")
@@ -110,21 +113,20 @@ def _dying_grade(completion, answers):
 
 
 def test_a_grader_error_on_one_completion_grades_it_zero(monkeypatch):
-    monkeypatch.setattr(rewards, "_pool", None)  # a fresh worker forks with the raising grader in place
-    monkeypatch.setattr(rewards, "_grade", _raising_grade)
+    monkeypatch.setattr(rewards, "_grade", _raising_grade)  # each new thread's worker forks with it in place
     assert math_reward("\\boxed{1}", "1") == 0.0
     assert _in_thread(lambda: math_reward("\\boxed{1}", "1")) == 0.0
 
 
 def test_a_worker_that_dies_grades_zero_and_the_next_item_gets_a_fresh_one(monkeypatch):
-    grade = rewards._grade
-    monkeypatch.setattr(rewards, "_pool", None)
+    def dying_then_fine():
+        first = math_reward("\\boxed{1}", "1")
+        # The broken pool was dropped: this thread's next item is graded by a fresh worker, not refused.
+        monkeypatch.setattr(rewards, "_grade", _REAL_GRADE)
+        return first, math_reward("\\boxed{1}", "1")
+
     monkeypatch.setattr(rewards, "_grade", _dying_grade)
-    assert _in_thread(lambda: math_reward("\\boxed{1}", "1")) == 0.0
-    # The broken pool was dropped: the next item is graded, not refused.
-    monkeypatch.setattr(rewards, "_grade", grade)
-    assert _in_thread(lambda: math_reward("\\boxed{1}", "1")) == 1.0
-    rewards._pool.shutdown()
+    assert _in_thread(dying_then_fine) == (0.0, 1.0)
 
 
 def _in_thread(fn):
@@ -165,13 +167,35 @@ def _slow_grade(completion, answers):
 
 
 def test_subprocess_timeout_kills_the_stuck_worker_and_recovers(monkeypatch):
-    monkeypatch.setattr(rewards, "_pool", None)  # a fresh worker forks with the slow grader in place
-    monkeypatch.setattr(rewards, "_grade", _slow_grade)
+    monkeypatch.setattr(rewards, "_grade", _slow_grade)  # the new thread's worker forks with it in place
     start = time.perf_counter()
     assert _in_thread(lambda: math_reward("\\boxed{1}", "1", timeout_s=1.0)) == 0.0
     assert time.perf_counter() - start < 10.0
     monkeypatch.undo()
     assert _in_thread(lambda: math_reward("\\boxed{1}", "1")) == 1.0
+
+
+def _slow_if_asked(completion, answers):
+    if "slow" in completion:
+        time.sleep(30)
+    return _REAL_GRADE(completion, answers)
+
+
+def test_a_stuck_item_in_one_thread_does_not_fail_other_threads_items(monkeypatch):
+    # verl grades from a thread pool. With one worker shared by all threads, the items queued behind a stuck
+    # one timed out waiting, and killing the stuck worker broke the pool under them: correct answers got 0.0
+    # or raised. Each thread now has its own worker: only the stuck item is lost.
+    monkeypatch.setattr(rewards, "_grade", _slow_if_asked)
+
+    def correct(i):
+        time.sleep(0.1)  # queued after the stuck item has started
+        return math_reward(f"\\boxed{{{i}}}", str(i), timeout_s=20.0)
+
+    with concurrent.futures.ThreadPoolExecutor(5) as pool:
+        stuck = pool.submit(math_reward, "slow \\boxed{1}", "1", timeout_s=1.0)
+        items = [pool.submit(correct, i) for i in range(4)]
+        assert stuck.result() == 0.0
+        assert [f.result() for f in items] == [1.0] * 4
 
 
 def _reference_pairs(name: str) -> list[tuple[str, str]]:

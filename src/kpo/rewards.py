@@ -12,8 +12,8 @@ positive number (ValueError).
 
 Timeout: math-verify's own timeout is a whole-second ``signal.alarm`` per parse/verify call that only
 works in the main thread. kpo disables it and bounds the *whole item* instead: with a float
-``signal.setitimer`` in the main thread of a POSIX process, and with a one-worker subprocess (killed and
-restarted on expiry) in any other thread or on Windows.
+``signal.setitimer`` in the main thread of a POSIX process, and with a one-worker subprocess per calling thread
+(killed and restarted on expiry) in any other thread or on Windows.
 """
 
 from __future__ import annotations
@@ -167,28 +167,24 @@ def _grade_with_alarm(completion: str, answers: tuple[str, ...], timeout_s: floa
         signal.signal(signal.SIGALRM, old)
 
 
-_pool: concurrent.futures.ProcessPoolExecutor | None = None
-_pool_lock = threading.Lock()
+# One worker process per grading thread (verl grades from a thread pool): an item's timeout then counts its
+# own grading only, not a queue behind other threads' items, and killing a stuck worker breaks no other
+# thread's item. A pool goes with its thread (the executor shuts its worker down when it is collected).
+_local = threading.local()
 
 
 def _grade_in_subprocess(completion: str, answers: tuple[str, ...], timeout_s: float) -> float:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = concurrent.futures.ProcessPoolExecutor(max_workers=1)
-        pool = _pool
-        # Under the lock: a timeout in another thread unpublishes the pool under it before shutting it down,
-        # so this submit never meets a shut-down pool, and an error it raises is a setup error (propagates).
-        future = pool.submit(_grade, completion, answers)
+    pool = getattr(_local, "pool", None)
+    if pool is None:
+        pool = _local.pool = concurrent.futures.ProcessPoolExecutor(max_workers=1)
+    future = pool.submit(_grade, completion, answers)
     try:
         return future.result(timeout=timeout_s)
     except (concurrent.futures.TimeoutError, BrokenProcessPool):
         # The worker is stuck in a computation that cannot be interrupted, or died on this completion: kill it
         # and start afresh next time (a broken pool would refuse every later item).
-        with _pool_lock:
-            if _pool is pool:
-                _pool = None
-        for proc in list(getattr(pool, "_processes", {}).values()):
+        _local.pool = None
+        for proc in list((pool._processes or {}).values()):
             proc.kill()
         pool.shutdown(wait=False, cancel_futures=True)
         return 0.0
