@@ -63,6 +63,13 @@ def test_last_boxed(text, expected):
         ("\\boxed{27}", np.float64(27.0), 1.0),
         ("\\boxed{0.1}", np.float32(0.1), 1.0),  # str(), not float(): stays "0.1"
         ("\\boxed{6630}", ("6630.65", 6630), 1.0),
+        # Minerva writes answers in E notation, which math-verify alone reads as 4.5 * e * 33
+        ("\\boxed{4.5 \\times 10^{33}}", "4.5e33", 1.0),
+        ("\\boxed{4.5e33}", "4.5e33", 1.0),
+        ("\\boxed{5.3\\times10^{-9}}", "5.3e-9", 1.0),
+        ("\\boxed{10^{11}}", "1e11", 1.0),
+        ("\\boxed{4.6 \\times 10^{33}}", "4.5e33", 0.0),
+        ("\\boxed{4.5 \\times 10^{32}}", "4.5e33", 0.0),
     ],
 )
 def test_math_reward_cases(completion, answer, expected):

@@ -36,7 +36,9 @@ DEFAULT_TIMEOUT_S = 5.0
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
-_UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
+UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
+# A number in E notation ("4.5e33", "1e-5", as Minerva writes answers), not part of a name or a longer number.
+_E_NOTATION = re.compile(r"(?<![\w.\\])(\d+(?:\.\d+)?)[eE]([+-]?\d+)(?![\w.])")
 
 
 def last_boxed(text: str) -> str | None:
@@ -90,7 +92,7 @@ def _grade(completion: str, answers: tuple[str, ...]) -> float:
         return 0.0
     for answer in answers:
         text = answer.strip()
-        delimited = _UNESCAPED_DOLLAR.search(text) or "\\boxed" in text
+        delimited = UNESCAPED_DOLLAR.search(text) or "\\boxed" in text
         gold = parse(text if delimited else f"${text}$", gold_cfg, parsing_timeout=None)
         if gold and verify(gold, pred, timeout_seconds=None):
             return 1.0
@@ -140,12 +142,19 @@ def answer_text(answer: numbers.Real | str, where: str, allowed: str) -> str:
 
 
 def _normalize_answers(answer: str | numbers.Real | Sequence[str | numbers.Real]) -> tuple[str, ...]:
-    """The reference as a non-empty tuple of alternatives; raises naming what is wrong with it."""
+    """The reference as a non-empty tuple of alternatives; raises naming what is wrong with it.
+
+    An answer in E notation also stands as LaTeX ("4.5e33" and "4.5\\times10^{33}"): math-verify reads the e of
+    "4.5e33" as Euler's number, so a completion's "4.5 \\times 10^{33}" could not match the plain form.
+    """
     if isinstance(answer, list | tuple):
         if not answer:
             raise ValueError("answer is an empty list; give at least one accepted alternative")
-        return tuple(answer_text(a, f"answer[{i}]", "a str or a real number") for i, a in enumerate(answer))
-    return (answer_text(answer, "answer", "a str, a real number or a list of them"),)
+        texts = [answer_text(a, f"answer[{i}]", "a str or a real number") for i, a in enumerate(answer)]
+    else:
+        texts = [answer_text(answer, "answer", "a str, a real number or a list of them")]
+    latex = (_E_NOTATION.sub(lambda m: f"{m.group(1)}\\times10^{{{int(m.group(2))}}}", t) for t in texts)
+    return tuple(dict.fromkeys([*texts, *latex]))
 
 
 def _grade_with_alarm(completion: str, answers: tuple[str, ...], timeout_s: float) -> float:

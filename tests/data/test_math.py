@@ -62,6 +62,8 @@ def test_shared_quirks():
     qwen = {r["id"]: r for r in load_problems(SHARED / "minerva.jsonl")}
     assert deep.keys() == qwen.keys()
     assert any(isinstance(r["answer"], list) and len(r["answer"]) == 2 for r in deep.values())
+    # Minerva 72's box holds a stray "$ $" (math inside math): dropped, so the answer parses whole.
+    assert qwen["72"]["answer"] == "x_{0} \\cos (\\omega t)+ \\dot{x}_{0} \\sin (\\omega t) / \\omega"
     # DAPO's AIME parquet: the raw problem, not the "Solve the following..." instruction wrapper.
     with pytest.warns(UserWarning, match="collapsed 930 exact duplicate rows"):
         dapo = load_problems(SHARED / "aime24.dapo_x32.parquet")
@@ -125,6 +127,14 @@ def test_explicit_keys_and_misc(tmp_path):
     )
     with pytest.warns(UserWarning, match="collapsed 1 exact duplicate"):
         assert load_problems(dup) == [{"id": "7", "problem": "p", "answer": "1"}]
+
+
+def test_a_dollar_inside_a_boxed_answer_is_dropped_but_an_escaped_one_stays(tmp_path):
+    rows = [
+        {"problem": "p", "solution": "so $\\boxed{a+$ $b}$"},
+        {"problem": "q", "solution": "costs \\boxed{\\$5}"},
+    ]
+    assert [r["answer"] for r in load_problems(_jsonl(tmp_path, rows))] == ["a+ b", "\\$5"]
 
 
 def test_verl_parquet_and_json_list(tmp_path):

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kpo.rewards import answer_text, last_boxed
+from kpo.rewards import UNESCAPED_DOLLAR, answer_text, last_boxed
 
 __all__ = ["DEFAULT_INSTRUCTION", "FORMATS", "format_prompt", "load_problems"]
 
@@ -60,7 +60,6 @@ _SWALLOWED_RE = [
      "\\" + names[0][0])
     for char, names in _SWALLOWED.items()
 ]  # fmt: skip
-_UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
 
 
 class _RowError(ValueError):
@@ -111,7 +110,7 @@ def _olympiadbench(row: dict) -> tuple[str, Any]:
     if not isinstance(parts, list) or not parts or not all(isinstance(p, str) and p.strip() for p in parts):
         raise _RowError(f"field 'final_answer' must be a non-empty list of strings, got {parts!r:.80}")
     # "$69$,$84$" style multi-answers become one comma-separated answer "69, 84"; "\$" (currency) stays.
-    return problem, ", ".join(_UNESCAPED_DOLLAR.sub("", p).strip() for p in parts)
+    return problem, ", ".join(UNESCAPED_DOLLAR.sub("", p).strip() for p in parts)
 
 
 def _boxed_solution(row: dict) -> tuple[str, Any]:
@@ -119,7 +118,8 @@ def _boxed_solution(row: dict) -> tuple[str, Any]:
     answer = last_boxed(solution)
     if answer is None or not answer.strip():
         raise _RowError("field 'solution' has no complete \\boxed{...} to take the answer from")
-    return _text(row, "problem"), answer.strip()
+    # the box is already math: a "$" in it is a stray delimiter (Minerva's "+$ $\\dot{x}_0"), "\\$" stays
+    return _text(row, "problem"), UNESCAPED_DOLLAR.sub("", answer).strip()
 
 
 def _deepscaler(row: dict) -> tuple[str, Any]:
