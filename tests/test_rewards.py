@@ -70,6 +70,10 @@ def test_last_boxed(text, expected):
         ("\\boxed{10^{11}}", "1e11", 1.0),
         ("\\boxed{4.6 \\times 10^{33}}", "4.5e33", 0.0),
         ("\\boxed{4.5 \\times 10^{32}}", "4.5e33", 0.0),
+        ("so $\\fbox{7}$", "7", 1.0),  # the box forms last_boxed reads, math-verify alone does not
+        ("so \\boxed 7.", "7", 1.0),
+        ("so $\\boxed 7$", "7", 1.0),
+        ("\\fbox{6}", "7", 0.0),
     ],
 )
 def test_math_reward_cases(completion, answer, expected):

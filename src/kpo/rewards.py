@@ -37,6 +37,12 @@ logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
+# The box forms math-verify does not read, rewritten as \boxed{...}: "\fbox{7}" and "\boxed 7".
+# ("\boxed 7." ends its sentence: the period is not the answer's).
+_OTHER_BOXES = (
+    (re.compile(r"\\fbox\s*\{"), r"\\boxed{"),
+    (re.compile(r"\\boxed\s+([^\s{}$]*[^\s{}$.,;:])"), r"\\boxed{\1}"),
+)
 # A number in E notation ("4.5e33", "1e-5", as Minerva writes answers), not part of a name or a longer number.
 _E_NOTATION = re.compile(r"(?<![\w.\\])(\d+(?:\.\d+)?)[eE]([+-]?\d+)(?![\w.])")
 
@@ -87,6 +93,8 @@ def _grade(completion: str, answers: tuple[str, ...]) -> float:
     from math_verify import parse, verify
 
     gold_cfg, pred_cfg = _configs()
+    for pattern, box in _OTHER_BOXES:
+        completion = pattern.sub(box, completion)
     pred = parse(completion, extraction_config=pred_cfg, parsing_timeout=None)
     if not pred:
         return 0.0
