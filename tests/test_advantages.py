@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -79,6 +80,9 @@ def test_group_id_types_and_empty(name):
     tuples = compute_advantages(name, R, [("p", 1), ("p", 1), ("q",), ("q",), ("p", 1), None])
     torch.testing.assert_close(a, ints)
     torch.testing.assert_close(a, tuples)
+    # verl's uids: a numpy object array of strings
+    uids = np.array(["u0", "u0", "u1", "u1", "u0", "u2"], dtype=object)
+    torch.testing.assert_close(a, compute_advantages(name, np.array(R), uids))
     assert compute_advantages(name, [], []).shape == (0,)
 
 
@@ -97,6 +101,10 @@ def test_bad_input():
         compute_advantages("grpo", [1.0], [["a"]])
     with pytest.raises(ValueError, match="krpo needs q > 0"):
         compute_advantages("krpo", R, G, q=0.0)
+    with pytest.raises(TypeError, match="eps must be a real number, got NoneType"):
+        compute_advantages("grpo", R, G, eps=None)
+    with pytest.raises(TypeError, match="rewards must be numbers"):
+        compute_advantages("grpo", np.array([{"r": 1}], dtype=object), [0])
 
 
 def test_grpo_needs_a_positive_eps():

@@ -19,8 +19,10 @@ groups are numbered in order of first appearance. The result is float64 on the r
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from kpo.filter import kalman_filter, kalman_gains
@@ -35,10 +37,12 @@ _DEFAULTS = {
 
 
 def _group_index(group_ids, n: int, device) -> torch.Tensor:
-    if isinstance(group_ids, torch.Tensor):
+    if isinstance(group_ids, torch.Tensor | np.ndarray):  # verl's uids: a numpy object array
         group_ids = group_ids.reshape(-1).tolist()
     if not isinstance(group_ids, Sequence) or isinstance(group_ids, str):
-        raise TypeError(f"group_ids must be a tensor or a list of hashables, got {type(group_ids).__name__}")
+        raise TypeError(
+            f"group_ids must be a tensor, a numpy array or a list of hashables, got {type(group_ids).__name__}"
+        )
     if len(group_ids) != n:
         raise ValueError(
             f"group_ids has {len(group_ids)} entries but rewards has {n}; give one id per response"
@@ -89,7 +93,10 @@ def compute_advantages(name: str, rewards, group_ids, **kw) -> torch.Tensor:
             f"advantage {name!r} does not accept {', '.join(map(repr, unknown))}; it accepts: {accepted}"
         )
     opts = {**_DEFAULTS[name], **kw}
-    r = torch.as_tensor(rewards).detach().to(torch.float64)
+    try:
+        r = torch.as_tensor(rewards).detach().to(torch.float64)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise TypeError(f"rewards must be numbers [N] (a list, numpy array or tensor): {e}") from None
     if r.dim() != 1:
         raise ValueError(f"rewards must be 1-D [N] (one scalar per response), got shape {tuple(r.shape)}")
     bad = ~torch.isfinite(r)
@@ -97,6 +104,8 @@ def compute_advantages(name: str, rewards, group_ids, **kw) -> torch.Tensor:
         i = int(bad.nonzero()[0])
         raise ValueError(f"rewards[{i}] is {r[i].item()}; rewards must be finite")
     for key, value in opts.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{key} must be a real number, got {type(value).__name__} {value!r}")
         if not math.isfinite(value) or (key != "x0" and value < 0):
             raise ValueError(f"{key} must be finite{' and >= 0' if key != 'x0' else ''}, got {value!r}")
     if name == "grpo" and not opts["eps"] > 0:

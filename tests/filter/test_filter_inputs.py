@@ -45,6 +45,14 @@ def test_bad_parameters(kwargs, match):
             kalman_gains(3, **kwargs)
 
 
+@pytest.mark.parametrize(("kwargs", "match"), [({"q": None}, "q must be a real number, got NoneType"),
+                                              ({"x0": "0.1"}, "x0 must be a real number, got str"),
+                                              ({"v": True}, "v must be a real number, got bool")])  # fmt: skip
+def test_parameters_of_the_wrong_type_are_named(kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        kalman_filter(torch.ones(2, 3), **kwargs)
+
+
 def test_parameters_that_overflow_float64_are_rejected():
     # each is finite, but p0 + q overflows in the first variance update (the gains would be inf/inf = NaN)
     with pytest.raises(ValueError, match="overflow float64.*divide all three by the same factor"):

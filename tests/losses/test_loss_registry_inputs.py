@@ -87,6 +87,52 @@ def test_bad_hparam_values():
             policy_loss(name, lp, old, adv, mask, **kwargs)
 
 
+@pytest.mark.parametrize("name", ["gspo", "kpo"])
+def test_half_precision_log_probs_are_computed_in_float32(name):
+    # A bf16 ratio moves in steps of ~0.004 near 1: GSPO's and KPO's 3e-4/4e-4 clip band cannot be resolved.
+    # Every token's ratio is e^0.002 = 1.002 > 1 + 4e-4 with A = 1 > 0: all clipped, no gradient.
+    old = -torch.rand(2, 64, generator=torch.Generator().manual_seed(0))
+    lp = old.bfloat16().float().requires_grad_()  # values a bf16 model can output
+    kw = {"q": 1.0} if name == "kpo" else {}  # kpo: the filtered ratio follows the token ratio closely
+    want, want_m = policy_loss(name, lp, lp.detach() - 0.002, torch.ones(2), torch.ones(2, 64), **kw)
+    half = lp.detach().bfloat16().requires_grad_()
+    loss, m = policy_loss(name, half, lp.detach() - 0.002, torch.ones(2), torch.ones(2, 64), **kw)
+    loss.backward()
+    assert loss.dtype == torch.float32 and m["pg_clipfrac"] == want_m["pg_clipfrac"] == 1.0
+    assert float(half.grad.abs().max()) == 0.0 and loss.item() == pytest.approx(want.item())
+
+
+def test_fp16_log_ratios_above_11_stay_finite():
+    # exp(12.5) overflows float16 (max 65504): computed in float32 the loss and gradient stay finite.
+    lp = torch.full((1, 4), -0.5, dtype=torch.float16, requires_grad=True)
+    old = torch.tensor([[-0.5, -0.5, -13.0, -0.5]], dtype=torch.float16)
+    for name in ("vanilla", "aspo", "sapo"):
+        lp.grad = None
+        loss, m = policy_loss(name, lp, old, torch.tensor([0.0]), torch.ones(1, 4))
+        loss.backward()
+        assert math.isfinite(loss.item()) and bool(torch.isfinite(lp.grad).all()), name
+        assert math.isfinite(m["ratio_max"]), name
+
+
+def test_advantages_get_no_gradient():
+    lp, old, adv, mask = _batch()
+    adv = adv.clone().requires_grad_()
+    for name in ("vanilla", "kpo", "gmpo", "vespo"):
+        loss, _ = policy_loss(name, lp, old, adv, mask)
+        loss.backward()
+        assert adv.grad is None, name
+
+
+def test_filter_grad_must_be_a_bool_and_an_empty_batch_is_named():
+    lp, old, adv, mask = _batch()
+    with pytest.raises(ValueError, match="filter_grad must be True or False, got 'false'"):
+        policy_loss("kpo_unclipped", lp, old, adv, mask, filter_grad="false")
+    with pytest.raises(ValueError, match=r"log_prob has shape \(0, 4\): an empty batch"):
+        policy_loss("vanilla", lp[:0], old[:0], adv[:0], mask[:0])
+    with pytest.raises(ValueError, match=r"log_prob has shape \(3, 0\): an empty batch"):
+        policy_loss("gspo", lp[:, :0], old[:, :0], adv, mask[:, :0])
+
+
 def test_negative_importance_weights_are_rejected_where_they_are():
     lp, old, adv, mask = _batch()
     w = torch.ones_like(old)

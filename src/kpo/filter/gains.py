@@ -8,6 +8,7 @@ reference (``reference.py``), so the tables agree with it bit for bit.
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 from collections import OrderedDict
 
@@ -28,6 +29,8 @@ def check_params(q: float, v: float, p0: float, x0: float = 0.0) -> None:
     for name, value in (("q", q), ("v", v), ("p0", p0), ("x0", x0)):
         if isinstance(value, torch.Tensor):
             raise TypeError(f"{name} must be a Python float, got a tensor; pass float({name}) instead")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
         if not math.isfinite(value):
             raise ValueError(f"{name} must be finite, got {value!r}")
     if q <= 0:

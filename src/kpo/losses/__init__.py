@@ -159,13 +159,19 @@ def _validate(log_prob, old_log_prob, advantages, mask, rollout_log_prob, rollou
             raise ValueError(f"{key} is on {t.device} but log_prob is on {log_prob.device}")
     mask = bool_mask(mask)
     B, T = shape
+    if B == 0 or T == 0:
+        raise ValueError(f"log_prob has shape {shape}: an empty batch has no loss; skip the call for it")
     if tuple(advantages.shape) not in ((B,), (B, 1), (B, T)):
         raise ValueError(
             f"advantages has shape {tuple(advantages.shape)}; expected [B]={B}, [B, 1] or [B, T]={shape}"
         )
     if advantages.device != log_prob.device:
         raise ValueError(f"advantages is on {advantages.device} but log_prob is on {log_prob.device}")
-    adv = advantages.reshape(B, -1).to(log_prob.dtype)
+    # at least float32: a bf16 ratio moves in steps of ~0.004 near 1, wider than KPO's and GSPO's 3e-4 clip
+    # band, and an fp16 exp(Delta) overflows above Delta = 11
+    dtype = torch.promote_types(log_prob.dtype, torch.float32)
+    # advantages are targets: no gradient reaches whatever computed them (a critic)
+    adv = advantages.detach().reshape(B, -1).to(dtype)
     rows = mask.any(dim=-1, keepdim=True)
     _first_bad("advantages", adv, rows if adv.shape[1] == 1 else mask)
     for key in ("log_prob", "old_log_prob", "rollout_log_prob", "rollout_is_weights"):
@@ -173,10 +179,10 @@ def _validate(log_prob, old_log_prob, advantages, mask, rollout_log_prob, rollou
             _first_bad(key, tensors[key].detach(), mask)
     if rollout_is_weights is not None:  # a negative importance weight would flip the token's loss
         _first_bad("rollout_is_weights", rollout_is_weights.detach(), mask, rollout_is_weights < 0, " (< 0)")
-    zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
+    zero = torch.zeros((), dtype=dtype, device=log_prob.device)
     return (
-        torch.where(mask, log_prob, zero),
-        torch.where(mask, old_log_prob.detach().to(log_prob.dtype), zero),
+        torch.where(mask, log_prob.to(dtype), zero),
+        torch.where(mask, old_log_prob.detach().to(dtype), zero),
         torch.where(mask, adv.expand(B, T), zero),
         mask,
     )
@@ -199,6 +205,7 @@ def policy_loss(
     use ``"seq-mean"``; SAPO allows only ``"seq-mean-token-mean"``, as verl forces).
     rollout_log_prob: [B, T] log-probs of the rollout engine; enables TIS/MIS (``kpo.losses.mismatch``).
     hparams: the loss's own hyperparameters (verl names) plus the shared keywords in the module docstring.
+    Computes in float32 at least (bf16/fp16 log-probs are upcast; the loss is then float32).
     Returns (0-dim loss tensor, dict of float metrics).
     """
     spec = get_loss_spec(name)

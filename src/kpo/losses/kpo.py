@@ -22,6 +22,8 @@ def _filtered_log_ratio(
     batch: LossBatch, q, v, p0, x0, mask_mode, filter_grad
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(log r~ [B, T] with KPO's gradient, filtered log-ratio rho [B, T] detached); the filter checks q, v, p0."""
+    if not isinstance(filter_grad, bool):  # a truthy string such as "false" would switch the ablation on
+        raise ValueError(f"filter_grad must be True or False, got {filter_grad!r}")
     lp, m = batch.log_prob, batch.mask
     z = batch.log_ratio if filter_grad else batch.log_ratio.detach()
     rho = kalman_filter(z, m, q=q, v=v, p0=p0, x0=x0, mask_mode=mask_mode)
