@@ -177,13 +177,16 @@ def test_real_run_path_with_model_and_dataset(tiny_config, tmp_path):
     assert all(math.isfinite(r["reward_mean"]) for r in rows)
 
 
-def test_gradient_accumulation_matches_whole_mini_batch(tiny_config):
-    """micro_batch_size splits each 16-sequence mini-batch in two; the loss divides by the whole mini-batch's
-    counts, so the trajectory equals the unsplit run's up to float rounding."""
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
+def test_gradient_accumulation_matches_whole_mini_batch(tiny_config, agg):
+    """micro_batch_size splits each 16-sequence mini-batch in two; the loss (and the entropy metric) divide by
+    the whole mini-batch's counts, so the trajectory equals the unsplit run's up to float rounding. Under
+    token-mean the halves hold different token counts: a mean of per-half entropies would differ."""
     from kpo.train import run_training
 
-    whole = _rows(run_training(tiny_config("whole", loss="vanilla", max_steps=4)))
-    split = _rows(run_training(tiny_config("split", loss="vanilla", max_steps=4, micro_batch_size=8)))
+    kw = {"loss": "vanilla", "max_steps": 4, "loss_agg_mode": agg}
+    whole = _rows(run_training(tiny_config("whole", **kw)))
+    split = _rows(run_training(tiny_config("split", micro_batch_size=8, **kw)))
     for a, b in zip(whole, split):
         for key in ("reward_mean", "pg_loss", "ppo_kl", "clip_frac", "entropy", "grad_norm", "ratio_max"):
             assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-5), (a["step"], key)
@@ -234,3 +237,16 @@ def test_resume_of_a_finished_run_changes_nothing(tiny_config, capsys):
     assert f"the run in {out} is already complete" in capsys.readouterr().err
     assert _snapshot(out) == before
     assert [r["step"] for r in _rows(out)] == [1, 2, 3, 4]
+
+
+def test_weights_load_in_float32_whatever_the_checkpoint_dtype(tiny_config, tmp_path):
+    # bf16 training is autocast over float32 masters: an AdamW step at lr 1e-6 is below a bf16 weight's
+    # resolution, so training bf16 weights directly would leave most of them unchanged.
+    from kpo.train.run import _load_model
+    from kpo.train.tiny import build_model, build_tokenizer
+
+    tokenizer = build_tokenizer()
+    build_model(tokenizer).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    tokenizer.save_pretrained(tmp_path / "bf16")
+    model, _ = _load_model(tiny_config(model=str(tmp_path / "bf16")))
+    assert {p.dtype for p in model.parameters()} == {torch.float32}

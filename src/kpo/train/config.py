@@ -123,7 +123,11 @@ class TrainConfig:
         "builds the text, as kpo eval does.",
     )
     use_vllm: bool = _f(False, "Generate with vLLM (TRL use_vllm, colocate mode); needs vllm installed.")
-    bf16: bool | None = _f(None, "bfloat16 training; None = on when CUDA supports it, off on CPU.")
+    bf16: bool | None = _f(
+        None,
+        "bfloat16 mixed precision (autocast; weights and optimizer stay float32); None = on when CUDA supports "
+        "it, off on CPU.",
+    )
 
     # --- outputs ---
     save_steps: int = _f(

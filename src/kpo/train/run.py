@@ -139,13 +139,15 @@ def model_path(config: TrainConfig) -> Path:
                       cache_dir=Path(config.cache_dir) if config.cache_dir else None, progress=config.progress)
 
 
-def _load_model(config: TrainConfig, use_bf16: bool):
+def _load_model(config: TrainConfig):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = model_path(config)
-    dtype = torch.bfloat16 if use_bf16 else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    # float32 weights whatever the checkpoint's dtype: bf16 is autocast (GRPOConfig bf16=True), and the
+    # optimizer must update float32 masters: at lr 1e-6 an AdamW step is below a bf16 weight's resolution
+    # (most bf16 weights would not move at all)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -179,7 +181,7 @@ def run_training(config: TrainConfig) -> Path:
 
     cuda = torch.cuda.is_available()
     use_bf16 = bool(cuda and torch.cuda.is_bf16_supported()) if config.bf16 is None else config.bf16
-    model, tokenizer = _load_model(config, use_bf16)
+    model, tokenizer = _load_model(config)
     dataset, reward_fn = _load_data(config, tokenizer)
 
     per_device = config.mini_batch // world

@@ -113,6 +113,8 @@ class KPOTrainer(GRPOTrainer):
         self._generation_stats: dict[str, float] = {}
         # loss metrics of the current optimizer step's micro-batches: (value, valid tokens)
         self._step_loss_metrics: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        # this optimizer step's entropy pieces, one per micro-batch, each already a share of the whole step
+        self._step_entropy: list[float] = []
         if self.beta != 0.0:
             raise ValueError("KPOTrainer follows the paper's protocol without a KL term: set beta=0")
 
@@ -196,8 +198,9 @@ class KPOTrainer(GRPOTrainer):
         if "importance_sampling_ratio" in inputs:  # vLLM train/inference mismatch weights (TRL's IS mode)
             hparams["rollout_is_weights"] = inputs["importance_sampling_ratio"].expand_as(log_prob)
         training = self.model.training
+        global_batch = {}
         if training:
-            hparams |= {
+            global_batch = {
                 "global_num_seqs": inputs["kpo_global_num_seqs"],
                 "global_num_tokens": inputs["kpo_global_num_tokens"],
                 "dp_size": self.accelerator.num_processes,
@@ -207,19 +210,23 @@ class KPOTrainer(GRPOTrainer):
             }
         loss, metrics = policy_loss(
             self.loss_name, log_prob, old_log_prob, inputs["advantages"], mask,
-            loss_agg_mode=self.loss_agg_mode, **hparams,
+            loss_agg_mode=self.loss_agg_mode, **hparams, **global_batch,
         )
-        mode = "train" if training else "eval"
         with torch.no_grad():
+            # aggregated as the loss is (same mode and global counts): the pieces of an optimizer step then sum
+            # to the entropy of its whole mini-batch, whatever the micro-batch size
             ent = aggregate_entropy(entropy, mask, self.loss_agg_mode if self.loss_agg_mode != "seq-mean"
-                                    else "seq-mean-token-mean")
-        self._metrics[mode]["entropy"].append(self.accelerator.gather(ent.detach()).mean().item())
-        if training:
-            n_tokens = float(mask.sum())
-            for key, value in metrics.items():
-                self._step_loss_metrics[key].append((value, n_tokens))
-            if self.dump_ratios_every:
-                self._maybe_dump(log_prob, old_log_prob, mask)
+                                    else "seq-mean-token-mean", **global_batch)
+        ent = self.accelerator.gather(ent.detach()).mean().item()  # mean over ranks: dp_size cancels
+        if not training:
+            self._metrics["eval"]["entropy"].append(ent)
+            return loss
+        self._step_entropy.append(ent)
+        n_tokens = float(mask.sum())
+        for key, value in metrics.items():
+            self._step_loss_metrics[key].append((value, n_tokens))
+        if self.dump_ratios_every:
+            self._maybe_dump(log_prob, old_log_prob, mask)
         return loss
 
     # ------------------------------------------------------------------ ratio dumps
@@ -273,6 +280,9 @@ class KPOTrainer(GRPOTrainer):
             for key, pairs in self._step_loss_metrics.items():
                 metrics[f"loss/{key}"].append(_combine(key, pairs))
             self._step_loss_metrics.clear()
+            if self._step_entropy:
+                metrics["entropy"].append(sum(self._step_entropy))
+                self._step_entropy.clear()
         super().log(logs, start_time)
         if training and self.metrics_path is not None and self.accelerator.is_main_process:
             self._write_row(logs)
