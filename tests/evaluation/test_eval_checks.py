@@ -22,6 +22,7 @@ class _EmptyBackend:
     """Answers "" to every prompt and remembers each budget it was given."""
 
     name = "empty"
+    dtype = "float32"
 
     def __init__(self):
         from transformers import PreTrainedTokenizerBase

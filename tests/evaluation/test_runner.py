@@ -70,9 +70,11 @@ def test_outputs_and_cache_reuse(tiny_model, tmp_path):
     # More samples reuse the first two of each problem and add the rest.
     evaluate(tiny_model, "synthetic", **{**kw, "n": 3, "ks": (1,)})
     assert len(cache.read_text().splitlines()) == 12
-    # A different sampling parameter is a different key.
+    # A different sampling parameter is a different key, and so is the model dtype (bf16 samples differ).
     evaluate(tiny_model, "synthetic", **{**kw, "temperature": 0.5})
     assert len(cache.read_text().splitlines()) == 20
+    evaluate(tiny_model, "synthetic", **{**kw, "dtype": "bfloat16"})
+    assert len(cache.read_text().splitlines()) == 28
 
 
 def test_a_checkpoint_rewritten_in_place_misses_the_cache(tmp_path):
@@ -112,6 +114,7 @@ class _FakeBackend:
     """Answers the problem's own reference in a box for even sample seeds, a wrong number otherwise."""
 
     name = "fake"
+    dtype = "float32"
 
     def __init__(self, answers, chat_template=None):
         from transformers import PreTrainedTokenizerBase
@@ -256,3 +259,40 @@ def test_cli_reports_bad_arguments_without_a_traceback(tiny_model, tmp_path, cap
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "res.md").exists()
 
+
+
+def test_vllm_gets_the_token_ids_the_transformers_backend_uses(tiny_model, monkeypatch):
+    # vLLM tokenizes a string prompt with special tokens (a second BOS after a chat template that has one):
+    # the backend hands it token ids made without them. vLLM is not installed here: a stand-in module
+    # records what it is given.
+    import sys
+    import types
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    seen = {}
+
+    class LLM:
+        def __init__(self, model, dtype):
+            seen["init"] = (model, dtype)
+
+        def get_tokenizer(self):
+            return tokenizer
+
+        def generate(self, prompts, params, use_tqdm):
+            seen["prompts"], seen["seeds"] = prompts, [p.seed for p in params]
+            done = types.SimpleNamespace(text="7", token_ids=[1, 2], finish_reason="stop")
+            return [types.SimpleNamespace(outputs=[done]) for _ in prompts]
+
+    class SamplingParams:
+        def __init__(self, temperature, top_p, max_tokens, seed):
+            self.seed = seed
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
+    backend = runner_mod.VLLMBackend(tiny_model)
+    out = backend.generate(["1+2=", "3+4="], [5, 6], temperature=1.0, top_p=1.0, max_new_tokens=4)
+    assert out == [("7", 2, True), ("7", 2, True)] and seen["seeds"] == [5, 6]
+    assert seen["init"] == (str(tiny_model), "auto") and backend.dtype == "auto"
+    want = [tokenizer(p, add_special_tokens=False).input_ids for p in ("1+2=", "3+4=")]
+    assert [p["prompt_token_ids"] for p in seen["prompts"]] == want

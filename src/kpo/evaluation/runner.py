@@ -223,6 +223,7 @@ class TransformersBackend:
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = model.to(self.device).eval()
+        self.dtype = str(torch_dtype).removeprefix("torch.")
         eos = self.model.generation_config.eos_token_id
         if eos is None:
             eos = self.tokenizer.eos_token_id
@@ -275,7 +276,8 @@ class VLLMBackend:
     def __init__(self, model_path: str | Path, *, device: str = "auto", dtype: str | None = None):
         from vllm import LLM
 
-        self.llm = LLM(model=str(model_path), dtype=dtype or "auto")
+        self.dtype = dtype or "auto"
+        self.llm = LLM(model=str(model_path), dtype=self.dtype)
         self.tokenizer = self.llm.get_tokenizer()
 
     def generate(
@@ -287,7 +289,10 @@ class VLLMBackend:
             SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=s)
             for s in seeds
         ]
-        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        # token ids as the transformers backend makes them: vLLM tokenizes a string with special tokens, which
+        # puts a second BOS before a chat-templated prompt (Llama, Gemma, Mistral)
+        ids = [{"prompt_token_ids": self.tokenizer(p, add_special_tokens=False).input_ids} for p in prompts]
+        outs = self.llm.generate(ids, params, use_tqdm=False)
         return [
             (o.outputs[0].text, len(o.outputs[0].token_ids), o.outputs[0].finish_reason == "stop")
             for o in outs
@@ -533,8 +538,10 @@ def evaluate(
     }
     for name, (rows, grader) in benchmarks.items():
         budget = budgets[name]
+        # everything that changes a sample keys the cache (the dtype too: bf16 and fp32 sample differently)
         params = {
-            "temperature": temperature, "top_p": top_p, "max_new_tokens": budget, "seed": seed, "backend": engine.name
+            "temperature": temperature, "top_p": top_p, "max_new_tokens": budget, "seed": seed, "backend": engine.name,
+            "dtype": engine.dtype,
         }  # fmt: skip
         params_key = json.dumps(params, sort_keys=True)
         records: dict[tuple[int, int], dict] = {}
