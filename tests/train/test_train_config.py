@@ -227,3 +227,22 @@ def test_help_shows_each_default_and_flags_still_merge_with_yaml(tmp_path):
     path.write_text("max_steps: 8\nprogress: false\n")
     config = parse_args(["--config", str(path)])
     assert config.max_steps == 8 and config.progress is False
+
+
+def test_vllm_settings_are_checked_and_reach_trl(tmp_path, monkeypatch):
+    import torch
+    from trl import GRPOConfig
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config = parse_args(["--use-vllm", "--vllm-importance-sampling-mode", "seq_mask", "--vllm-gpu-memory-utilization",
+                         "1.5", "--output-dir", str(tmp_path / "out")])  # fmt: skip
+    with pytest.raises(ConfigError) as info:
+        config.validate()
+    errors = info.value.errors
+    assert "use_vllm=True needs a CUDA GPU (vLLM generates on it); drop --use-vllm on this machine" in errors
+    assert any(e.startswith("vllm_importance_sampling_mode='seq_mask': must be one of token_truncate") for e in errors)
+    assert "vllm_gpu_memory_utilization=1.5: must be in [0, 1] (a share of GPU memory)" in errors
+    # run.py hands these fields to TRL under the same names: the pinned TRL must know them
+    names = ("vllm_gpu_memory_utilization", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max")
+    args = GRPOConfig(output_dir=str(tmp_path / "g"), use_cpu=True, **{n: getattr(TrainConfig(), n) for n in names})
+    assert (args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max) == ("sequence_mask", 3.0)

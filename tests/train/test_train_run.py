@@ -250,3 +250,17 @@ def test_weights_load_in_float32_whatever_the_checkpoint_dtype(tiny_config, tmp_
     tokenizer.save_pretrained(tmp_path / "bf16")
     model, _ = _load_model(tiny_config(model=str(tmp_path / "bf16")))
     assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_vllm_mismatch_metrics_reach_metrics_jsonl(tmp_path):
+    # TRL logs its importance-sampling correction once per generation batch under sampling/...; a row keeps them
+    from types import SimpleNamespace
+
+    from kpo.train.trainer import KPOTrainer
+
+    fake = SimpleNamespace(state=SimpleNamespace(global_step=3), metrics_path=tmp_path / "metrics.jsonl")
+    logs = {"reward": 0.5, "sampling/importance_sampling_ratio/mean": 0.9, "sampling/unknown": 1.0}
+    KPOTrainer._write_row(fake, logs)
+    row = json.loads(fake.metrics_path.read_text())
+    assert row["step"] == 3 and row["sampling/importance_sampling_ratio/mean"] == 0.9
+    assert "sampling/unknown" not in row

@@ -122,7 +122,15 @@ class TrainConfig:
         "Follows each dataset problem on a new line (user turn of the chat template); kpo.data.math.format_prompt "
         "builds the text, as kpo eval does.",
     )
-    use_vllm: bool = _f(False, "Generate with vLLM (TRL use_vllm, colocate mode); needs vllm installed.")
+    use_vllm: bool = _f(False, "Generate with vLLM (TRL use_vllm, colocate mode); needs vllm and a CUDA GPU.")
+    vllm_gpu_memory_utilization: float = _f(0.3, "With use_vllm: share of GPU memory vLLM takes (TRL's).")
+    vllm_importance_sampling_mode: str = _f(
+        "sequence_mask",
+        "With use_vllm: TRL's train/inference mismatch correction, token_truncate, token_mask, sequence_truncate "
+        "or sequence_mask (TRL's default: a response whose ratio exceeds the cap gets weight 0); logged as "
+        "sampling/importance_sampling_ratio/* in metrics.jsonl.",
+    )
+    vllm_importance_sampling_clip_max: float = _f(3.0, "With use_vllm: the correction's cap C_max (TRL's).")
     bf16: bool | None = _f(
         None,
         "bfloat16 mixed precision (autocast; weights and optimizer stay float32); None = on when CUDA supports "
@@ -200,8 +208,8 @@ class TrainConfig:
             errors += self._task_errors()
         if ok("dataset", "model", "problem_key", "answer_key") and self.dataset is not None:
             errors += self._dataset_errors()
-        if ok("use_vllm") and self.use_vllm and importlib.util.find_spec("vllm") is None:
-            errors.append("use_vllm=True but vllm is not installed: pip install vllm, or drop --use-vllm")
+        if ok("use_vllm") and self.use_vllm:
+            errors += self._vllm_errors()
         if ok("bf16") and self.bf16:
             import torch
 
@@ -268,6 +276,21 @@ class TrainConfig:
                     "inside a generation batch could not resume to the same trajectory): use "
                     f"{name}={_round_up(value, self.minibatches)} or another multiple"
                 )
+        return errors
+
+    def _vllm_errors(self) -> list[str]:
+        import torch
+
+        errors = []
+        if importlib.util.find_spec("vllm") is None:
+            errors.append("use_vllm=True but vllm is not installed: pip install vllm, or drop --use-vllm")
+        if not torch.cuda.is_available():
+            errors.append("use_vllm=True needs a CUDA GPU (vLLM generates on it); drop --use-vllm on this machine")
+        if self.vllm_importance_sampling_mode not in _VLLM_IS_MODES:
+            errors.append(
+                f"vllm_importance_sampling_mode={self.vllm_importance_sampling_mode!r}: must be one of "
+                f"{', '.join(_VLLM_IS_MODES)}"
+            )
         return errors
 
     def _advantage_errors(self) -> list[str]:
@@ -432,7 +455,7 @@ class TrainConfig:
 
 
 # Numeric fields' bounds, name -> (low, high or None, why); a None value (where the type allows it) passes.
-_POSITIVE = ("learning_rate", "temperature", "sft_learning_rate", "max_grad_norm")  # low is exclusive
+_POSITIVE = ("learning_rate", "temperature", "sft_learning_rate", "max_grad_norm", "vllm_importance_sampling_clip_max")  # low is exclusive
 _BOUNDS = {
     **dict.fromkeys(
         ("max_steps", "prompts_per_step", "minibatches", "tiny_hidden_size", "tiny_layers", "tiny_heads",
@@ -445,8 +468,10 @@ _BOUNDS = {
     "weight_decay": (0, None, ""),
     "seed": (0, 2**32 - 1, " (numpy's seed range)"),
     "sft_noise": (0, 1, " (a probability)"),
+    "vllm_gpu_memory_utilization": (0, 1, " (a share of GPU memory)"),
     **dict.fromkeys(_POSITIVE, (0, None, "")),
 }
+_VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 _TYPE_NAMES = {bool: "true/false", int: "an integer", float: "a finite number", str: "a string",
                dict: "a mapping", type(None): "none"}
 

@@ -219,6 +219,9 @@ def run_training(config: TrainConfig) -> Path:
         disable_tqdm=not config.progress,
         use_vllm=config.use_vllm,
         vllm_mode="colocate",
+        vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+        vllm_importance_sampling_mode=config.vllm_importance_sampling_mode,
+        vllm_importance_sampling_clip_max=config.vllm_importance_sampling_clip_max,
         dataloader_num_workers=0,
         shuffle_dataset=True,
         # the GPU filter kernel reads and writes 16-byte vectors only when rows are a multiple of 16 long

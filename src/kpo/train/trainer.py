@@ -48,8 +48,12 @@ KALMAN_LOSSES = ("kpo", "kpo_unclipped")
 RATIO_KEYS = ("log_ratio", "filtered_log_ratio", "mask")
 _FILTER_KEYS = ("q", "v", "p0", "x0", "mask_mode")
 # Generation-batch statistics TRL logs once per generation; carried to the other optimizer steps.
+# The sampling/ keys are vLLM's train/inference mismatch (TRL's importance-sampling correction).
+_SAMPLING_KEYS = ("sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
+                  "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
+                  "sampling/importance_sampling_ratio/max")
 _GENERATION_KEYS = ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length",
-                    "completions/clipped_ratio", "completions/mean_terminated_length")
+                    "completions/clipped_ratio", "completions/mean_terminated_length", *_SAMPLING_KEYS)
 
 
 def _combine(key: str, pairs: list[tuple[float, float]]) -> float:
@@ -308,6 +312,7 @@ class KPOTrainer(GRPOTrainer):
         }
         row |= {k.removeprefix("loss/"): float(v) for k, v in logs.items()
                 if k.startswith("loss/") and k.removeprefix("loss/") not in row}
+        row |= {k: float(v) for k, v in logs.items() if k in _SAMPLING_KEYS}
         row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(row) + "\n")
