@@ -24,8 +24,8 @@ from kpo.plots import load_metrics, plot_training_dynamics
 __all__ = ["CLAIM_RULES", "write_report", "reward_summary"]
 
 CLAIM_RULES = {
-    "smooth": 5,  # steps of the trailing mean applied to reward curves before peak/final are read
-    "final_frac": 0.1,  # final reward = mean over the last 10% of steps (at least `smooth` steps)
+    "smooth": 5,  # steps of the trailing mean of the figures' curves, and the least window of first/peak/final
+    "final_frac": 0.1,  # first/peak/final reward: means over windows of 10% of the steps (at least `smooth`)
     "collapse_drop": 0.1,  # collapse: final reward at least this far below the smoothed peak
     "rise_tolerance": 0.02,  # still rising: final within this of the smoothed peak
 }
@@ -47,19 +47,21 @@ def _fmt(mean: float, std: float, scale: float = 1.0, digits: int = 1) -> str:
 
 
 def reward_summary(rows: list[dict]) -> dict[str, float]:
-    """first / peak / final of a run's reward curve (trailing mean over ``CLAIM_RULES['smooth']`` steps)."""
+    """first / peak / final reward (and first / final entropy) of a run's S logged steps, each a mean over the
+    same window of ``w = max(smooth, final_frac * S)`` steps (at most S): first = the first w steps, final =
+    the last w, peak = the highest w-step trailing mean. One window for all three: a peak taken over shorter
+    windows than the final reward is raised by noise alone, so a noisy curve that still rises read as collapsed."""
     rewards = np.array([r["reward_mean"] for r in rows if r.get("reward_mean") is not None], dtype=float)
     if rewards.size == 0:
         return {"first": float("nan"), "peak": float("nan"), "final": float("nan")}
-    w = min(CLAIM_RULES["smooth"], rewards.size)
-    smoothed = np.convolve(rewards, np.ones(w) / w, mode="valid")
-    tail = max(w, int(round(CLAIM_RULES["final_frac"] * rewards.size)))
+    w = min(max(CLAIM_RULES["smooth"], int(round(CLAIM_RULES["final_frac"] * rewards.size))), rewards.size)
+    smoothed = np.convolve(rewards, np.ones(w) / w, mode="valid")  # [S - w + 1] trailing means
     return {
-        "first": float(rewards[:w].mean()),
+        "first": float(smoothed[0]),
         "peak": float(smoothed.max()),
-        "final": float(rewards[-tail:].mean()),
+        "final": float(smoothed[-1]),
         "entropy_first": float(np.mean([r["entropy"] for r in rows[:w]])),
-        "entropy_final": float(np.mean([r["entropy"] for r in rows[-tail:]])),
+        "entropy_final": float(np.mean([r["entropy"] for r in rows[-w:]])),
     }
 
 

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from kpo.compare import plan_runs
-from kpo.compare_report import write_report
+from kpo.compare_report import _claims, reward_summary, write_report
 
 
 def _section(text: str, title: str) -> str:
@@ -60,3 +60,29 @@ def test_claims_without_vanilla_say_what_is_missing(compare_config, fake_done_ru
     )
     # every claim is listed, tested or not
     assert len([line for line in claims.splitlines() if line.startswith("- **")]) == 4, claims
+
+
+def _rows(rewards) -> list[dict]:
+    return [{"step": s, "reward_mean": float(r), "entropy": 1.0} for s, r in enumerate(rewards, start=1)]
+
+
+def test_figure3_reads_a_noisy_rising_curve_as_rising_and_a_drop_as_collapse():
+    steps = np.arange(200)
+    rng = np.random.default_rng(0)
+
+    def rising(sd: float) -> list[dict]:  # rewards 0.2 -> 0.7 with noise (sd 0.1: a mean of 32 0/1 rewards)
+        return _rows(0.2 + 0.5 * steps / 200 + rng.normal(0, sd, 200))
+
+    # A peak over 5-step windows against a 20-step final mean read such curves as collapsed, or never rising.
+    collapse = _rows(np.where(steps < 100, 0.2 + 0.5 * steps / 100, 0.7 - 0.6 * (steps - 100) / 100))
+    table1 = {"eval_keys": ["avg@2"], "rows": {m: {"avg@2": (0.5, 0.0)} for m in ("vanilla", "kpo")}}
+    for vanilla, kpo, expected in [
+        ([collapse], [rising(0.05) for _ in range(10)], "kpo still rising in 10/10 seeds"),
+        ([rising(0.1) for _ in range(20)], [collapse], "vanilla collapsed in 0/20 seeds"),
+    ]:
+        groups = {
+            "vanilla": [{"summary": reward_summary(rows)} for rows in vanilla],
+            "kpo": [{"summary": reward_summary(rows)} for rows in kpo],
+        }
+        line = _claims(["vanilla", "kpo"], groups, table1, {}, {})[1]
+        assert expected in line and "vanilla collapsed in 0/1" not in line, line
