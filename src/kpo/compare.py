@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from multiprocessing import get_context
@@ -257,30 +258,48 @@ def _train_argv(cfg: CompareConfig, run: Run, out: Path) -> list[str]:
     return argv + list(cfg.train_args)
 
 
-def _execute(cfg: CompareConfig, run: Run, out: Path) -> dict:
-    """Worker: train one run, then evaluate its final model. Output goes to ``out/log.txt``."""
+def _log_to(out: Path) -> None:
+    """Worker: send this process's output (fds 1 and 2) to ``out/log.txt``, after a line that starts the run
+    there (a rerun appends to the log of the failed attempt), and train on one torch thread."""
     import torch
-
-    from kpo.evaluation import evaluate
-    from kpo.train.config import parse_args
-    from kpo.train.run import run_training
 
     out.mkdir(parents=True, exist_ok=True)
     # Workers are reused across runs: flush what belongs to the previous run's log, then point fds 1 and 2 here.
     sys.stdout.flush()
     sys.stderr.flush()
     with open(out / "log.txt", "a") as log:
+        log.write(f"=== kpo compare: {out.name} started {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n")
+        log.flush()
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
     torch.set_num_threads(1)
+
+
+def _execute(cfg: CompareConfig, run: Run, out: Path) -> dict:
+    """Worker: train one run, then evaluate its final model. Output goes to ``out/log.txt``, and so does the
+    traceback of an error (SystemExit included) before it reaches kpo compare, which prints one line of it."""
+    from kpo.evaluation import evaluate
+    from kpo.train.config import parse_args
+    from kpo.train.run import run_training
+
+    _log_to(out)
     start = time.time()
-    config = parse_args(_train_argv(cfg, run, out))
-    run_training(config)
-    results = evaluate(
-        out / "final", "synthetic", n=cfg.eval_n, ks=sorted({1, cfg.eval_n}), limit=cfg.eval_limit,
-        seed=run.seed, output=out / "eval.json", show_progress=False,
-        synthetic_kw={"n_terms": config.n_terms, "max_value": config.max_value},
-    )  # fmt: skip
+    try:
+        config = parse_args(_train_argv(cfg, run, out))
+        run_training(config)
+        # transformers, not "auto": on a GPU machine with vLLM installed, "auto" would start one vLLM engine per
+        # parallel worker, each claiming most of the GPU's memory, for a tiny model.
+        results = evaluate(
+            out / "final", "synthetic", n=cfg.eval_n, ks=sorted({1, cfg.eval_n}), limit=cfg.eval_limit,
+            seed=run.seed, output=out / "eval.json", show_progress=False, backend="transformers",
+            synthetic_kw={"n_terms": config.n_terms, "max_value": config.max_value},
+        )  # fmt: skip
+    except BaseException:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with open(out / "log.txt", "a") as log:
+            traceback.print_exc(file=log)
+        raise
     return {"run": run.name, "seconds": time.time() - start, "macro": results["macro"]}
 
 
