@@ -361,14 +361,100 @@ def _warm_start(cfg: CompareConfig, seed: int) -> None:
     model_path(parse_args(["--seed", str(seed), "--progress", "false", *cfg.train_args]))
 
 
+def _clear_unfinished(folder: Path) -> None:
+    """Remove what an unfinished run left that would outlive its retraining: its partial metrics.jsonl (the
+    progress bar would count its steps until the worker's --overwrite removed it) and an eval.json of an
+    older model (with the new run's metrics it would make a run that fails after training look done)."""
+    for name in ("metrics.jsonl", "eval.json"):
+        (folder / name).unlink(missing_ok=True)
+
+
+def _log_size(folder: Path) -> int:
+    path = folder / "log.txt"
+    return path.stat().st_size if path.exists() else -1
+
+
+def _failure(run: Run, err: BaseException, log: Path) -> str:
+    return f"{run.name}: {type(err).__name__}: {err} (traceback in its log: {log})"
+
+
+def _broken_pool_failures(broken: list[Run], started: list[Run], out: Path) -> list[str]:
+    """What to say about the runs whose futures ended with BrokenProcessPool: a worker process died without an
+    exception (a signal, out of memory, os._exit), and the pool stopped every other run with it. ``started``:
+    those of them that had begun (their worker wrote to their log)."""
+    lines = []
+    if started:
+        logs = ", ".join(str(out / "runs" / r.name / "log.txt") for r in started)
+        who = (
+            f"{started[0].name}: its worker process died"
+            if len(started) == 1
+            else f"{', '.join(r.name for r in started)}: the worker process of one of them died and the pool "
+            "stopped the others"
+        )
+        lines.append(f"{who} (killed by a signal, out of memory, or os._exit; logs: {logs})")
+    not_run = [r.name for r in broken if r not in started]
+    if not_run:
+        lines.append(
+            f"not run, as the pool stopped when that worker died: {', '.join(not_run)} (rerun kpo compare to "
+            "run them; finished runs are reused)"
+        )
+    return lines
+
+
+def _train_runs(cfg: CompareConfig, todo: list[Run], out: Path) -> None:
+    """Train and evaluate the runs ``todo`` in parallel worker processes with a progress bar; RuntimeError
+    listing every failed run (after the others ended) when any failed."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    from tqdm.auto import tqdm
+
+    folders = {r: out / "runs" / r.name for r in todo}
+    for folder in folders.values():
+        _clear_unfinished(folder)
+    log_sizes = {
+        r: _log_size(f) for r, f in folders.items()
+    }  # a run's worker adds a line to its log at start
+    jobs = cfg.jobs if cfg.jobs is not None else os.cpu_count() or 1
+    steps = cfg.steps or _default_steps()
+    failures, broken = [], []
+    with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=get_context("spawn")) as pool:
+        seeds = sorted({r.seed for r in todo})
+        print(f"warm starts of seeds {seeds} (cached after the first compare)", flush=True)
+        for fut in [pool.submit(_warm_start, cfg, s) for s in seeds]:
+            fut.result()
+        bar = tqdm(total=steps * len(todo), desc="compare (optimizer steps)", unit="step")
+        pending = {pool.submit(_execute, cfg, r, folders[r]): r for r in todo}
+        while pending:
+            finished, _ = wait(pending, timeout=5, return_when=FIRST_COMPLETED)
+            bar.n = sum(min(_steps_logged(f), steps) for f in folders.values())
+            bar.refresh()
+            for fut in finished:
+                run = pending.pop(fut)
+                try:
+                    info = fut.result()
+                except BrokenProcessPool:
+                    broken.append(run)
+                    continue
+                # SystemExit too: a run calling sys.exit is a failed run, not the end of kpo compare.
+                except (Exception, SystemExit) as e:  # noqa: BLE001 - report every failed run, then stop
+                    failures.append(_failure(run, e, folders[run] / "log.txt"))
+                    continue
+                macro = ", ".join(f"{k} {v:.3f}" for k, v in info["macro"].items() if "@" in k)
+                bar.write(f"done {run.name} in {info['seconds'] / 60:.1f} min: {macro}")
+    bar.close()
+    broken.sort(key=todo.index)  # in plan order, not in the order the pool gave up on them
+    started = [r for r in broken if _log_size(folders[r]) > log_sizes[r]]
+    failures += _broken_pool_failures(broken, started, out)
+    if failures:
+        raise RuntimeError("kpo compare: runs failed:\n  " + "\n  ".join(failures))
+
+
 def run_compare(cfg: CompareConfig) -> Path:
     """Run every missing (method, seed), then write the report; returns the report's path.
 
     Raises :class:`CompareError` before anything trains when a setting is invalid or a done run in ``cfg.out``
     was made with other settings.
     """
-    from tqdm.auto import tqdm
-
     cfg.validate()
     out = Path(cfg.out)
     runs = plan_runs(cfg)
@@ -380,34 +466,7 @@ def run_compare(cfg: CompareConfig) -> Path:
     todo = [r for r in runs if not _done(out / "runs" / r.name)]
     print(f"kpo compare: {len(runs)} runs, {len(runs) - len(todo)} already done; report in {out}", flush=True)
     if todo:
-        jobs = cfg.jobs if cfg.jobs is not None else os.cpu_count() or 1
-        steps = cfg.steps or _default_steps()
-        failures = []
-        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=get_context("spawn")) as pool:
-            seeds = sorted({r.seed for r in todo})
-            print(f"warm starts of seeds {seeds} (cached after the first compare)", flush=True)
-            for fut in [pool.submit(_warm_start, cfg, s) for s in seeds]:
-                fut.result()
-            bar = tqdm(total=steps * len(todo), desc="compare (optimizer steps)", unit="step")
-            pending = {pool.submit(_execute, cfg, r, out / "runs" / r.name): r for r in todo}
-            while pending:
-                finished, _ = wait(pending, timeout=5, return_when=FIRST_COMPLETED)
-                bar.n = sum(min(_steps_logged(out / "runs" / r.name), steps) for r in todo)
-                bar.refresh()
-                for fut in finished:
-                    run = pending.pop(fut)
-                    try:
-                        info = fut.result()
-                    except Exception as e:  # noqa: BLE001 - report every failed run, then stop
-                        failures.append(
-                            f"{run.name}: {type(e).__name__}: {e} (log: {out / 'runs' / run.name / 'log.txt'})"
-                        )
-                        continue
-                    macro = ", ".join(f"{k} {v:.3f}" for k, v in info["macro"].items() if "@" in k)
-                    bar.write(f"done {run.name} in {info['seconds'] / 60:.1f} min: {macro}")
-        bar.close()
-        if failures:
-            raise RuntimeError("kpo compare: runs failed:\n  " + "\n  ".join(failures))
+        _train_runs(cfg, todo, out)
     from kpo.compare_report import write_report
 
     return write_report(cfg, runs, out)

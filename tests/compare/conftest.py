@@ -43,28 +43,29 @@ def no_training(monkeypatch):
     monkeypatch.setattr("kpo.compare.ProcessPoolExecutor", refuse)
 
 
+def write_fake_run(cfg: CompareConfig, run: Run, problems: int = 2) -> Path:
+    """A run directory as a finished run leaves it (config.yaml, metrics.jsonl, eval.json), made with a
+    CompareConfig; returns the folder. Its metrics rows and eval.json hold what the report reads (reward_mean,
+    entropy; macro avg@n / pass@n), so the report can be written untrained."""
+    folder = Path(cfg.out) / "runs" / run.name
+    folder.mkdir(parents=True, exist_ok=True)
+    parse_args(_train_argv(cfg, run, folder)).save_yaml(folder / "config.yaml")
+    rows = [
+        {"step": s, "reward_mean": 0.5, "entropy": 1.0, "clip_frac": 0.0, "pg_loss": 0.0}
+        for s in range(1, (cfg.steps or 1) + 1)
+    ]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    macro = {f"avg@{cfg.eval_n}": 0.5, f"pass@{cfg.eval_n}": 0.5, "mean_response_tokens": 3.0}
+    results = {
+        "params": {"n": cfg.eval_n},
+        "benchmarks": {"synthetic": {"problems": problems}},
+        "macro": macro,
+    }
+    (folder / "eval.json").write_text(json.dumps(results))
+    return folder
+
+
 @pytest.fixture
 def fake_done_run():
-    """Factory of a run directory as a finished run leaves it (config.yaml, metrics.jsonl, eval.json), made
-    with a CompareConfig: ``make(cfg, run, problems=2) -> folder``. Its metrics rows and eval.json hold what
-    the report reads (reward_mean, entropy; macro avg@n / pass@n), so the report can be written untrained."""
-
-    def make(cfg: CompareConfig, run: Run, problems: int = 2) -> Path:
-        folder = Path(cfg.out) / "runs" / run.name
-        folder.mkdir(parents=True)
-        parse_args(_train_argv(cfg, run, folder)).save_yaml(folder / "config.yaml")
-        rows = [
-            {"step": s, "reward_mean": 0.5, "entropy": 1.0, "clip_frac": 0.0, "pg_loss": 0.0}
-            for s in range(1, (cfg.steps or 1) + 1)
-        ]
-        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        macro = {f"avg@{cfg.eval_n}": 0.5, f"pass@{cfg.eval_n}": 0.5, "mean_response_tokens": 3.0}
-        results = {
-            "params": {"n": cfg.eval_n},
-            "benchmarks": {"synthetic": {"problems": problems}},
-            "macro": macro,
-        }
-        (folder / "eval.json").write_text(json.dumps(results))
-        return folder
-
-    return make
+    """``write_fake_run``: ``make(cfg, run, problems=2) -> folder`` of a finished run, made untrained."""
+    return write_fake_run

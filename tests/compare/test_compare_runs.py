@@ -1,12 +1,17 @@
-"""What kpo compare does with its runs' workers, without training: the worker function (`_execute`) is run in
-this process with training and evaluation replaced."""
+"""What kpo compare does with its runs' workers, without training: the worker function (`_execute`) run in
+this process with training and evaluation replaced, and run_compare with forked workers that fake the runs."""
 
 from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from pathlib import Path
 
 import pytest
 
 import kpo.compare
-from kpo.compare import Run, _execute
+from kpo.compare import Run, _execute, run_compare
 
 
 @pytest.fixture
@@ -24,7 +29,11 @@ def test_a_failed_run_leaves_its_traceback_in_its_log(compare_config, tmp_path, 
     with pytest.raises(KeyError):
         _execute(compare_config(), Run("vanilla", 0), out)
     log = (out / "log.txt").read_text()
-    assert "Traceback (most recent call last)" in log and "deep_inner" in log and "KeyError: 'missing key'" in log
+    assert (
+        "Traceback (most recent call last)" in log
+        and "deep_inner" in log
+        and "KeyError: 'missing key'" in log
+    )
 
 
 def test_evaluation_uses_the_transformers_backend(compare_config, tmp_path, monkeypatch, in_process):
@@ -38,3 +47,78 @@ def test_evaluation_uses_the_transformers_backend(compare_config, tmp_path, monk
     monkeypatch.setattr("kpo.evaluation.evaluate", evaluate)
     _execute(compare_config(), Run("vanilla", 0), tmp_path / "run")
     assert seen["backend"] == "transformers"
+
+
+# What the fake worker of a run does instead of finishing it (run name -> mode); set before the pool forks.
+MODES: dict[str, str] = {}
+
+
+def fake_execute(cfg, run, out) -> dict:
+    """A worker that trains nothing: it logs its start as `_execute` does, then finishes the run (the files of
+    a done run) or fails as MODES says."""
+    from tests.compare.conftest import write_fake_run
+
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "log.txt", "a") as log:
+        log.write("started\n")
+    if (out / "metrics.jsonl").exists():  # the progress bar would count its stale steps
+        raise AssertionError(f"{run.name} starts with a stale metrics.jsonl")
+    mode = MODES.get(run.name)
+    if mode == "exit":
+        sys.exit(3)
+    if mode == "kill":
+        os._exit(3)
+    write_fake_run(cfg, run)
+    return {"run": run.name, "seconds": 0.0, "macro": {"avg@2": 0.5}}
+
+
+def no_warm_start(cfg, seed) -> None:
+    pass
+
+
+@pytest.fixture
+def fake_workers(monkeypatch):
+    """Workers forked from this process (so they run `fake_execute`), with the run modes ``modes``."""
+
+    def use(modes: dict[str, str]) -> None:
+        monkeypatch.setattr(kpo.compare, "get_context", lambda method: multiprocessing.get_context("fork"))
+        monkeypatch.setattr(kpo.compare, "_execute", fake_execute)
+        monkeypatch.setattr(kpo.compare, "_warm_start", no_warm_start)
+        for name, mode in modes.items():
+            monkeypatch.setitem(MODES, name, mode)
+
+    return use
+
+
+def test_a_run_that_exits_is_a_failed_run(compare_config, fake_workers):
+    fake_workers({"vanilla-seed0": "exit"})
+    with pytest.raises(RuntimeError) as e:
+        run_compare(compare_config(sweep_q=()))
+    message = str(e.value)
+    assert "vanilla-seed0: SystemExit: 3 (traceback in its log:" in message, message
+    assert "kpo-seed0" not in message  # the other run finished
+
+
+def test_a_killed_worker_is_blamed_on_its_run_only(compare_config, fake_workers):
+    # One worker: vanilla-seed0 runs first and kills it, the others never start.
+    fake_workers({"vanilla-seed0": "kill"})
+    cfg = compare_config(sweep_q=(1e-6, 1e-2), jobs=1)
+    with pytest.raises(RuntimeError) as e:
+        run_compare(cfg)
+    lines = str(e.value).splitlines()[1:]
+    log = Path(cfg.out) / "runs" / "vanilla-seed0" / "log.txt"
+    assert lines == [
+        f"  vanilla-seed0: its worker process died (killed by a signal, out of memory, or os._exit; logs: {log})",
+        "  not run, as the pool stopped when that worker died: kpo-seed0, kpo-q0.01-seed0 (rerun kpo compare "
+        "to run them; finished runs are reused)",
+    ], lines
+
+
+def test_an_unfinished_run_restarts_without_its_stale_metrics(compare_config, fake_workers):
+    fake_workers({})
+    cfg = compare_config(sweep_q=())
+    stale = Path(cfg.out) / "runs" / "kpo-seed0"
+    stale.mkdir(parents=True)
+    (stale / "metrics.jsonl").write_text('{"step": 1}\n' * 99)  # an interrupted run (no eval.json)
+    run_compare(cfg)
+    assert len((stale / "metrics.jsonl").read_text().splitlines()) == cfg.steps
