@@ -34,15 +34,18 @@ TABLE2_KEYS = tuple(k for k in STAT_KEYS if k not in ("prop_up", "prop_down"))
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
+    """(mean, sample std) of the finite values; std is NaN with one value (no spread to measure), both with none."""
     values = [v for v in values if v is not None and np.isfinite(v)]
     if not values:
         return float("nan"), float("nan")
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else float("nan")
 
 
 def _fmt(mean: float, std: float, scale: float = 1.0, digits: int = 1) -> str:
     if not np.isfinite(mean):
         return "n/a"
+    if not np.isfinite(std):  # one seed: "± 0.0" would claim a spread measured as zero
+        return f"{scale * mean:.{digits}f} (1 seed)"
     return f"{scale * mean:.{digits}f} ± {scale * std:.{digits}f}"
 
 
@@ -182,11 +185,12 @@ def _table1_claim(methods, table1) -> str:
         if kpo_m == riv_m
         else "does not hold"
     )
-    noise = (
-        " (the gap is within one standard deviation across seeds)"
-        if abs(kpo_m - riv_m) <= max(kpo_s, riv_s)
-        else ""
-    )
+    if not (np.isfinite(kpo_s) and np.isfinite(riv_s)):
+        noise = " (this rests on one seed: the spread across seeds is unknown; use --seeds 2 or more)"
+    elif abs(kpo_m - riv_m) <= max(kpo_s, riv_s):
+        noise = " (the gap is within one standard deviation across seeds)"
+    else:
+        noise = ""
     return _claim(
         title,
         f"{verdict}: kpo {100 * kpo_m:.1f}, best other ({rival}) {100 * riv_m:.1f}; best overall: {best}{noise}.",

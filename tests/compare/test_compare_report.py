@@ -86,3 +86,12 @@ def test_figure3_reads_a_noisy_rising_curve_as_rising_and_a_drop_as_collapse():
         }
         line = _claims(["vanilla", "kpo"], groups, table1, {}, {})[1]
         assert expected in line and "vanilla collapsed in 0/1" not in line, line
+
+
+def test_one_seed_shows_no_spread_and_the_table1_claim_says_so(compare_config, fake_done_run):
+    text = _report(compare_config(seeds=1, sweep_q=()), fake_done_run)
+    table = _section(text, "Table 1 analog")
+    assert "| vanilla | 1 | 50.0 (1 seed) | 50.0 (1 seed) | 3.0 (1 seed) |" in table, table
+    assert "± 0.0" not in text
+    [claim] = [line for line in _section(text, "Claims").splitlines() if line.startswith("- **Table 1:")]
+    assert "this rests on one seed" in claim, claim
