@@ -21,7 +21,7 @@ import sys
 import time
 import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -77,7 +77,7 @@ class CompareConfig:
         """Check every setting before anything trains, and name each loss by its canonical name (``grpo`` ->
         ``vanilla``). Raises :class:`CompareError` listing the problems found. Returns self."""
         methods, errors = _canonical_methods(self.methods)
-        errors = _range_errors(self) + errors + _owned_flag_errors(self.train_args)
+        errors = _range_errors(self) + errors + _sweep_name_errors(self) + _owned_flag_errors(self.train_args)
         if errors:
             raise CompareError(errors)
         self.methods = methods
@@ -138,6 +138,20 @@ def _canonical_methods(names: tuple[str, ...]) -> tuple[tuple[str, ...], list[st
                 f"--methods: {', '.join(asked)} all name the loss {canonical!r}; list each loss once"
             )
     return tuple(given), errors
+
+
+def _sweep_name_errors(cfg: CompareConfig) -> list[str]:
+    """--sweep-q values whose runs would share a directory (a run's name spells Q with 6 significant digits,
+    so that the runs of ordinary values keep their names and finished ones are reused)."""
+    qs_of: dict[str, list[float]] = {}  # run name at seed 0 -> the Q values that give it
+    for q, members in sweep_runs(replace(cfg, seeds=1, sweep_seeds=1)).items():
+        qs_of.setdefault(members[0].name, []).append(q)
+    return [
+        f"--sweep-q: {', '.join(repr(q) for q in qs)} would share the run directories {name} (and the other "
+        "seeds'); give Q values that differ within 6 significant digits"
+        for name, qs in qs_of.items()
+        if len(qs) > 1
+    ]
 
 
 def _range_errors(cfg: CompareConfig) -> list[str]:

@@ -258,3 +258,13 @@ def test_a_sweep_of_one_q_is_not_tested():
     sweep = {1e-6: {"final": (0.5, 0.0)}}
     lines = _claims(["kpo"], _groups(["kpo"]), _table1({"kpo": 0.5}), {}, sweep)
     assert lines[3].startswith("- **Figure 4:") and "not tested: --sweep-q has one Q value" in lines[3], lines
+
+
+def test_sweep_values_that_would_share_a_run_directory_are_refused(compare_config, tmp_path, no_training):
+    with pytest.raises(CompareError) as e:
+        run_compare(compare_config(sweep_q=(1e-6, 1e-4, 1.0000001e-4)))
+    assert e.value.errors == [
+        "--sweep-q: 0.0001, 0.00010000001 would share the run directories kpo-q0.0001-seed0 (and the other "
+        "seeds'); give Q values that differ within 6 significant digits"
+    ]
+    assert not (tmp_path / "cmp").exists()
