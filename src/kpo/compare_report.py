@@ -323,7 +323,8 @@ def write_report(cfg, runs, out: Path) -> Path:
         "",
         *claims,
         "",
-        "## Figure 3 analog: training dynamics (mean over seeds, band = min-max)",
+        f"## Figure 3 analog: training dynamics ({CLAIM_RULES['smooth']}-step trailing means; mean over seeds, "
+        "band = min-max)",
         "",
         f"![training dynamics]({fig3.name})",
         "",
@@ -334,7 +335,8 @@ def write_report(cfg, runs, out: Path) -> Path:
     ]
     if fig4 is not None:
         md += [
-            "## Figure 4 analog: KPO with different Q/V",
+            f"## Figure 4 analog: KPO with different Q/V ({CLAIM_RULES['smooth']}-step trailing means; mean over "
+            "seeds, band = min-max)",
             "",
             f"![Q/V sweep]({fig4.name})",
             "",

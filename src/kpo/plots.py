@@ -95,21 +95,9 @@ def seed_band(group: Sequence[Run], key: str, smooth: int = 1) -> tuple[np.ndarr
     return np.array(steps, dtype=int), mean, lo, hi
 
 
-def plot_training_dynamics(
-    runs, out_path: str | Path, *, title: str | None = None, smooth: int = 1
-) -> Path:
-    """Write the four-panel figure to ``out_path`` (PNG) and return its path.
-
-    runs: one run (a ``metrics.jsonl`` path, a run directory, or a list of row dicts), or a mapping
-        ``label -> run or list of runs`` (e.g. ``{"kpo": [seed0_rows, seed1_rows], "vanilla": [...]}``).
-        With several runs per label the line is their mean at each step and the band their min-max.
-    smooth: trailing moving-average window in steps applied to each run before averaging (1 = raw).
-    """
-    groups = {("run" if title is None else title): _as_runs(runs)} if not isinstance(runs, Mapping) else {
-        label: _as_runs(value) for label, value in runs.items()
-    }
-    if smooth < 1:
-        raise ValueError(f"smooth={smooth}: must be >= 1")
+def _figure(groups: Mapping[str, list[Run]], smooth: int) -> Figure:
+    """The four panels, one labelled line (and min-max band over several runs) per group, with a legend even
+    for one line: a figure must say what it shows, one method or one Q/V included."""
     fig = Figure(figsize=(14, 3.4), layout="constrained")
     axes = fig.subplots(1, len(PANELS))
     for ax, (key, name) in zip(axes, PANELS):
@@ -117,14 +105,34 @@ def plot_training_dynamics(
             x, mean, lo, hi = seed_band(group, key, smooth)
             if not x.size:
                 continue
-            (line,) = ax.plot(x, mean, label=label if len(groups) > 1 or len(group) > 1 else None, lw=1.4)
+            (line,) = ax.plot(x, mean, label=label, lw=1.4)
             if len(group) > 1:
                 ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
         ax.set_title(name)
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
-    if len(groups) > 1 or any(len(g) > 1 for g in groups.values()):
-        axes[0].legend(fontsize=8)
+    drawn = [ax for ax in axes if ax.get_lines()]
+    if drawn:
+        drawn[0].legend(fontsize=8)
+    return fig
+
+
+def plot_training_dynamics(runs, out_path: str | Path, *, title: str | None = None, smooth: int = 1) -> Path:
+    """Write the four-panel figure to ``out_path`` (PNG) and return its path.
+
+    runs: one run (a ``metrics.jsonl`` path, a run directory, or a list of row dicts), or a mapping
+        ``label -> run or list of runs`` (e.g. ``{"kpo": [seed0_rows, seed1_rows], "vanilla": [...]}``).
+        With several runs per label the line is their mean at each step and the band their min-max.
+    smooth: trailing moving-average window in steps applied to each run before averaging (1 = raw).
+    """
+    groups = (
+        {("run" if title is None else title): _as_runs(runs)}
+        if not isinstance(runs, Mapping)
+        else {label: _as_runs(value) for label, value in runs.items()}
+    )
+    if smooth < 1:
+        raise ValueError(f"smooth={smooth}: must be >= 1")
+    fig = _figure(groups, smooth)
     if title is not None:
         fig.suptitle(title)
     out_path = Path(out_path)

@@ -95,3 +95,10 @@ def test_one_seed_shows_no_spread_and_the_table1_claim_says_so(compare_config, f
     assert "± 0.0" not in text
     [claim] = [line for line in _section(text, "Claims").splitlines() if line.startswith("- **Table 1:")]
     assert "this rests on one seed" in claim, claim
+
+
+def test_figure_headings_say_the_curves_are_trailing_means(compare_config, fake_done_run):
+    text = _report(compare_config(), fake_done_run)
+    for figure in ("## Figure 3 analog", "## Figure 4 analog"):
+        [heading] = [line for line in text.splitlines() if line.startswith(figure)]
+        assert "(5-step trailing means; mean over seeds, band = min-max)" in heading, heading

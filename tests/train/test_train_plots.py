@@ -5,12 +5,20 @@ import json
 import numpy as np
 import pytest
 
-from kpo.plots import load_metrics, plot_training_dynamics, seed_band
+from kpo.plots import _figure, load_metrics, plot_training_dynamics, seed_band
 
 
 def _run(offset: float, n: int = 6) -> list[dict]:
-    return [{"step": s, "reward_mean": 0.1 * s + offset, "entropy": 1.0 - 0.1 * s, "clip_frac": 0.01 * s,
-             "pg_loss": None if s == 3 else -0.01 * s} for s in range(1, n + 1)]
+    return [
+        {
+            "step": s,
+            "reward_mean": 0.1 * s + offset,
+            "entropy": 1.0 - 0.1 * s,
+            "clip_frac": 0.01 * s,
+            "pg_loss": None if s == 3 else -0.01 * s,
+        }
+        for s in range(1, n + 1)
+    ]
 
 
 def test_one_run_from_a_run_dir(tmp_path):
@@ -63,3 +71,10 @@ def test_bad_metrics_line_is_named(tmp_path):
         load_metrics(path)
     with pytest.raises(ValueError, match="smooth=0"):
         plot_training_dynamics([{"step": 1, "reward_mean": 0.0}], tmp_path / "x.png", smooth=0)
+
+
+@pytest.mark.parametrize("runs", [{"kpo": [_run(0.0)]}, {"Q/V=1e-06": [_run(0.0), _run(0.1)]}])
+def test_one_line_is_labelled_too(runs):
+    fig = _figure({label: list(group) for label, group in runs.items()}, smooth=2)
+    legend = fig.axes[0].get_legend()
+    assert legend is not None and [t.get_text() for t in legend.get_texts()] == list(runs)
