@@ -425,9 +425,7 @@ def _train_runs(cfg: CompareConfig, todo: list[Run], out: Path) -> None:
     folders = {r: out / "runs" / r.name for r in todo}
     for folder in folders.values():
         _clear_unfinished(folder)
-    log_sizes = {
-        r: _log_size(f) for r, f in folders.items()
-    }  # a run's worker adds a line to its log at start
+    log_sizes = {r: _log_size(f) for r, f in folders.items()}  # a run's worker adds a line to its log at start
     jobs = cfg.jobs if cfg.jobs is not None else os.cpu_count() or 1
     steps = cfg.steps or _default_steps()
     failures, broken = [], []
