@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib.util
 import math
 import os
@@ -225,10 +226,9 @@ class TrainConfig:
 
     def _type_errors(self) -> dict[str, str]:
         """{field: error} for every field whose value does not match its annotation (ints pass as floats)."""
-        hints = typing.get_type_hints(TrainConfig)
         errors = {}
         for f in dataclasses.fields(self):
-            kinds = typing.get_args(hints[f.name]) or (hints[f.name],)
+            kinds = _field_kinds(f.name)
             value = getattr(self, f.name)
             if not any(_has_type(value, kind) for kind in kinds):
                 expected = " or ".join(_TYPE_NAMES[kind] for kind in kinds)
@@ -476,6 +476,13 @@ _TYPE_NAMES = {bool: "true/false", int: "an integer", float: "a finite number", 
                dict: "a mapping", type(None): "none"}
 
 
+@functools.cache
+def _field_kinds(name: str) -> tuple[type, ...]:
+    """The types a TrainConfig field's annotation allows: (int,) for ``int``, (int, NoneType) for ``int | None``."""
+    hint = typing.get_type_hints(TrainConfig)[name]
+    return typing.get_args(hint) or (hint,)
+
+
 def _has_type(value: Any, kind: type) -> bool:
     """isinstance for config fields: bools are not numbers, ints pass as floats, floats must be finite."""
     if kind is float:
@@ -558,7 +565,6 @@ def build_parser(prog: str = "kpo train") -> argparse.ArgumentParser:
         "With no arguments: the embedded tiny model on the synthetic arithmetic task (minutes on a CPU).",
     )
     parser.add_argument("--config", help="YAML file of config fields; flags override it.")
-    hints = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
     defaults = TrainConfig().to_dict()
     for f in dataclasses.fields(TrainConfig):
         flags = [f"--{f.name.replace('_', '-')}"] + ([f"--{f.name}"] if "_" in f.name else [])
@@ -566,17 +572,18 @@ def build_parser(prog: str = "kpo train") -> argparse.ArgumentParser:
         # the help shows the dataclass default that applies when neither sets it.
         help_text = f"{f.metadata['help']} (default: {_show_default(defaults[f.name])})".replace("%", "%%")
         kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
-        hint = str(hints[f.name])
+        kinds = _field_kinds(f.name)
+        optional = type(None) in kinds
         if f.name == "loss_kwargs":
             kw |= {"nargs": "*", "type": _parse_kwarg, "metavar": "NAME=VALUE"}
-        elif hint.startswith("bool"):
+        elif bool in kinds:
             kw |= {"nargs": "?", "const": True, "type": _parse_bool, "metavar": "BOOL"}
-        elif hint.startswith("int"):
-            kw["type"] = _parse_optional(int) if "None" in hint else int
-        elif hint.startswith("float"):
+        elif int in kinds:
+            kw["type"] = _parse_optional(int) if optional else int
+        elif float in kinds:
             kw["type"] = float
         else:
-            kw["type"] = _parse_optional(str) if "None" in hint else str
+            kw["type"] = _parse_optional(str) if optional else str
         parser.add_argument(*flags, **kw)
     return parser
 
