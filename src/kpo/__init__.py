@@ -19,6 +19,9 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "kalman_filter": "kpo.filter",
     "kalman_gains": "kpo.filter",
+    "filter_memory": "kpo.filter.memory",
+    "q_for_memory": "kpo.filter.memory",
+    "matched_memory": "kpo.filter.memory",
     "policy_loss": "kpo.losses",
     "list_losses": "kpo.losses",
     "compute_advantages": "kpo.advantages",
@@ -28,10 +31,13 @@ _EXPORTS = {
 __all__ = [
     "__version__",
     "compute_advantages",
+    "filter_memory",
     "kalman_filter",
     "kalman_gains",
     "list_losses",
+    "matched_memory",
     "policy_loss",
+    "q_for_memory",
     "token_dynamics",
 ]
 
@@ -47,4 +53,5 @@ if TYPE_CHECKING:  # pragma: no cover - static analysers only
     from kpo.advantages import compute_advantages
     from kpo.diagnostics import token_dynamics
     from kpo.filter import kalman_filter, kalman_gains
+    from kpo.filter.memory import filter_memory, matched_memory, q_for_memory
     from kpo.losses import list_losses, policy_loss

@@ -1,10 +1,14 @@
 """``kpo compare``: train, evaluate and analyze several methods and seeds into one report.
 
-Every (method, seed) run trains on the embedded task under the paper's off-policy protocol with the method's
-paper hyperparameters (nothing tuned per method: every run shares one set of protocol flags, and the seed fixes
-the warm start and the data order), then its final model is evaluated on the held-out split (avg@n, pass@k)
-and its dumped ratios are analyzed. The report (``report.md`` + PNGs) holds the analogs of the paper's
-Figure 3, Table 1, Figure 4 and Table 2, and a "claims" section that says, with numbers, whether each claim holds.
+Every (method, seed) run trains on the embedded task (by default the long-response running-sum task: 128-token
+responses) under the paper's off-policy protocol with the method's paper hyperparameters (nothing tuned per
+method: every run shares one set of protocol flags, and the seed fixes the warm start and the data order), then
+its final model is evaluated on the held-out split (avg@n, pass@k) and its dumped ratios are analyzed. KPO runs
+twice per seed: at the paper's Q/V (a memory of 1000 tokens) and at the memory that keeps the paper's
+memory-to-length ratio at this task's response length (``memory=matched``); a memory sweep adds the Figure 4
+analog. Each seed's warm start is evaluated on the same problems, as the Table 1 baseline every method starts
+from. The report (``report.md`` + PNGs) holds the analogs of the paper's Figure 3, Table 1, Figure 4 and
+Table 2, and a "claims" section that says, with numbers and intervals, whether each claim holds.
 
 Runs execute in parallel worker processes (one torch thread each); a run with ``config.yaml``, ``metrics.jsonl``
 and ``eval.json`` is done and is not rerun, so an interrupted compare resumes where it stopped. A done run made
@@ -25,17 +29,22 @@ from dataclasses import asdict, dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
 
-__all__ = ["CompareConfig", "CompareError", "Run", "plan_runs", "sweep_runs", "run_compare", "main"]
+__all__ = ["CompareConfig", "CompareError", "Run", "arms", "plan_runs", "sweep_runs", "run_compare", "main",
+           "WARM_START"]
 
 DEFAULT_METHODS = ("vanilla", "gspo", "gmpo", "kpo", "kpo_unclipped")
-SWEEP_Q = (1e-6, 1e-4, 1e-2)  # the paper's Figure 4 values of Q (V = 1)
+PAPER, MATCHED = "paper", "matched"  # KPO at the paper's Q/V; at the length-matched memory
+# Figure 4's points as filter memories in tokens (kpo.filter.memory); paper = Q/V 1e-6 = 1000 tokens
+SWEEP_MEMORY = ("8", MATCHED, "125", PAPER)
+STEPS = 200  # optimizer steps per run
 EVAL_N = 8  # samples per held-out problem
-QUICK = {"steps": 120, "sweep_seeds": 1, "eval_n": 4}  # what --quick sets where the option is not given
+QUICK = {"steps": 40, "eval_n": 4}  # what --quick sets where the option is not given
+WARM_START = "warm_start"  # the Table 1 row of the models every run starts from
 # `kpo train` fields that kpo compare sets from its own options (or its run plan); a `--` flag for one of them
 # would override compare's value after compare.json recorded it.
 COMPARE_OWNED = {"loss": "--methods", "seed": "--seeds", "output_dir": "--out", "max_steps": "--steps",
                  "minibatches": "--minibatches", "dump_ratios_every": "--dump-every",
-                 "loss_kwargs": "nothing (each method runs its paper hyperparameters; --sweep-q sets KPO's Q)",
+                 "loss_kwargs": "nothing (each method runs its paper hyperparameters; --sweep-memory sets KPO's memory)",
                  "resume": "nothing (finished runs are reused)", "overwrite": "nothing (unfinished runs restart)"}  # fmt: skip
 
 
@@ -54,10 +63,11 @@ class CompareConfig:
     out: str = "runs/compare"
     methods: tuple[str, ...] = DEFAULT_METHODS
     seeds: int = 3
-    steps: int | None = None  # optimizer steps per run; None = kpo train's default (quick: QUICK)
+    steps: int | None = None  # optimizer steps per run; None = STEPS (quick: QUICK)
     minibatches: int = 4  # optimizer steps per generation batch (3 of 4 off-policy in the paper)
-    sweep_q: tuple[float, ...] = SWEEP_Q  # KPO's Q/V sweep (Figure 4); empty = no sweep
-    sweep_seeds: int | None = None  # seeds of the sweep runs; None = all seeds (quick: QUICK)
+    matched: bool = True  # also KPO at the length-matched memory, every seed (needs kpo in methods)
+    sweep_memory: tuple[str, ...] = SWEEP_MEMORY  # KPO's memory sweep (Figure 4); empty = no sweep
+    sweep_seeds: int | None = 1  # seeds of the sweep's extra runs; None = all seeds
     eval_n: int | None = None  # samples per held-out problem; None = EVAL_N (quick: QUICK)
     eval_limit: int | None = None  # held-out problems; None = the task's default test split
     dump_every: int = 5  # ratio dumps every N optimizer steps (analysis input)
@@ -72,6 +82,8 @@ class CompareConfig:
                     setattr(self, name, value)
         if self.eval_n is None:
             self.eval_n = EVAL_N
+        if self.steps is None:
+            self.steps = STEPS
 
     def validate(self) -> CompareConfig:
         """Check every setting before anything trains, and name each loss by its canonical name (``grpo`` ->
@@ -90,30 +102,53 @@ class CompareConfig:
 
 @dataclass(frozen=True)
 class Run:
-    """One training run: a method (registry name) at a seed, with optional loss overrides (the Q/V sweep)."""
+    """One training run: a method (registry name) at a seed, with optional loss overrides (KPO's memory)."""
 
     method: str
     seed: int
-    loss_kwargs: tuple[tuple[str, float], ...] = ()
+    loss_kwargs: tuple[tuple[str, float | str], ...] = ()
+
+    @property
+    def arm(self) -> str:
+        """What the run tests, the label of its Table 1 row: the method, with its overrides."""
+        extra = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.loss_kwargs)
+        return f"{self.method} ({extra})" if extra else self.method
 
     @property
     def name(self) -> str:
-        extra = "".join(f"-{k}{v:g}" for k, v in self.loss_kwargs)
+        extra = "".join(f"-{k}{v:g}" if isinstance(v, float) else f"-{k}{v}" for k, v in self.loss_kwargs)
         return f"{self.method}{extra}-seed{self.seed}"
 
 
-def sweep_runs(cfg: CompareConfig) -> dict[float, list[Run]]:
-    """KPO's Q/V sweep: Q -> its runs; at the default Q the sweep's run is the plain ``kpo`` run."""
-    from kpo.losses import get_loss_spec
+def _memory_kwargs(point: str) -> tuple[tuple[str, float | str], ...]:
+    """KPO's loss overrides at a sweep point: none (paper), memory=matched, or memory=N tokens."""
+    if point == PAPER:
+        return ()
+    return (("memory", MATCHED if point == MATCHED else float(point)),)
 
-    default_q = get_loss_spec("kpo").hparams["q"]
+
+def arms(cfg: CompareConfig) -> list[tuple[str, tuple]]:
+    """(Table 1 row label, loss overrides) per compared arm: each method, then KPO at the matched memory."""
+    out = [(m, ()) for m in cfg.methods]
+    if cfg.matched and "kpo" in cfg.methods:
+        out.append((Run("kpo", 0, _memory_kwargs(MATCHED)).arm, _memory_kwargs(MATCHED)))
+    return out
+
+
+def _arm_method(label: str) -> str:
+    return label.split(" ")[0]
+
+
+def sweep_runs(cfg: CompareConfig) -> dict[str, list[Run]]:
+    """KPO's memory sweep: point -> its runs (``--sweep-seeds`` seeds; the paper and matched points reuse the
+    Table 1 runs at those seeds)."""
     seeds = range(cfg.seeds if cfg.sweep_seeds is None else cfg.sweep_seeds)
-    return {q: [Run("kpo", s, () if q == default_q else (("q", q),)) for s in seeds] for q in cfg.sweep_q}
+    return {p: [Run("kpo", s, _memory_kwargs(p)) for s in seeds] for p in cfg.sweep_memory}
 
 
 def plan_runs(cfg: CompareConfig) -> list[Run]:
-    """Every run of the comparison once: the methods at every seed, then the sweep's extra runs."""
-    runs = [Run(m, s) for s in range(cfg.seeds) for m in cfg.methods]
+    """Every run of the comparison once: the arms at every seed, then the sweep's extra runs."""
+    runs = [Run(_arm_method(label), s, kw) for s in range(cfg.seeds) for label, kw in arms(cfg)]
     for members in sweep_runs(cfg).values():
         runs += [r for r in members if r not in runs]
     return runs
@@ -141,23 +176,23 @@ def _canonical_methods(names: tuple[str, ...]) -> tuple[tuple[str, ...], list[st
 
 
 def _sweep_name_errors(cfg: CompareConfig) -> list[str]:
-    """--sweep-q values whose runs would share a directory (a run's name spells Q with 6 significant digits,
-    so that the runs of ordinary values keep their names and finished ones are reused)."""
-    qs_of: dict[str, list[float]] = {}  # run name at seed 0 -> the Q values that give it
-    for q, members in sweep_runs(replace(cfg, seeds=1, sweep_seeds=1)).items():
-        qs_of.setdefault(members[0].name, []).append(q)
+    """--sweep-memory points whose runs would share a directory (a run's name spells the memory with 6
+    significant digits, so that the runs of ordinary values keep their names and finished ones are reused)."""
+    points_of: dict[str, list[str]] = {}  # run name at seed 0 -> the points that give it
+    for point, members in sweep_runs(replace(cfg, seeds=1, sweep_seeds=1)).items():
+        points_of.setdefault(members[0].name, []).append(point)
     return [
-        f"--sweep-q: {', '.join(repr(q) for q in qs)} would share the run directories {name} (and the other "
-        "seeds'); give Q values that differ within 6 significant digits"
-        for name, qs in qs_of.items()
-        if len(qs) > 1
+        f"--sweep-memory: {', '.join(points)} would share the run directories {name} (and the other seeds'); give "
+        "memories that differ within 6 significant digits"
+        for name, points in points_of.items()
+        if len(points) > 1
     ]
 
 
 def _range_errors(cfg: CompareConfig) -> list[str]:
     """Integer settings outside their allowed range (None = the default, always allowed)."""
     upper = {"sweep_seeds": max(cfg.seeds, 1)}
-    default = {"steps": "kpo train's default", "eval_limit": "the whole test split", "jobs": "one per CPU",
+    default = {"steps": f"{STEPS} steps", "eval_limit": "the whole test split", "jobs": "one per CPU",
                "sweep_seeds": "all seeds"}  # fmt: skip
     errors = []
     names = ("seeds", "steps", "minibatches", "sweep_seeds", "eval_n", "eval_limit", "dump_every", "jobs")
@@ -182,13 +217,13 @@ def _has_analyzed_dump(steps: int, every: int, minibatches: int) -> bool:
 
 def _dump_period_errors(cfg: CompareConfig) -> list[str]:
     """--dump-every that dumps no step Table 2 can analyze within --steps (its settings are in range)."""
-    steps, every, m = cfg.steps or _default_steps(), cfg.dump_every, cfg.minibatches
+    steps, every, m = cfg.steps, cfg.dump_every, cfg.minibatches
     # steps < minibatches: no off-policy step at all, and kpo train's check (steps a multiple of it) says so
     if steps < m or _has_analyzed_dump(steps, every, m):
         return []
     # the longest period up to the asked one that works (p = minibatches always does, as steps >= it)
     fix = next(p for p in range(min(every, steps), 0, -1) if _has_analyzed_dump(steps, p, m))
-    steps_text = f"--steps={steps}" + (" (kpo train's default)" if cfg.steps is None else "")
+    steps_text = f"--steps={steps}"
     if every > steps:
         problem = f"is longer than {steps_text}: no ratio dump would be written, so Table 2 would be empty"
     else:  # one dump only: steps s and 2s are not both 1 more than a multiple of m > 1, so 2s would be analyzed
@@ -223,7 +258,7 @@ def _train_config_errors(cfg: CompareConfig) -> list[str]:
     """What `kpo train` would reject in each distinct run config (a method, or a sweep point)."""
     from kpo.train.config import ConfigError, parse_args
 
-    # (method, loss overrides) -> its first run: a seed never makes a config invalid.
+    # (method, loss overrides) -> its first run: a seed never makes a config invalid
     distinct: dict[tuple, Run] = {}
     for run in plan_runs(cfg):
         distinct.setdefault((run.method, run.loss_kwargs), run)
@@ -264,11 +299,9 @@ def _eval_limit_errors(cfg: CompareConfig) -> list[str]:
 def _train_argv(cfg: CompareConfig, run: Run, out: Path) -> list[str]:
     argv = ["--loss", run.method, "--seed", str(run.seed), "--output-dir", str(out), "--minibatches",
             str(cfg.minibatches), "--dump-ratios-every", str(cfg.dump_every), "--report-to", "none",
-            "--progress", "false", "--num-threads", "1", "--overwrite"]  # fmt: skip
-    if cfg.steps is not None:
-        argv += ["--max-steps", str(cfg.steps)]
+            "--progress", "false", "--num-threads", "1", "--overwrite", "--max-steps", str(cfg.steps)]  # fmt: skip
     if run.loss_kwargs:
-        argv += ["--loss-kwargs", *(f"{k}={v!r}" for k, v in run.loss_kwargs)]
+        argv += ["--loss-kwargs", *(f"{k}={v!r}" if isinstance(v, float) else f"{k}={v}" for k, v in run.loss_kwargs)]
     return argv + list(cfg.train_args)
 
 
@@ -292,7 +325,6 @@ def _log_to(out: Path) -> None:
 def _execute(cfg: CompareConfig, run: Run, out: Path) -> dict:
     """Worker: train one run, then evaluate its final model. Output goes to ``out/log.txt``, and so does the
     traceback of an error (SystemExit included) before it reaches kpo compare, which prints one line of it."""
-    from kpo.evaluation import evaluate
     from kpo.train.config import parse_args
     from kpo.train.run import run_training
 
@@ -303,11 +335,7 @@ def _execute(cfg: CompareConfig, run: Run, out: Path) -> dict:
         run_training(config)
         # transformers, not "auto": on a GPU machine with vLLM installed, "auto" would start one vLLM engine per
         # parallel worker, each claiming most of the GPU's memory, for a tiny model.
-        results = evaluate(
-            out / "final", "synthetic", n=cfg.eval_n, ks=sorted({1, cfg.eval_n}), limit=cfg.eval_limit,
-            seed=run.seed, output=out / "eval.json", show_progress=False, backend="transformers",
-            synthetic_kw={"n_terms": config.n_terms, "max_value": config.max_value},
-        )  # fmt: skip
+        results = _evaluate(cfg, config, out / "final", out / "eval.json")
     except BaseException:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -315,6 +343,26 @@ def _execute(cfg: CompareConfig, run: Run, out: Path) -> dict:
             traceback.print_exc(file=log)
         raise
     return {"run": run.name, "seconds": time.time() - start, "macro": results["macro"]}
+
+
+def _evaluate(cfg: CompareConfig, config, model: Path, output: Path) -> dict:
+    """Held-out avg@n / pass@k of ``model`` on the run config's task; the sample seeds depend on the problem and
+    sample only, so every model of the comparison answers the same problems with the same seeds."""
+    from kpo.evaluation import evaluate
+
+    task = config.task_config()
+    # transformers, not "auto": on a GPU machine with vLLM installed, "auto" would start one vLLM engine per
+    # parallel worker, each claiming most of the GPU's memory, for a tiny model.
+    return evaluate(
+        model, "synthetic", n=cfg.eval_n, ks=sorted({1, cfg.eval_n}), limit=cfg.eval_limit, output=output,
+        show_progress=False, backend="transformers", batch_size=64,
+        synthetic_kw={"kind": task.kind, "n_terms": task.n_terms, "max_value": task.max_value},
+    )  # fmt: skip
+
+
+def warm_start_dir(out: Path, seed: int) -> Path:
+    """Where seed ``seed``'s warm-start evaluation goes (``eval.json``)."""
+    return out / "runs" / f"{WARM_START}-seed{seed}"
 
 
 def _done(out: Path) -> bool:
@@ -365,14 +413,20 @@ def _steps_logged(out: Path) -> int:
 
 
 def _warm_start(cfg: CompareConfig, seed: int) -> None:
-    """Worker: build one seed's cached warm start, before that seed's parallel runs could race to build it."""
+    """Worker: build one seed's cached warm start, before that seed's parallel runs could race to build it, and
+    evaluate it (the Table 1 row every run starts from) unless that is done."""
     import torch
 
     from kpo.train.config import parse_args
     from kpo.train.run import model_path
 
     torch.set_num_threads(1)
-    model_path(parse_args(["--seed", str(seed), "--progress", "false", *cfg.train_args]))
+    config = parse_args(["--seed", str(seed), "--progress", "false", *cfg.train_args])
+    path = model_path(config)
+    folder = warm_start_dir(Path(cfg.out), seed)
+    if not (folder / "eval.json").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        _evaluate(cfg, config, path, folder / "eval.json")
 
 
 def _clear_unfinished(folder: Path) -> None:
@@ -427,11 +481,11 @@ def _train_runs(cfg: CompareConfig, todo: list[Run], out: Path) -> None:
         _clear_unfinished(folder)
     log_sizes = {r: _log_size(f) for r, f in folders.items()}  # a run's worker adds a line to its log at start
     jobs = cfg.jobs if cfg.jobs is not None else os.cpu_count() or 1
-    steps = cfg.steps or _default_steps()
+    steps = cfg.steps
     failures, broken = [], []
     with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=get_context("spawn")) as pool:
         seeds = sorted({r.seed for r in todo})
-        print(f"warm starts of seeds {seeds} (cached after the first compare)", flush=True)
+        print(f"warm starts of seeds {seeds} (cached after the first compare) and their evaluation", flush=True)
         for fut in [pool.submit(_warm_start, cfg, s) for s in seeds]:
             fut.result()
         bar = tqdm(total=steps * len(todo), desc="compare (optimizer steps)", unit="step")
@@ -484,17 +538,22 @@ def run_compare(cfg: CompareConfig) -> Path:
     return write_report(cfg, runs, out)
 
 
-def _default_steps() -> int:
-    from kpo.train.config import TrainConfig
-
-    return TrainConfig().max_steps
-
-
-def _sweep_q(text: str) -> tuple[float, ...]:
-    """``--sweep-q``: the Q values of ``kpo analyze``'s sweep, or ``''`` for no sweep."""
-    from kpo.analysis import parse_q_values
-
-    return parse_q_values(text) if text.strip() else ()
+def _sweep_memory(text: str) -> tuple[str, ...]:
+    """``--sweep-memory``: comma-separated filter memories in tokens (> 0), ``matched`` or ``paper``; ``''`` for
+    no sweep."""
+    points = tuple(x.strip() for x in text.split(",") if x.strip())
+    for point in points:
+        if point in (PAPER, MATCHED):
+            continue
+        try:
+            ok = float(point) > 0 and float(point) != float("inf")
+        except ValueError:
+            ok = False
+        if not ok:
+            raise argparse.ArgumentTypeError(
+                f"{point!r}: give memories in tokens (> 0), '{MATCHED}' or '{PAPER}', comma-separated"
+            )
+    return tuple(dict.fromkeys(points))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -515,7 +574,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--steps",
         type=int,
         default=None,
-        help=f"Optimizer steps per run (default: {_default_steps()}, kpo train's; --quick: {QUICK['steps']}).",
+        help=f"Optimizer steps per run (default: {STEPS}; --quick: {QUICK['steps']}).",
     )
     p.add_argument(
         "--minibatches",
@@ -524,16 +583,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="Optimizer steps per generation batch: more = more off-policy updates (default: %(default)s).",
     )
     p.add_argument(
-        "--sweep-q",
-        type=_sweep_q,
-        default=d.sweep_q,
-        help=f"KPO Q values (V = 1); '' = no sweep (default: {','.join(f'{q:g}' for q in d.sweep_q)}).",
+        "--no-matched",
+        action="store_true",
+        help="Leave out KPO at the length-matched memory (by default run at every seed beside the paper's Q/V).",
+    )
+    p.add_argument(
+        "--sweep-memory",
+        type=_sweep_memory,
+        default=d.sweep_memory,
+        help="KPO filter memories in tokens for the Figure 4 analog, 'matched' (the paper's memory-to-length "
+        f"ratio at this task's length) and 'paper' (Q/V = 1e-6); '' = no sweep (default: {','.join(d.sweep_memory)}).",
     )
     p.add_argument(
         "--sweep-seeds",
         type=int,
-        default=None,
-        help=f"Seeds of the Q/V sweep (default: all; --quick: {QUICK['sweep_seeds']}).",
+        default=d.sweep_seeds,
+        help="Seeds of the sweep's extra runs (default: %(default)s).",
     )
     p.add_argument(
         "--eval-n",
@@ -554,13 +619,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--quick",
         action="store_true",
-        help=f"{QUICK['steps']} steps per run, {QUICK['sweep_seeds']} sweep seed(s), {QUICK['eval_n']} samples per "
-        "problem, where those options are not given: minutes instead of an hour.",
+        help=f"{QUICK['steps']} steps per run, {QUICK['eval_n']} samples per problem, where those options are "
+        "not given: a smoke test in minutes instead of the comparison in 90.",
     )
     p.add_argument(
         "train_args",
         nargs=argparse.REMAINDER,
-        help="After `--`: extra `kpo train` flags for every run (e.g. -- --n-terms 4 --max-value 20).",
+        help="After `--`: extra `kpo train` flags for every run (e.g. -- --task chain --learning-rate 1e-4).",
     )
     return p
 
@@ -571,7 +636,8 @@ def config_from_args(argv: list[str] | None = None) -> CompareConfig:
     extra = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     return CompareConfig(
         out=args.out, methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), seeds=args.seeds,
-        steps=args.steps, minibatches=args.minibatches, sweep_q=args.sweep_q, sweep_seeds=args.sweep_seeds,
+        steps=args.steps, minibatches=args.minibatches, matched=not args.no_matched, sweep_memory=args.sweep_memory,
+        sweep_seeds=args.sweep_seeds,
         eval_n=args.eval_n, eval_limit=args.eval_limit, dump_every=args.dump_every, jobs=args.jobs,
         train_args=tuple(extra), quick=args.quick,
     )  # fmt: skip

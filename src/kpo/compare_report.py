@@ -3,11 +3,17 @@ comparison, and a "claims" section that tests each of the paper's claims on them
 holds here.
 
 Claim tests (fixed before looking at any run; the thresholds are in ``CLAIM_RULES``):
-- Table 1: KPO (clipped) has the highest mean held-out avg@n of all methods.
-- Figure 3: vanilla GRPO collapses (its final reward ends ``collapse_drop`` or more below its peak) while KPO keeps
-  rising (its final reward is within ``rise_tolerance`` of its peak and above its first steps' reward).
+- Table 1: KPO (clipped; at the paper's Q/V, and at the length-matched memory, each tested on its own) is best:
+  the 95% interval of its held-out avg@n minus each baseline's (vanilla, GSPO, GMPO: every method without a
+  filter) lies above 0 for every baseline. The interval is a percentile bootstrap over the problems (shared by
+  both sides) and the seeds (``kpo.evaluation.metrics.bootstrap_diff_ci``); which mean is highest decides nothing.
+- Figure 3, reward: vanilla GRPO collapses (its final reward ends ``collapse_drop`` or more below its peak) while
+  KPO keeps rising (its final reward is within ``rise_tolerance`` of its peak and above its first steps').
+- Figure 3, entropy: GRPO's entropy collapses (its final entropy is at most ``entropy_collapse`` of its first)
+  while KPO's does not, in every seed.
 - Table 2: filtering lengthens runs (mean run length of the three states) and removes switching (switch frequency).
-- Figure 4: a smaller Q/V gives a higher final training reward (monotone over the sweep).
+- Figure 4: a longer filter memory (smaller Q/V) gives a higher final training reward (monotone over the sweep,
+  and the longest memory above the shortest).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from kpo.diagnostics import STAT_KEYS
+from kpo.evaluation.metrics import bootstrap_avg_ci, bootstrap_diff_ci
+from kpo.losses.kpo import KALMAN_LOSSES
 from kpo.plots import load_metrics, plot_training_dynamics
 
 __all__ = ["CLAIM_RULES", "write_report", "reward_summary"]
@@ -28,9 +36,12 @@ CLAIM_RULES = {
     "final_frac": 0.1,  # first/peak/final reward: means over windows of 10% of the steps (at least `smooth`)
     "collapse_drop": 0.1,  # collapse: final reward at least this far below the smoothed peak
     "rise_tolerance": 0.02,  # still rising: final within this of the smoothed peak
+    "entropy_collapse": 0.1,  # entropy collapse: final entropy at most this fraction of the first
+    "ci_level": 0.95,  # Table 1: the bootstrap interval of the avg@n difference must lie above 0
 }
 # Table 2 statistics less prop_up/prop_down (prop_on says how much of a response is off-policy).
 TABLE2_KEYS = tuple(k for k in STAT_KEYS if k not in ("prop_up", "prop_down"))
+WARM_START_LABEL = "warm start (no RL)"
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -68,42 +79,53 @@ def reward_summary(rows: list[dict]) -> dict[str, float]:
     }
 
 
-def _load_run(run, out: Path) -> dict:
-    """A finished run: its metrics rows, held-out results (macro) and reward summary."""
-    folder = out / "runs" / run.name
-    rows = load_metrics(folder / "metrics.jsonl")
-    results = json.loads((folder / "eval.json").read_text())
+def _load_eval(path: Path) -> dict:
+    """A held-out evaluation: macro metrics, problem count and per-problem correct counts (all benchmarks)."""
+    results = json.loads(path.read_text())
     return {
-        "run": run,
-        "dir": folder,
-        "rows": rows,
         "eval": results["macro"],
+        "n": results["params"]["n"],
         "problems": sum(b["problems"] for b in results["benchmarks"].values()),
-        "summary": reward_summary(rows),
+        "counts": [p["correct"] for b in results["benchmarks"].values() for p in b["per_problem"]],
     }
 
 
-def _table1(methods, groups) -> tuple[str, dict]:
-    eval_keys = [k for k in next(iter(groups[methods[0]]))["eval"] if "@" in k]
-    header = ["method", "seeds", *eval_keys, "mean len (tok)", "train reward first", "train reward final"]
+def _load_run(run, out: Path) -> dict:
+    """A finished run: its metrics rows, held-out results and reward summary."""
+    folder = out / "runs" / run.name
+    rows = load_metrics(folder / "metrics.jsonl")
+    return {"run": run, "dir": folder, "rows": rows, "summary": reward_summary(rows),
+            **_load_eval(folder / "eval.json")}  # fmt: skip
+
+
+def _table1(labels, groups, warm: list[dict]) -> tuple[str, dict]:
+    """Held-out accuracy per arm, the warm start first: mean ± std over seeds and the 95% bootstrap interval
+    (over seeds and problems) of avg@n, pass@k, response length, training reward."""
+    eval_keys = [k for k in next(iter(groups[labels[0]]))["eval"] if "@" in k]
+    avg_key = next(k for k in eval_keys if k.startswith("avg@"))
+    header = ["method", "seeds", *eval_keys, f"{avg_key} 95% CI", "mean len (tok)", "train reward first",
+              "train reward final"]  # fmt: skip
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     stats = {}
-    for m in methods:
-        entries = groups[m]
+    rows = [(WARM_START_LABEL, warm)] if warm else []
+    for label, entries in [*rows, *((m, groups[m]) for m in labels)]:
         row = {k: _mean_std([e["eval"][k] for e in entries]) for k in [*eval_keys, "mean_response_tokens"]}
-        row["first"] = _mean_std([e["summary"]["first"] for e in entries])
-        row["final"] = _mean_std([e["summary"]["final"] for e in entries])
-        stats[m] = row
+        trained = label != WARM_START_LABEL
+        row["first"] = _mean_std([e["summary"]["first"] for e in entries]) if trained else (np.nan, np.nan)
+        row["final"] = _mean_std([e["summary"]["final"] for e in entries]) if trained else (np.nan, np.nan)
+        row["ci95"] = bootstrap_avg_ci([e["counts"] for e in entries], entries[0]["n"])
+        stats[label] = row
         cells = [
-            m,
+            label,
             str(len(entries)),
             *(_fmt(*row[k], scale=100) for k in eval_keys),
+            f"[{100 * row['ci95'][0]:.1f}, {100 * row['ci95'][1]:.1f}]",
             _fmt(*row["mean_response_tokens"]),
-            _fmt(*row["first"], digits=3),
-            _fmt(*row["final"], digits=3),
+            _fmt(*row["first"], digits=3) if trained else "-",
+            _fmt(*row["final"], digits=3) if trained else "-",
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines), {"eval_keys": eval_keys, "rows": stats}
+    return "\n".join(lines), {"eval_keys": eval_keys, "avg_key": avg_key, "rows": stats}
 
 
 def _note_row(method: str, note: str, columns: int) -> str:
@@ -164,37 +186,41 @@ def _missing_methods(methods, needed: tuple[str, ...]) -> str | None:
     return f"not tested: --methods has no {' and '.join(missing)} (add {it}: --methods {fixed})"
 
 
-def _table1_claim(methods, table1) -> str:
-    key = next((k for k in table1["eval_keys"] if k.startswith("avg@")), table1["eval_keys"][0])
+def _table1_claims(labels, groups, table1, warm: list[dict]) -> list[str]:
+    """One claim per KPO-clipped arm: the bootstrap interval of its avg@n minus each baseline's lies above 0."""
+    key = table1["avg_key"]
     title = f"Table 1: KPO has the best held-out {key}"
-    if (why := _missing_methods(methods, ("kpo",))) is not None:
-        return _claim(title, why)
-    if len(methods) == 1:
-        return _claim(title, "not tested: kpo is the only method (add another, e.g. --methods kpo,vanilla)")
-    means = {m: table1["rows"][m][key][0] for m in methods}
-    # Ties are broken by name, never by the order of --methods; "holds" needs KPO strictly above the rest.
-    rival = max(sorted(m for m in methods if m != "kpo"), key=means.get)
-    kpo_m, kpo_s = table1["rows"]["kpo"][key]
-    riv_m, riv_s = table1["rows"][rival][key]
-    best = ", ".join(sorted(m for m in methods if means[m] == max(means.values())))
-    tied = sorted(m for m in methods if m != "kpo" and means[m] == kpo_m)
-    verdict = (
-        "holds"
-        if kpo_m > riv_m
-        else f"does not hold (kpo ties with {', '.join(tied)})"
-        if kpo_m == riv_m
-        else "does not hold"
-    )
-    if not (np.isfinite(kpo_s) and np.isfinite(riv_s)):
-        noise = " (this rests on one seed: the spread across seeds is unknown; use --seeds 2 or more)"
-    elif abs(kpo_m - riv_m) <= max(kpo_s, riv_s):
-        noise = " (the gap is within one standard deviation across seeds)"
-    else:
-        noise = ""
-    return _claim(
-        title,
-        f"{verdict}: kpo {100 * kpo_m:.1f}, best other ({rival}) {100 * riv_m:.1f}; best overall: {best}{noise}.",
-    )
+    # sorted: the verdict and its text never depend on the order of --methods
+    kpo_arms = sorted(label for label in labels if label.split(" ")[0] == "kpo")
+    baselines = sorted(label for label in labels if label.split(" ")[0] not in KALMAN_LOSSES)
+    if not kpo_arms:
+        return [_claim(title, _missing_methods(labels, ("kpo",)))]
+    if not baselines:
+        return [_claim(title, "not tested: no baseline without a filter in --methods (add e.g. vanilla,gspo,gmpo)")]
+    level = CLAIM_RULES["ci_level"]
+    claims = []
+    for arm in kpo_arms:
+        parts, above = [], []
+        # the baselines decide; the other filtered arms are listed beside them
+        for base in [*baselines, *sorted(label for label in labels if label not in baselines and label != arm)]:
+            mean, low, high = bootstrap_diff_ci([e["counts"] for e in groups[arm]],
+                                                [e["counts"] for e in groups[base]], groups[arm][0]["n"], level=level)
+            if base in baselines:
+                above.append(low > 0)
+            parts.append(f"{base} {100 * mean:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]")
+        if warm:
+            mean, low, high = bootstrap_diff_ci([e["counts"] for e in groups[arm]], [e["counts"] for e in warm],
+                                                warm[0]["n"], level=level)
+            parts.append(f"warm start {100 * mean:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]")
+        seeds = len(groups[arm])
+        verdict = "holds" if all(above) else "does not hold"
+        one = " (one seed: the interval covers the problems only)" if seeds == 1 else ""
+        claims.append(_claim(
+            f"{title}: {arm}",
+            f"{verdict}: {arm} minus each, avg@n points with {int(100 * level)}% bootstrap interval over problems "
+            f"and seeds: {'; '.join(parts)}; above 0 for {sum(above)}/{len(above)} baselines{one}.",
+        ))
+    return claims
 
 
 def _figure3_claim(methods, groups) -> str:
@@ -228,6 +254,32 @@ def _figure3_claim(methods, groups) -> str:
     )
 
 
+def _entropy_claim(methods, groups) -> str:
+    title = "Figure 3: GRPO's entropy collapses while KPO's does not"
+    if (why := _missing_methods(methods, ("vanilla", "kpo"))) is not None:
+        return _claim(title, why)
+    frac = CLAIM_RULES["entropy_collapse"]
+
+    def collapsed(entry):
+        s = entry["summary"]
+        return s["entropy_final"] <= frac * s["entropy_first"]
+
+    van = [collapsed(e) for e in groups["vanilla"]]
+    kpo = [not collapsed(e) for e in groups["kpo"]]
+    detail = "; ".join(
+        f"{m}: {statistics.fmean(e['summary']['entropy_first'] for e in groups[m]):.4f} -> "
+        f"{statistics.fmean(e['summary']['entropy_final'] for e in groups[m]):.4f}"
+        for m in ("vanilla", "kpo")
+    )
+    verdict = "holds" if all(van) and all(kpo) else "does not hold"
+    return _claim(
+        title,
+        f"{verdict}: vanilla's final entropy fell to at most {frac:g} of its first in {sum(van)}/{len(van)} seeds, "
+        f"kpo's stayed above that in {sum(kpo)}/{len(kpo)}. Entropy per token, first -> final (mean over seeds): "
+        f"{detail}.",
+    )
+
+
 def _table2_claim(table2) -> str:
     title = "Table 2: filtering lengthens runs and removes switching"
     if not table2:
@@ -247,77 +299,99 @@ def _table2_claim(table2) -> str:
 
 
 def _figure4_claim(sweep) -> str:
-    title = "Figure 4: smaller Q/V gives higher reward"
+    """``sweep``: point -> {"memory": tokens, "final": (mean, std), ...}."""
+    title = "Figure 4: a longer filter memory (smaller Q/V) gives higher reward"
     if not sweep:
-        return _claim(title, "not tested: no Q/V sweep (--sweep-q '')")
+        return _claim(title, "not tested: no memory sweep (--sweep-memory '')")
     if len(sweep) == 1:
-        return _claim(
-            title, "not tested: --sweep-q has one Q value (give two or more, e.g. --sweep-q 1e-6,1e-2)"
-        )
-    qs = sorted(sweep)
-    finals = [sweep[q]["final"][0] for q in qs]
-    # Non-increasing in Q, and not flat: the smallest Q must beat the largest.
-    monotone = all(a >= b for a, b in zip(finals, finals[1:])) and finals[0] > finals[-1]
-    listing = ", ".join(f"Q/V={q:g}: {f:.3f}" for q, f in zip(qs, finals))
+        return _claim(title, "not tested: --sweep-memory has one point (give two or more, e.g. 8,matched,paper)")
+    points = sorted(sweep, key=lambda p: sweep[p]["memory"])
+    finals = [sweep[p]["final"][0] for p in points]
+    # Non-decreasing in memory, and not flat: the longest memory must beat the shortest.
+    monotone = all(a <= b for a, b in zip(finals, finals[1:])) and finals[-1] > finals[0]
+    listing = ", ".join(f"memory {sweep[p]['memory']:.4g} ({p}): {f:.3f}" for p, f in zip(points, finals))
     return _claim(title, f"{'holds' if monotone else 'does not hold'}: final training reward {listing}.")
 
 
-def _claims(methods, groups, table1, table2, sweep) -> list[str]:
+def _claims(labels, groups, table1, table2, sweep, warm) -> list[str]:
     """One line per claim, in the order of the paper's sections: its verdict with numbers, or why it is not
     tested on this comparison (a method missing from --methods, no dumps, no sweep)."""
     return [
-        _table1_claim(methods, table1),
-        _figure3_claim(methods, groups),
+        *_table1_claims(labels, groups, table1, warm),
+        _figure3_claim(labels, groups),
+        _entropy_claim(labels, groups),
         _table2_claim(table2),
         _figure4_claim(sweep),
     ]
 
 
+def _sweep_table(cfg, members, loaded, key) -> tuple[str, dict]:
+    """The Figure 4 table: per sweep point its memory in tokens, Q/V, final training reward and held-out avg@n."""
+    from kpo.filter.memory import filter_memory
+    from kpo.losses.kpo import filter_settings
+    from kpo.train.config import TrainConfig
+
+    lines = ["| point | memory (tokens) | Q/V | seeds | train reward final | held-out " + key + " |",
+             "|---|---|---|---|---|---|"]
+    sweep = {}
+    for point, rs in members.items():
+        entries = [loaded[r] for r in rs]
+        config = TrainConfig.from_yaml(entries[0]["dir"] / "config.yaml")
+        q = filter_settings("kpo", config.resolved_loss_kwargs())["q"]
+        memory = filter_memory(q)
+        sweep[point] = {
+            "memory": memory,
+            "q": q,
+            "final": _mean_std([e["summary"]["final"] for e in entries]),
+            key: _mean_std([e["eval"][key] for e in entries]),
+        }
+    for point in sorted(sweep, key=lambda p: sweep[p]["memory"]):
+        row = sweep[point]
+        lines.append(f"| {point} | {row['memory']:.4g} | {row['q']:.3g} | {len(members[point])} | "
+                     f"{_fmt(*row['final'], digits=3)} | {_fmt(*row[key], scale=100)} |")
+    return "\n".join(lines), sweep
+
+
 def write_report(cfg, runs, out: Path) -> Path:
     """Write ``report.md``, ``report.json`` and the figures into ``out``; returns the markdown path."""
-    from kpo.compare import sweep_runs
+    from kpo.compare import arms, sweep_runs, warm_start_dir
 
     out = Path(out)
     loaded = {run: _load_run(run, out) for run in runs}
-    methods = list(cfg.methods)
-    groups = {m: [loaded[r] for r in runs if r.method == m and not r.loss_kwargs] for m in methods}
+    labels = [label for label, _ in arms(cfg)]
+    groups = {label: [loaded[r] for r in runs if r.arm == label and r.seed < cfg.seeds] for label in labels}
+    warm = [_load_eval(warm_start_dir(out, s) / "eval.json") for s in range(cfg.seeds)
+            if (warm_start_dir(out, s) / "eval.json").exists()]
     fig3 = plot_training_dynamics(
-        {m: [e["rows"] for e in groups[m]] for m in methods},
+        {label: [e["rows"] for e in groups[label]] for label in labels},
         out / "figure3_dynamics.png",
         smooth=CLAIM_RULES["smooth"],
     )
-    table1_md, table1 = _table1(methods, groups)
+    table1_md, table1 = _table1(labels, groups, warm)
     sweep, fig4, sweep_md = {}, None, ""
     members = sweep_runs(cfg)
     if members:
         fig4 = plot_training_dynamics(
-            {f"Q/V={q:g}": [loaded[r]["rows"] for r in rs] for q, rs in members.items()},
-            out / "figure4_qv_sweep.png",
+            {f"memory {p}": [loaded[r]["rows"] for r in rs] for p, rs in members.items()},
+            out / "figure4_memory_sweep.png",
             smooth=CLAIM_RULES["smooth"],
         )
-        key = table1["eval_keys"][0]
-        lines = ["| Q/V | seeds | train reward final | held-out " + key + " |", "|---|---|---|---|"]
-        for q, rs in sorted(members.items()):
-            entries = [loaded[r] for r in rs]
-            sweep[q] = {
-                "final": _mean_std([e["summary"]["final"] for e in entries]),
-                key: _mean_std([e["eval"][key] for e in entries]),
-            }
-            lines.append(
-                f"| {q:g} | {len(entries)} | {_fmt(*sweep[q]['final'], digits=3)} | {_fmt(*sweep[q][key], scale=100)} |"
-            )
-        sweep_md = "\n".join(lines)
-    table2_md, table2 = _table2(methods, groups, out)
-    claims = _claims(methods, groups, table1, table2, sweep)
+        sweep_md, sweep = _sweep_table(cfg, members, loaded, table1["avg_key"])
+    table2_md, table2 = _table2(labels, groups, out)
+    claims = _claims(labels, groups, table1, table2, sweep, warm)
 
-    first = groups[methods[0]][0]
+    first = groups[labels[0]][0]
     train_cfg = (first["dir"] / "config.yaml").read_text()
+    warm_text = (" The warm-start row is each seed's starting model on the same problems and sample seeds."
+                 if warm else "")
     md = [
         "# kpo compare report",
         "",
-        f"Methods {', '.join(methods)}; {cfg.seeds} seed(s); {cfg.minibatches} optimizer steps per generation "
-        f"batch; evaluation on {first['problems']} held-out problems x {cfg.eval_n} samples. Every run uses its "
-        "method's paper hyperparameters; nothing is tuned per method. Runs and logs: `runs/`.",
+        f"Methods {', '.join(labels)}; {cfg.seeds} seed(s); {cfg.steps} optimizer steps per run, "
+        f"{cfg.minibatches} per generation batch; evaluation on {first['problems']} held-out problems x "
+        f"{cfg.eval_n} samples. Every run uses its method's paper hyperparameters; nothing is tuned per method "
+        f"(KPO's memory=matched is the paper's memory-to-length ratio at this task's length). Runs and logs: "
+        f"`runs/`.{warm_text}",
         "",
         "## Claims",
         "",
@@ -328,17 +402,18 @@ def write_report(cfg, runs, out: Path) -> Path:
         "",
         f"![training dynamics]({fig3.name})",
         "",
-        "## Table 1 analog: held-out accuracy (%, mean ± std over seeds)",
+        "## Table 1 analog: held-out accuracy (%, mean ± std over seeds; the interval is a 95% bootstrap over "
+        "problems and seeds)",
         "",
         table1_md,
         "",
     ]
     if fig4 is not None:
         md += [
-            f"## Figure 4 analog: KPO with different Q/V ({CLAIM_RULES['smooth']}-step trailing means; mean over "
-            "seeds, band = min-max)",
+            f"## Figure 4 analog: KPO with different filter memories ({CLAIM_RULES['smooth']}-step trailing "
+            "means; mean over seeds, band = min-max)",
             "",
-            f"![Q/V sweep]({fig4.name})",
+            f"![memory sweep]({fig4.name})",
             "",
             sweep_md,
             "",
@@ -347,8 +422,8 @@ def write_report(cfg, runs, out: Path) -> Path:
         "## Table 2 analog: token dynamics of the off-policy mini-batches' ratios",
         "",
         "Rows pool every dumped off-policy mini-batch of a method's runs. Before filtering a token is 'on' only if "
-        "its ratio is exactly 1; after filtering (kpo's filter at Q=1e-6, V=1 unless the run used other values) "
-        "the 'on' band is [1-3e-4, 1+4e-4].",
+        "its ratio is exactly 1; after filtering (the run's own filter for KPO, KPO's paper filter Q=1e-6, V=1 "
+        "for the others) the 'on' band is [1-3e-4, 1+4e-4].",
         "",
         table2_md,
         "",
@@ -366,6 +441,5 @@ def write_report(cfg, runs, out: Path) -> Path:
     path = out / "report.md"
     path.write_text("\n".join(md))
     (out / "report.json").write_text(json.dumps(
-        {"table1": table1, "table2": table2, "sweep": {str(q): v for q, v in sweep.items()}, "claims": claims},
-        indent=2, default=float) + "\n")  # fmt: skip
+        {"table1": table1, "table2": table2, "sweep": sweep, "claims": claims}, indent=2, default=float) + "\n")  # fmt: skip
     return path

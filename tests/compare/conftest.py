@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The train tests' toy (tests/train/conftest.py): a 1-layer model warm-started to a reward of about 0.6 on
 # sums of two numbers up to 4, so advantages are not all zero and lr 1e-2 moves the ratios visibly.
 TOY_TRAIN = (
-    "--n-terms", "2", "--max-value", "4", "--tiny-hidden-size", "32", "--tiny-layers", "1", "--tiny-heads", "2",
+    "--task", "chain", "--n-terms", "2", "--max-value", "4", "--tiny-hidden-size", "32", "--tiny-layers", "1", "--tiny-heads", "2",
     "--sft-examples", "12", "--sft-epochs", "300", "--prompts-per-step", "8", "--num-generations", "4",
     "--learning-rate", "1e-2",
 )  # fmt: skip
@@ -22,11 +22,12 @@ TOY_TRAIN = (
 
 @pytest.fixture
 def compare_config(tmp_path):
-    """Factory of a toy CompareConfig (vanilla and kpo, one seed, 4 steps, a 2-point Q sweep) in tmp_path."""
+    """Factory of a toy CompareConfig (vanilla and kpo, one seed, 4 steps, no matched-memory arm, a 2-point
+    memory sweep) in tmp_path."""
 
     def make(**overrides) -> CompareConfig:
         base = dict(out=str(tmp_path / "cmp"), methods=("vanilla", "kpo"), seeds=1, steps=4, minibatches=2,
-                    sweep_q=(1e-6, 1e-2), sweep_seeds=1, eval_n=2, eval_limit=2, dump_every=1, jobs=2,
+                    matched=False, sweep_memory=("paper", "2"), sweep_seeds=1, eval_n=2, eval_limit=2, dump_every=1, jobs=2,
                     train_args=(*TOY_TRAIN, "--cache-dir", str(tmp_path / "cache")))  # fmt: skip
         return CompareConfig(**{**base, **overrides})
 
@@ -46,7 +47,8 @@ def no_training(monkeypatch):
 def write_fake_run(cfg: CompareConfig, run: Run, problems: int = 2) -> Path:
     """A run directory as a finished run leaves it (config.yaml, metrics.jsonl, eval.json), made with a
     CompareConfig; returns the folder. Its metrics rows and eval.json hold what the report reads (reward_mean,
-    entropy; macro avg@n / pass@n), so the report can be written untrained."""
+    entropy; macro avg@n / pass@n, per-problem counts: half the samples right), so the report can be written
+    untrained."""
     folder = Path(cfg.out) / "runs" / run.name
     folder.mkdir(parents=True, exist_ok=True)
     parse_args(_train_argv(cfg, run, folder)).save_yaml(folder / "config.yaml")
@@ -56,9 +58,10 @@ def write_fake_run(cfg: CompareConfig, run: Run, problems: int = 2) -> Path:
     ]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     macro = {f"avg@{cfg.eval_n}": 0.5, f"pass@{cfg.eval_n}": 0.5, "mean_response_tokens": 3.0}
+    per_problem = [{"id": f"test-{i:06d}", "correct": cfg.eval_n // 2} for i in range(problems)]
     results = {
         "params": {"n": cfg.eval_n},
-        "benchmarks": {"synthetic": {"problems": problems}},
+        "benchmarks": {"synthetic": {"problems": problems, "per_problem": per_problem}},
         "macro": macro,
     }
     (folder / "eval.json").write_text(json.dumps(results))

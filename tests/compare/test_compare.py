@@ -12,19 +12,25 @@ from kpo.compare import CompareError, plan_runs, run_compare, sweep_runs
 pytestmark = pytest.mark.slow
 
 
-def test_plan_reuses_the_kpo_run_at_the_default_q(compare_config):
-    cfg = compare_config(seeds=2, sweep_seeds=None)
+def test_plan_reuses_the_kpo_runs_at_the_paper_and_matched_points(compare_config):
+    cfg = compare_config(seeds=2, sweep_seeds=None, matched=True, sweep_memory=("paper", "matched", "2"))
     names = [r.name for r in plan_runs(cfg)]
-    # 2 methods x 2 seeds, plus the sweep's Q=1e-2 run per seed; Q=1e-6 is kpo's default, i.e. the kpo run.
+    # 3 arms (vanilla, kpo, kpo at the matched memory) x 2 seeds, plus the sweep's memory-2 run per seed; the
+    # paper and matched points are the arms' runs.
     assert names == [
         "vanilla-seed0",
         "kpo-seed0",
+        "kpo-memorymatched-seed0",
         "vanilla-seed1",
         "kpo-seed1",
-        "kpo-q0.01-seed0",
-        "kpo-q0.01-seed1",
+        "kpo-memorymatched-seed1",
+        "kpo-memory2-seed0",
+        "kpo-memory2-seed1",
     ]
-    assert [r.name for r in sweep_runs(cfg)[1e-6]] == ["kpo-seed0", "kpo-seed1"]
+    assert [r.name for r in sweep_runs(cfg)["paper"]] == ["kpo-seed0", "kpo-seed1"]
+    assert [r.arm for r in plan_runs(cfg)[:3]] == ["vanilla", "kpo", "kpo (memory=matched)"]
+    # one sweep seed: the extra points run at seed 0 only
+    assert [r.name for r in sweep_runs(replace(cfg, sweep_seeds=1))["2"]] == ["kpo-memory2-seed0"]
 
 
 def test_compare_writes_every_section_and_resumes(compare_config, tmp_path, capsys):
@@ -34,11 +40,16 @@ def test_compare_writes_every_section_and_resumes(compare_config, tmp_path, caps
     for section in ("## Claims", "## Figure 3 analog", "## Table 1 analog", "## Figure 4 analog",
                     "## Table 2 analog", "**Table 1:", "**Figure 3:", "**Figure 4:"):  # fmt: skip
         assert section in text, section
-    for png in ("figure3_dynamics.png", "figure4_qv_sweep.png"):
+    for png in ("figure3_dynamics.png", "figure4_memory_sweep.png"):
         assert (report.parent / png).stat().st_size > 1000
     data = json.loads((report.parent / "report.json").read_text())
-    assert set(data["table1"]["rows"]) == {"vanilla", "kpo"}
-    assert set(data["sweep"]) == {"1e-06", "0.01"}
+    assert set(data["table1"]["rows"]) == {"warm start (no RL)", "vanilla", "kpo"}
+    assert set(data["sweep"]) == {"paper", "2"}
+    assert data["sweep"]["paper"]["memory"] == pytest.approx(1000.0, rel=1e-6)
+    assert data["sweep"]["2"]["memory"] == pytest.approx(2.0)
+    # the warm start was evaluated on the same problems as the runs
+    warm = json.loads((tmp_path / "cmp" / "runs" / "warm_start-seed0" / "eval.json").read_text())
+    assert warm["benchmarks"]["synthetic"]["problems"] == 2
     # Table 2 comes from real off-policy ratios: the second mini-batch of each generation batch moved them.
     assert set(data["table2"]) == {"vanilla", "kpo"}
     assert data["table2"]["kpo"]["before"]["prop_on"] < 1.0

@@ -3,9 +3,12 @@ says why in one line instead of leaving an empty header."""
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from safetensors.torch import save_file
 
@@ -26,13 +29,13 @@ def _report(cfg, fake_done_run) -> str:
 
 
 def test_table2_without_dumps_says_why(compare_config, fake_done_run):
-    text = _report(compare_config(methods=("kpo",), sweep_q=()), fake_done_run)
+    text = _report(compare_config(methods=("kpo",), sweep_memory=()), fake_done_run)
     table = _section(text, "Table 2 analog")
     assert "| kpo | no ratio dump in its runs (runs/*/ratios is missing or empty) |" in table, table
 
 
 def test_table2_with_only_on_policy_dumps_says_why(compare_config, fake_done_run):
-    cfg = compare_config(methods=("kpo",), sweep_q=())
+    cfg = compare_config(methods=("kpo",), sweep_memory=())
     text_dir = cfg.out
     runs = plan_runs(cfg)
     for run in runs:
@@ -53,13 +56,13 @@ def test_table2_with_only_on_policy_dumps_says_why(compare_config, fake_done_run
 
 
 def test_claims_without_vanilla_say_what_is_missing(compare_config, fake_done_run):
-    text = _report(compare_config(methods=("kpo", "gspo"), sweep_q=()), fake_done_run)
+    text = _report(compare_config(methods=("kpo", "gspo"), sweep_memory=()), fake_done_run)
     claims = _section(text, "Claims")
     assert (
         "**Figure 3: GRPO collapses while KPO keeps rising** — not tested: --methods has no vanilla" in claims
     )
     # every claim is listed, tested or not
-    assert len([line for line in claims.splitlines() if line.startswith("- **")]) == 4, claims
+    assert len([line for line in claims.splitlines() if line.startswith("- **")]) == 5, claims
 
 
 def _rows(rewards) -> list[dict]:
@@ -81,20 +84,62 @@ def test_figure3_reads_a_noisy_rising_curve_as_rising_and_a_drop_as_collapse():
         ([rising(0.1) for _ in range(20)], [collapse], "vanilla collapsed in 0/20 seeds"),
     ]:
         groups = {
-            "vanilla": [{"summary": reward_summary(rows)} for rows in vanilla],
-            "kpo": [{"summary": reward_summary(rows)} for rows in kpo],
+            "vanilla": [{"summary": reward_summary(rows), "n": 2, "counts": [1, 1]} for rows in vanilla],
+            "kpo": [{"summary": reward_summary(rows), "n": 2, "counts": [1, 1]} for rows in kpo],
         }
-        line = _claims(["vanilla", "kpo"], groups, table1, {}, {})[1]
+        line = _claims(["vanilla", "kpo"], groups, {**table1, "avg_key": "avg@2"}, {}, {}, [])[1]
         assert expected in line and "vanilla collapsed in 0/1" not in line, line
 
 
 def test_one_seed_shows_no_spread_and_the_table1_claim_says_so(compare_config, fake_done_run):
-    text = _report(compare_config(seeds=1, sweep_q=()), fake_done_run)
+    text = _report(compare_config(seeds=1, sweep_memory=()), fake_done_run)
     table = _section(text, "Table 1 analog")
-    assert "| vanilla | 1 | 50.0 (1 seed) | 50.0 (1 seed) | 3.0 (1 seed) |" in table, table
+    assert "| vanilla | 1 | 50.0 (1 seed) | 50.0 (1 seed) | [50.0, 50.0] | 3.0 (1 seed) |" in table, table
     assert "± 0.0" not in text
     [claim] = [line for line in _section(text, "Claims").splitlines() if line.startswith("- **Table 1:")]
-    assert "this rests on one seed" in claim, claim
+    assert "one seed: the interval covers the problems only" in claim, claim
+
+
+def _entropy_rows(first: float, final: float) -> list[dict]:
+    return [{"step": s, "reward_mean": 0.5, "entropy": first if s <= 10 else final} for s in range(1, 101)]
+
+
+@pytest.mark.parametrize(
+    "vanilla_final, kpo_final, verdict",
+    [
+        (0.05, 0.5, "holds: vanilla's final entropy fell to at most 0.1 of its first in 1/1 seeds, kpo's stayed "
+                    "above that in 1/1"),
+        # 0.1 of the first is a collapse (the rule is <=); kpo collapsing too breaks the claim
+        (0.1, 0.1, "does not hold: vanilla's final entropy fell to at most 0.1 of its first in 1/1 seeds, kpo's "
+                   "stayed above that in 0/1"),
+        (0.2, 0.5, "does not hold: vanilla's final entropy fell to at most 0.1 of its first in 0/1 seeds"),
+    ],
+)
+def test_entropy_collapse_claim(vanilla_final, kpo_final, verdict):
+    groups = {m: [{"summary": reward_summary(_entropy_rows(1.0, final)), "n": 2, "counts": [1, 1]}]
+              for m, final in (("vanilla", vanilla_final), ("kpo", kpo_final))}
+    table1 = {"eval_keys": ["avg@2"], "avg_key": "avg@2"}
+    line = _claims(["vanilla", "kpo"], groups, table1, {}, {}, [])[2]
+    assert line.startswith("- **Figure 3: GRPO's entropy collapses while KPO's does not** — " + verdict), line
+
+
+def test_warm_start_row_and_its_difference_are_reported(compare_config, fake_done_run):
+    cfg = compare_config(seeds=1, sweep_memory=())
+    runs = plan_runs(cfg)
+    for run in runs:
+        fake_done_run(cfg, run)
+    warm = Path(cfg.out) / "runs" / "warm_start-seed0"
+    warm.mkdir(parents=True)
+    # the warm start gets 0 of 2 samples right on both problems; every fake run gets 1 of 2
+    (warm / "eval.json").write_text(json.dumps({
+        "params": {"n": 2}, "macro": {"avg@2": 0.0, "pass@2": 0.0, "mean_response_tokens": 3.0},
+        "benchmarks": {"synthetic": {"problems": 2, "per_problem": [{"id": "a", "correct": 0}] * 2}}}))
+    text = write_report(cfg, runs, cfg.out).read_text()
+    table = _section(text, "Table 1 analog")
+    assert "| warm start (no RL) | 1 | 0.0 (1 seed) | 0.0 (1 seed) | [0.0, 0.0] | 3.0 (1 seed) | - | - |" in table
+    [claim] = [line for line in _section(text, "Claims").splitlines() if line.startswith("- **Table 1:")]
+    # kpo 50% against the warm start's 0%, on every problem: +50 points whatever the bootstrap draws
+    assert "warm start +50.0 [+50.0, +50.0]" in claim, claim
 
 
 def test_figure_headings_say_the_curves_are_trailing_means(compare_config, fake_done_run):

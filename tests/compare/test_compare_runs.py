@@ -93,7 +93,7 @@ def fake_workers(monkeypatch):
 def test_a_run_that_exits_is_a_failed_run(compare_config, fake_workers):
     fake_workers({"vanilla-seed0": "exit"})
     with pytest.raises(RuntimeError) as e:
-        run_compare(compare_config(sweep_q=()))
+        run_compare(compare_config(sweep_memory=()))
     message = str(e.value)
     assert "vanilla-seed0: SystemExit: 3 (traceback in its log:" in message, message
     assert "kpo-seed0" not in message  # the other run finished
@@ -102,7 +102,7 @@ def test_a_run_that_exits_is_a_failed_run(compare_config, fake_workers):
 def test_a_killed_worker_is_blamed_on_its_run_only(compare_config, fake_workers):
     # One worker: vanilla-seed0 runs first and kills it, the others never start.
     fake_workers({"vanilla-seed0": "kill"})
-    cfg = compare_config(sweep_q=(1e-6, 1e-2), jobs=1)
+    cfg = compare_config(sweep_memory=("paper", "2"), jobs=1)
     with pytest.raises(RuntimeError) as e:
         run_compare(cfg)
     lines = str(e.value).splitlines()[1:]
@@ -116,7 +116,7 @@ def test_a_killed_worker_is_blamed_on_its_run_only(compare_config, fake_workers)
 
 def test_an_unfinished_run_restarts_without_its_stale_metrics(compare_config, fake_workers):
     fake_workers({})
-    cfg = compare_config(sweep_q=())
+    cfg = compare_config(sweep_memory=())
     stale = Path(cfg.out) / "runs" / "kpo-seed0"
     stale.mkdir(parents=True)
     (stale / "metrics.jsonl").write_text('{"step": 1}\n' * 99)  # an interrupted run (no eval.json)

@@ -21,8 +21,18 @@ from kpo.compare import (
 from kpo.compare_report import _claims
 
 
+@pytest.mark.parametrize("text", ["8,zero", "-3", "inf"])
+def test_a_bad_sweep_memory_is_a_usage_error(text, capsys):
+    with pytest.raises(SystemExit) as e:
+        config_from_args(["--sweep-memory", text])
+    assert e.value.code == 2
+    assert "give memories in tokens (> 0), 'matched' or 'paper', comma-separated" in capsys.readouterr().err
+    assert config_from_args(["--sweep-memory", "8, matched,8,paper"]).sweep_memory == ("8", "matched", "paper")
+
+
 def test_quick_mode_shrinks_only_what_is_not_set():
-    assert (CompareConfig(quick=True).steps, CompareConfig(quick=True).sweep_seeds) == (120, 1)
+    assert (CompareConfig(quick=True).steps, CompareConfig().steps, CompareConfig(quick=True, steps=8).steps) == (
+        40, 200, 8)
     assert CompareConfig(quick=True).eval_n == 4
     assert CompareConfig().eval_n == 8
     assert CompareConfig(quick=True, eval_n=8).eval_n == 8
@@ -37,11 +47,12 @@ def test_quick_mode_shrinks_only_what_is_not_set():
         (["--jobs", "-1"], "--jobs=-1: must be an integer >= 1 (or omit it for one per CPU)"),
         (["--jobs", "0"], "--jobs=0: must be an integer >= 1 (or omit it for one per CPU)"),
         (["--sweep-seeds", "0"], "--sweep-seeds=0: must be an integer in 1..3 (or omit it for all seeds)"),
+
         (["--seeds", "2", "--sweep-seeds", "3"], "--sweep-seeds=3: must be an integer in 1..2"),
-        (["--steps", "0"], "--steps=0: must be an integer >= 1 (or omit it for kpo train's default)"),
-        # The default task (sums of two numbers up to 19) has 40 test problems.
+        (["--steps", "0"], "--steps=0: must be an integer >= 1 (or omit it for 200 steps)"),
+        # The chain task (sums of two numbers up to 19) has 40 test problems.
         (
-            ["--eval-limit", "41"],
+            ["--eval-limit", "41", "--", "--task", "chain"],
             "--eval-limit=41: more problems than the task's test split can supply; use 1..40",
         ),
         (["--eval-n", "0"], "--eval-n=0: must be an integer >= 1"),
@@ -50,8 +61,8 @@ def test_quick_mode_shrinks_only_what_is_not_set():
             "--dump-every=5 is longer than --steps=4: no ratio dump would be written, so Table 2 would be "
             "empty: use --dump-every=4 (or more --steps)",
         ),
-        (["--dump-every", "1001"], "--dump-every=1001 is longer than --steps=1000 (kpo train's default)"),
-        (["--quick", "--dump-every", "121"], "--dump-every=121 is longer than --steps=120"),
+        (["--dump-every", "201"], "--dump-every=201 is longer than --steps=200"),
+        (["--quick", "--dump-every", "41"], "--dump-every=41 is longer than --steps=40"),
         # 4 steps per generation batch: step 5 is the first of the second batch, on-policy
         (
             ["--steps", "8", "--dump-every", "5"],
@@ -63,14 +74,14 @@ def test_quick_mode_shrinks_only_what_is_not_set():
             ["--", "--max-steps", "5"],
             "-- --max-steps: kpo compare sets it for every run; use --steps instead",
         ),
-        (["--", "--n-terms", "1"], "run vanilla-seed0: n_terms/max_value"),
+        (["--", "--task", "chain", "--n-terms", "1"], "run vanilla-seed0: task/n_terms/max_value"),
         # a YAML file could set what compare owns (loss_kwargs, max_steps, resume) unseen
         (["--", "--config", "run.yaml"], "-- --config: a YAML file could set what kpo compare sets itself"),
         # sums of two numbers up to 1: too few problems for kpo train's warm start (its own check, per run)
-        (["--", "--max-value", "1"], "run vanilla-seed0: sft_examples=200"),
+        (["--", "--task", "chain", "--max-value", "1"], "run vanilla-seed0: sft_examples=200"),
         # up to 2: enough for a small warm start, too few for any test split
         (
-            ["--", "--max-value", "2", "--sft-examples", "4", "--prompts-per-step", "4"],
+            ["--", "--task", "chain", "--max-value", "2", "--sft-examples", "4", "--prompts-per-step", "4"],
             "held-out evaluation: the task",
         ),
     ],
@@ -89,12 +100,11 @@ def test_main_rejects_bad_settings_before_training(tmp_path, capsys, no_training
     [(4, 4, 4), (4, 1, 2), (8, 7, 4), (12, 5, 4), (3, 3, 1), (None, 5, 4)],
 )
 def test_a_dump_period_with_an_off_policy_dump_is_accepted(compare_config, steps, dump_every, minibatches):
-    compare_config(steps=steps, dump_every=dump_every, minibatches=minibatches, sweep_q=()).validate()
+    compare_config(steps=steps, dump_every=dump_every, minibatches=minibatches, sweep_memory=()).validate()
 
 
 def test_help_shows_each_default_once_and_as_used():
     from kpo.compare import build_parser
-    from kpo.train.config import TrainConfig
 
     text = build_parser().format_help()
     # one block per option: its line and the wrapped help lines under it, whitespace normalized
@@ -108,11 +118,11 @@ def test_help_shows_each_default_once_and_as_used():
             assert block.count("default") == 1, block
     assert "default: None" not in text and "default: False" not in text
     expected = {
-        "--steps": f"default: {TrainConfig().max_steps}, kpo train's; --quick: 120",
-        "--sweep-seeds": "default: all; --quick: 1",
+        "--steps": "default: 200; --quick: 40",
+        "--sweep-seeds": "default: 1",
         "--eval-n": "default: 8; --quick: 4",
         "--jobs": "default: one per CPU",
-        "--sweep-q": "default: 1e-06,0.0001,0.01",
+        "--sweep-memory": "default: 8,matched,125,paper",
         "--dump-every": "default: 5",
         "--methods": "default: vanilla,gspo,gmpo,kpo,kpo_unclipped",
     }
@@ -151,7 +161,7 @@ def test_duplicate_and_unknown_methods_are_rejected(compare_config, tmp_path, no
 
 def test_a_finished_run_with_its_own_settings_is_reused(compare_config, fake_done_run):
     cfg = compare_config(methods=("kpo",)).validate()
-    runs = [Run("kpo", 0), Run("kpo", 0, (("q", 1e-2),))]
+    runs = [Run("kpo", 0), Run("kpo", 0, (("memory", 2.0),)), Run("kpo", 0, (("memory", "matched"),))]
     for run in runs:
         fake_done_run(cfg, run)
     # config.yaml round-trips (loss_kwargs floats, None fields): the same settings are not a change.
@@ -186,40 +196,38 @@ def test_a_finished_run_with_other_settings_is_refused(
 
 
 def _table1(means: dict[str, float]) -> dict:
-    return {"eval_keys": ["avg@2"], "rows": {m: {"avg@2": (v, 0.0)} for m, v in means.items()}}
+    return {"eval_keys": ["avg@4"], "avg_key": "avg@4", "rows": {m: {"avg@4": (v, 0.0)} for m, v in means.items()}}
 
 
-def _groups(methods) -> dict:
-    """One flat-reward run per method, as the Figure 3 claim reads it."""
+def _groups(methods, right: dict[str, int] | None = None) -> dict:
+    """One flat-reward run per method, as the Figure 3 claim reads it, evaluated on 200 problems x 4 samples:
+    ``right[m]`` problems (default 100) all 4 right, the others none."""
     summary = {"first": 0.5, "peak": 0.5, "final": 0.5, "entropy_first": 1.0, "entropy_final": 1.0}
-    return {m: [{"summary": summary}] for m in methods}
+    right = right or {}
+    return {m: [{"summary": summary, "n": 4, "counts": [4] * right.get(m, 100) + [0] * (200 - right.get(m, 100))}]
+            for m in methods}
 
 
 @pytest.mark.parametrize(
-    "means, verdict",
+    "right, verdict",
     [
-        (
-            {"kpo": 0.5, "vanilla": 0.5, "gspo": 0.4},
-            "does not hold (kpo ties with vanilla): kpo 50.0, best other (vanilla) 50.0; best overall: kpo, vanilla",
-        ),
-        (
-            {"kpo": 0.6, "vanilla": 0.5, "gspo": 0.5},
-            "holds: kpo 60.0, best other (gspo) 50.0; best overall: kpo.",
-        ),
-        (
-            {"kpo": 0.4, "vanilla": 0.5, "gspo": 0.5},
-            "does not hold: kpo 40.0, best other (gspo) 50.0; best overall: gspo, vanilla",
-        ),
+        # 100 of 200 problems each: the difference is exactly 0 whatever is drawn
+        ({"kpo": 100, "vanilla": 100, "gspo": 80}, "does not hold: kpo minus each"),
+        # kpo's right problems hold every baseline's (the same problems first), 40 more than the best: the
+        # paired difference is 20 points or more in every draw
+        ({"kpo": 140, "vanilla": 100, "gspo": 90}, "holds: kpo minus each"),
+        ({"kpo": 80, "vanilla": 100, "gspo": 100}, "does not hold: kpo minus each"),
     ],
 )
-def test_table1_verdict_does_not_depend_on_method_order(means, verdict):
+def test_table1_verdict_comes_from_intervals_and_not_from_method_order(right, verdict):
     lines = {
-        _claims(list(order), _groups(means), _table1(means), {}, {})[0]
-        for order in itertools.permutations(means)
+        _claims(list(order), _groups(right, right), _table1({m: r / 200 for m, r in right.items()}), {}, {}, [])[0]
+        for order in itertools.permutations(right)
     }
     assert len(lines) == 1, lines
     [line] = lines
-    assert line.startswith("- **Table 1:") and verdict in line, line
+    assert line.startswith("- **Table 1: KPO has the best held-out avg@4: kpo") and verdict in line, line
+    assert "vanilla " + format((right["kpo"] - right["vanilla"]) / 2, "+.1f") in line, line
 
 
 @pytest.mark.parametrize(
@@ -235,36 +243,37 @@ def test_table1_verdict_does_not_depend_on_method_order(means, verdict):
             "Table 1",
             "not tested: --methods has no kpo (add it: --methods vanilla,gspo,kpo)",
         ),
-        (["kpo"], "Table 1", "not tested: kpo is the only method (add another, e.g. --methods kpo,vanilla)"),
+        (["kpo"], "Table 1", "not tested: no baseline without a filter in --methods (add e.g. vanilla,gspo,gmpo)"),
         (["kpo"], "Figure 3", "not tested: --methods has no vanilla (add it: --methods kpo,vanilla)"),
         (["kpo"], "Table 2", "not tested: no method has off-policy ratio dumps (Table 2 says why)"),
-        (["kpo"], "Figure 4", "not tested: no Q/V sweep (--sweep-q '')"),
+        (["kpo"], "Figure 4", "not tested: no memory sweep (--sweep-memory '')"),
     ],
 )
 def test_a_claim_that_cannot_be_tested_says_why(methods, claim, reason):
-    lines = _claims(methods, _groups(methods), _table1({m: 0.5 for m in methods}), {}, {})
+    lines = _claims(methods, _groups(methods), _table1({m: 0.5 for m in methods}), {}, {}, [])
     # every claim has one line, in the order of the paper's sections
     assert [line.split(":")[0] for line in lines] == [
         "- **Table 1",
         "- **Figure 3",
+        "- **Figure 3",
         "- **Table 2",
         "- **Figure 4",
     ]
-    [line] = [line for line in lines if line.startswith(f"- **{claim}:")]
-    assert reason in line, line
+    matching = [line for line in lines if line.startswith(f"- **{claim}:")]
+    assert matching and all(reason in line for line in matching), matching
 
 
 def test_a_sweep_of_one_q_is_not_tested():
-    sweep = {1e-6: {"final": (0.5, 0.0)}}
-    lines = _claims(["kpo"], _groups(["kpo"]), _table1({"kpo": 0.5}), {}, sweep)
-    assert lines[3].startswith("- **Figure 4:") and "not tested: --sweep-q has one Q value" in lines[3], lines
+    sweep = {"paper": {"memory": 1000.0, "final": (0.5, 0.0)}}
+    lines = _claims(["kpo"], _groups(["kpo"]), _table1({"kpo": 0.5}), {}, sweep, [])
+    assert lines[-1].startswith("- **Figure 4:") and "not tested: --sweep-memory has one point" in lines[-1], lines
 
 
 def test_sweep_values_that_would_share_a_run_directory_are_refused(compare_config, tmp_path, no_training):
     with pytest.raises(CompareError) as e:
-        run_compare(compare_config(sweep_q=(1e-6, 1e-4, 1.0000001e-4)))
+        run_compare(compare_config(sweep_memory=("paper", "100", "100.0000001")))
     assert e.value.errors == [
-        "--sweep-q: 0.0001, 0.00010000001 would share the run directories kpo-q0.0001-seed0 (and the other "
-        "seeds'); give Q values that differ within 6 significant digits"
+        "--sweep-memory: 100, 100.0000001 would share the run directories kpo-memory100-seed0 (and the other "
+        "seeds'); give memories that differ within 6 significant digits"
     ]
     assert not (tmp_path / "cmp").exists()

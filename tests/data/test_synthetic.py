@@ -14,10 +14,10 @@ def test_solve_reduces_chain_left_to_right():
 
 
 def test_rows_are_deterministic_and_well_formed():
-    a = load_split("train", n=50, seed=3, n_terms=3, max_value=20)
-    b = load_split("train", n=50, seed=3, n_terms=3, max_value=20)
+    a = load_split("train", n=50, seed=3, kind="chain", n_terms=3, max_value=20)
+    b = load_split("train", n=50, seed=3, kind="chain", n_terms=3, max_value=20)
     assert a == b
-    assert a != load_split("train", n=50, seed=4, n_terms=3, max_value=20)
+    assert a != load_split("train", n=50, seed=4, kind="chain", n_terms=3, max_value=20)
     for row in a:
         assert set(row) == {"id", "problem", "answer", "prompt", "solution"}
         assert row["prompt"] == row["problem"] + "="
@@ -27,12 +27,12 @@ def test_rows_are_deterministic_and_well_formed():
 
 
 def test_train_and_test_are_disjoint_across_seeds():
-    test = {r["problem"] for r in load_split("test", n=200, seed=0, max_value=99)}
+    test = {r["problem"] for r in load_split("test", n=200, seed=0, kind="chain", max_value=99)}
     for seed in range(3):
-        train = {r["problem"] for r in load_split("train", n=2000, seed=seed, max_value=99)}
+        train = {r["problem"] for r in load_split("train", n=2000, seed=seed, kind="chain", max_value=99)}
         assert not train & test
-    # the default task (2 terms up to 19) has 400 problems; the default sizes take half of each split
-    assert len(load_split("test")) == 40 and len(load_split("train")) == 200
+    # the chain task (2 terms up to 19) has 400 problems; the default sizes take half of each split
+    assert len(load_split("test", kind="chain")) == 40 and len(load_split("train", kind="chain")) == 200
 
 
 def test_grade_is_strict_and_never_raises():
@@ -54,11 +54,16 @@ def test_grade_is_strict_and_never_raises():
 
 def test_bad_task_and_split_report_every_problem():
     with pytest.raises(ValueError, match="n_terms=1.*max_value=0"):
-        TaskConfig(n_terms=1, max_value=0)
+        TaskConfig(kind="chain", n_terms=1, max_value=0)
+    with pytest.raises(ValueError, match=r"\(running\): n_terms=0: must be an integer >= 1; max_value=10: must be an "
+                                         r"integer in 1..9"):
+        TaskConfig(n_terms=0, max_value=10)
+    with pytest.raises(ValueError, match="kind='sum': must be one of"):
+        TaskConfig(kind="sum")
     with pytest.raises(ValueError, match="split='dev'"):
         load_split("dev")
     with pytest.raises(ValueError, match="lower n"):
-        load_split("test", n=100, max_value=9)  # 100 problems, about 10 in test
+        load_split("test", n=100, kind="chain", max_value=9)  # 100 problems, about 10 in test
 
 
 def test_noisy_teacher_errors_carry_on():
@@ -76,16 +81,77 @@ def test_noisy_teacher_errors_carry_on():
 
 
 def test_too_many_problems_states_the_true_maximum():
-    # The default task has 400 problems, about 80 in the test split; at most half of them (40) may be drawn.
+    # The chain task has 400 problems, about 80 in the test split; at most half of them (40) may be drawn.
     with pytest.raises(ValueError, match=r"n=50 test problems requested .* allows at most 40 \("):
-        load_split("test", n=50)
-    assert len(load_split("test", n=40)) == 40
+        load_split("test", n=50, kind="chain")
+    assert len(load_split("test", n=40, kind="chain")) == 40
 
 
 def test_a_split_with_too_few_problems_is_a_value_error_saying_how_many_there_are():
     # 16 problems of which none hashes into the test split: the expected share (3) said one could be drawn
-    assert TaskConfig(max_value=3).max_problems("test") == 1
+    assert TaskConfig(kind="chain", max_value=3).max_problems("test") == 1
     with pytest.raises(ValueError, match=r"has 16 distinct problems, 0 of them in the test split, too few for 1 "
                                          r"distinct test problems: raise max_value or n_terms$"):
-        load_split("test", max_value=3)
-    assert TaskConfig().max_problems("train") == 200 and TaskConfig().max_problems("test") == 40
+        load_split("test", kind="chain", max_value=3)
+    chain = TaskConfig(kind="chain")
+    assert chain.max_problems("train") == 200 and chain.max_problems("test") == 40
+
+
+# ---------------------------------------------------------------------------------------- the running task
+
+
+def test_running_solution_is_the_last_digit_of_every_prefix_sum():
+    # 3; 3+5 = 8; 8+2 = 10 -> 0; 0+7 = 7
+    assert solve([3, 5, 2, 7], "running") == "3807"
+    # 9; 9+9 = 18 -> 8; 8+9 = 17 -> 7
+    assert solve([9, 9, 9], "running") == "987"
+    task = TaskConfig()
+    assert (task.kind, task.n_terms, task.max_value) == ("running", 128, 9)
+    assert task.prompt([3, 5, 2, 7]) == "3527=" and task.terms("3527") == [3, 5, 2, 7]
+
+
+def test_running_task_is_long_large_and_disjoint():
+    task = TaskConfig()
+    # the default: 128 digits in, 128 digits out, one token each, plus '=' and the end token
+    assert task.max_response_chars() == 128 and task.max_prompt_chars() == 129
+    assert task.max_sequence_tokens() == 258
+    assert task.space_size() == 10**128
+    test = load_split("test", task=task)
+    train = load_split("train", n=2000, task=task)
+    assert len(test) == 256 and not {r["problem"] for r in train} & {r["problem"] for r in test}
+    for row in test[:20]:
+        assert len(row["solution"]) == 128 and row["answer"] == row["solution"]
+        assert row["prompt"] == row["problem"] + "=" and task.grade(row["solution"], row["answer"]) == 1.0
+    # the running kind draws its own stream: its rows are not the chain task's
+    assert load_split("train", n=3, kind="running", n_terms=2, max_value=9) != load_split(
+        "train", n=3, kind="chain", n_terms=2, max_value=9)
+
+
+def test_running_grade_needs_every_step():
+    task = TaskConfig(n_terms=4)
+    assert task.grade("3807", "3807") == 1.0
+    assert task.grade(" 3807\n", "3807") == 1.0
+    assert task.grade("3817", "3807") == 0.0  # one wrong step
+    assert task.grade("380", "3807") == 0.0  # stopped early
+    assert task.grade("38070", "3807") == 0.0  # ran on
+    assert task.grade("", "") == 0.0 and task.grade(None, "3807") == 0.0  # type: ignore[arg-type]
+
+
+def test_running_noisy_teacher_carries_its_errors():
+    import random
+
+    from kpo.data.synthetic import noisy_solve
+
+    terms = [3, 5, 2, 7]
+    assert noisy_solve(terms, random.Random(0), 0.0, "running") == "3807"
+    # noise 1: every digit is off by one from the previous (wrong) digit plus the term
+    noisy = noisy_solve(terms, random.Random(1), 1.0, "running")
+    previous = 0
+    for term, digit in zip(terms, noisy):
+        assert (int(digit) - previous - term) % 10 in (1, 9)
+        previous = int(digit)
+    # at 1% per step a 128-step response is all right with probability 0.99**128 = 0.276
+    rng = random.Random(2)
+    rows = load_split("train", n=400, seed=5)
+    right = sum(noisy_solve(TaskConfig().terms(r["problem"]), rng, 0.01, "running") == r["solution"] for r in rows)
+    assert 0.2 < right / 400 < 0.36  # 3.5 binomial standard deviations (0.022) either side

@@ -1,14 +1,25 @@
-"""The embedded arithmetic task: chained additions with a verifiable answer.
+"""The embedded tasks: arithmetic with a verifiable answer, the whole response graded.
 
-A problem is ``n_terms`` non-negative integers joined by ``+``. The prompt is the problem followed by ``=``;
-the reference solution reduces the chain one addition at a time (the chain of thought), so a problem with
-``n_terms`` terms has ``n_terms - 1`` steps and the answer is the number after the last ``=``::
+Two kinds, chosen by :attr:`TaskConfig.kind`:
+
+``running`` (the default): a running sum modulo 10 over ``n_terms`` digits. The prompt is the digits followed
+by ``=``; the response writes the last digit of every prefix sum, one token per step, so it is as long as the
+problem (128 tokens by default) and grows linearly with it::
+
+    prompt    "3527="
+    solution  "3807"          (3; 3+5 = 8; 8+2 = 10 -> 0; 0+7 = 7)
+    answer    "3807"          (the whole response is the answer)
+
+Each step is easy (the previous digit plus one term, mod 10; step k reads term k, a fixed distance back), so a
+small model learns it to ~99%, and a response is right only if all of its steps are: RL must credit single
+tokens among many. An error carries into every later step, as in a long chain of thought.
+
+``chain``: chained additions of ``n_terms`` numbers up to ``max_value`` (responses of ~3 tokens by default).
+The solution reduces the chain one addition at a time::
 
     prompt    "23+45+7="
     solution  "68+7=75"       (step 1: 23+45 -> 68; step 2: 68+7 -> 75)
     answer    "75"
-
-:func:`grade` checks the whole chain: every expression must sum to the answer and the last must be it.
 
 Every string uses only the characters in :data:`ALPHABET`, so a character-level tokenizer covers it.
 Train and test are disjoint by construction: a problem belongs to the test split if and only if a stable
@@ -21,10 +32,13 @@ import hashlib
 import random
 from dataclasses import asdict, dataclass
 
-__all__ = ["ALPHABET", "TaskConfig", "grade", "load_split", "noisy_solve", "solve"]
+__all__ = ["ALPHABET", "TASKS", "TaskConfig", "grade", "load_split", "noisy_solve", "solve"]
 
-# Characters the task can emit; the embedded tokenizer has one token per character.
+# Characters the tasks can emit; the embedded tokenizer has one token per character.
 ALPHABET = "0123456789+="
+
+# kind -> (default n_terms, default max_value)
+TASKS = {"running": (128, 9), "chain": (2, 19)}
 
 _SPLITS = ("train", "test")
 # One problem in _TEST_BUCKETS goes to the test split (about 20%).
@@ -36,29 +50,53 @@ _MAX_DRAWS_PER_ROW = 50
 
 @dataclass(frozen=True)
 class TaskConfig:
-    """Knobs of the arithmetic task.
+    """Knobs of an embedded task; ``None`` takes the kind's default (:data:`TASKS`).
 
     Attributes:
-        n_terms: numbers in the chain; the chain of thought has ``n_terms - 1`` steps (>= 2).
-        max_value: each number is drawn uniformly from ``[0, max_value]`` (>= 1). Larger values mean more
-            digits and more carries, i.e. a harder task and longer responses.
+        kind: ``"running"`` (running sum mod 10, one response token per term) or ``"chain"`` (chained
+            additions, ``n_terms - 1`` chain-of-thought steps).
+        n_terms: numbers in the problem (running: >= 1, default 128; chain: >= 2, default 2).
+        max_value: each number is drawn uniformly from ``[0, max_value]`` (running: 1..9, single digits, default
+            9; chain: >= 1, default 19, more digits = harder).
     """
 
-    n_terms: int = 2
-    max_value: int = 19
+    kind: str = "running"
+    n_terms: int | None = None
+    max_value: int | None = None
 
     def __post_init__(self) -> None:
+        if self.kind not in TASKS:
+            raise ValueError(f"invalid TaskConfig: kind={self.kind!r}: must be one of {sorted(TASKS)}")
+        n_default, v_default = TASKS[self.kind]
+        if self.n_terms is None:
+            object.__setattr__(self, "n_terms", n_default)
+        if self.max_value is None:
+            object.__setattr__(self, "max_value", v_default)
         errors = []
-        if not isinstance(self.n_terms, int) or self.n_terms < 2:
-            errors.append(f"n_terms={self.n_terms!r}: must be an integer >= 2 (a chain needs one addition)")
-        if not isinstance(self.max_value, int) or self.max_value < 1:
-            errors.append(f"max_value={self.max_value!r}: must be an integer >= 1")
+        least = 2 if self.kind == "chain" else 1
+        if not _is_int(self.n_terms) or self.n_terms < least:
+            why = " (a chain needs one addition)" if self.kind == "chain" else ""
+            errors.append(f"n_terms={self.n_terms!r}: must be an integer >= {least}{why}")
+        top = 9 if self.kind == "running" else None
+        if not _is_int(self.max_value) or self.max_value < 1 or (top is not None and self.max_value > top):
+            bound = "in 1..9 (the running task's terms are single digits)" if top else ">= 1"
+            errors.append(f"max_value={self.max_value!r}: must be an integer {bound}")
         if errors:
-            raise ValueError("invalid TaskConfig: " + "; ".join(errors))
+            raise ValueError(f"invalid TaskConfig ({self.kind}): " + "; ".join(errors))
+
+    def max_prompt_chars(self) -> int:
+        """Longest prompt in characters (= tokens of the embedded tokenizer)."""
+        return len(self.prompt([self.max_value] * self.n_terms))
 
     def max_response_chars(self) -> int:
         """Upper bound on the characters of a reference solution (for sizing max_completion_length)."""
-        return len(solve([self.max_value] * self.n_terms))
+        if self.kind == "running":
+            return self.n_terms
+        return len(solve([self.max_value] * self.n_terms, "chain"))
+
+    def max_sequence_tokens(self) -> int:
+        """Longest prompt + response + end-of-sequence token: the context the embedded model needs."""
+        return self.max_prompt_chars() + self.max_response_chars() + 1
 
     def space_size(self) -> int:
         """Number of distinct problems (both splits together)."""
@@ -72,37 +110,80 @@ class TaskConfig:
         available = self.space_size() // _TEST_BUCKETS if split == "test" else self.space_size()
         return available // 2
 
+    def problem(self, terms: list[int]) -> str:
+        """The problem text: digits side by side (running) or numbers joined by ``+`` (chain)."""
+        return ("" if self.kind == "running" else "+").join(str(x) for x in terms)
 
-def solve(terms: list[int]) -> str:
-    """Reference chain of thought for ``terms``: each step replaces the first two numbers by their sum.
+    def prompt(self, terms: list[int]) -> str:
+        return self.problem(terms) + "="
+
+    def terms(self, problem: str) -> list[int]:
+        """Inverse of :meth:`problem`."""
+        return [int(x) for x in (problem if self.kind == "running" else problem.split("+"))]
+
+    def solve(self, terms: list[int]) -> str:
+        """The reference response (:func:`solve` for the kind)."""
+        return solve(terms, self.kind)
+
+    def answer(self, terms: list[int]) -> str:
+        """What :meth:`grade` checks against: the whole response (running) or the sum (chain)."""
+        return solve(terms, "running") if self.kind == "running" else str(sum(terms))
+
+    def grade(self, completion: str, answer: str) -> float:
+        """1.0 if ``completion`` is a correct response for ``answer``, else 0.0; never raises on garbage.
+
+        running: the completion, surrounding whitespace ignored, must be exactly the answer (every step).
+        chain: :func:`grade`."""
+        if self.kind == "chain":
+            return grade(completion, answer)
+        if not isinstance(completion, str) or not isinstance(answer, str):
+            return 0.0
+        return float(completion.strip() == answer.strip() != "")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def solve(terms: list[int], kind: str = "chain") -> str:
+    """Reference response for ``terms``.
+
+    chain: each step replaces the first two numbers by their sum. running: the last digit of every prefix sum.
 
     >>> solve([23, 45, 7])
     '68+7=75'
+    >>> solve([3, 5, 2, 7], "running")
+    '3807'
     """
-    steps = []
-    rest = list(terms)
-    while len(rest) > 1:
-        rest = [rest[0] + rest[1], *rest[2:]]
-        steps.append("+".join(str(x) for x in rest))
-    return "=".join(steps)
+    return noisy_solve(terms, random.Random(0), 0.0, kind)
 
 
-def noisy_solve(terms: list[int], rng: random.Random, noise: float) -> str:
-    """A chain like :func:`solve` from an imperfect teacher: each step's new partial sum is off by one (up
-    or down, never below 0) with probability ``noise``, and later steps carry the error on. ``noise=0``
-    gives :func:`solve`. Used for the warm start, so the tiny model imitates a teacher that is right most of
-    the time and RL has something to sharpen.
+def noisy_solve(terms: list[int], rng: random.Random, noise: float, kind: str = "chain") -> str:
+    """A response like :func:`solve` from an imperfect teacher: each step's new value (chain: partial sum;
+    running: digit) is off by one, up or down, with probability ``noise``, and later steps carry the error on.
+    (chain: never below 0; running: mod 10.) ``noise=0`` gives :func:`solve`. Used for the warm start, so the
+    tiny model imitates a teacher that is right most of the time and RL has something to sharpen.
 
     >>> noisy_solve([23, 45, 7], random.Random(0), 0.0)
     '68+7=75'
     """
     if not 0.0 <= noise <= 1.0:
         raise ValueError(f"noise={noise!r}: must be a probability in [0, 1]")
+    if kind not in TASKS:
+        raise ValueError(f"kind={kind!r}: must be one of {sorted(TASKS)}")
+    if kind == "running":
+        digits, total = [], 0
+        for x in terms:
+            total = (total + x) % 10
+            if noise and rng.random() < noise:
+                total = (total + (1 if rng.random() < 0.5 else 9)) % 10
+            digits.append(str(total))
+        return "".join(digits)
     steps = []
     rest = list(terms)
     while len(rest) > 1:
         total = rest[0] + rest[1]
-        if rng.random() < noise:
+        if noise and rng.random() < noise:
             total = total + 1 if total == 0 or rng.random() < 0.5 else total - 1
         rest = [total, *rest[2:]]
         steps.append("+".join(str(x) for x in rest))
@@ -123,11 +204,12 @@ def load_split(
         split: ``"train"`` or ``"test"`` (disjoint by a stable hash of the problem text).
         n: number of distinct problems; default ``min(4096 train / 256 test, half the split's space)``.
         seed: same seed, same rows in the same order.
-        task: a :class:`TaskConfig`; or give its fields as keywords (``n_terms=3, max_value=99``).
+        task: a :class:`TaskConfig`; or give its fields as keywords (``kind="chain", n_terms=3``).
 
     Returns:
         rows ``{"id", "problem", "answer", "prompt", "solution"}``: ``prompt`` is the exact text fed to the
-        model (problem + ``"="``), ``solution`` the reference completion used for supervised warm start.
+        model (problem + ``"="``), ``solution`` the reference completion used for supervised warm start, and
+        ``answer`` what :meth:`TaskConfig.grade` checks against.
     """
     if task is not None and task_kw:
         raise ValueError(f"give either task= or task fields {sorted(task_kw)}, not both")
@@ -147,24 +229,25 @@ def load_split(
             f"(half of the problems expected in this split, so sampling them stays fast): lower n to "
             f"{most} or less, or raise max_value / n_terms"
         )
-    # Salt the stream with the split so train and test seeds are independent streams.
-    rng = random.Random(f"kpo-synthetic/{split}/{seed}")
+    # Salt the stream with the split so train and test seeds are independent streams; the chain task keeps
+    # its original salt, so its rows are what they always were.
+    salt = "kpo-synthetic" if task.kind == "chain" else f"kpo-synthetic-{task.kind}"
+    rng = random.Random(f"{salt}/{split}/{seed}")
     rows: list[dict] = []
     seen: set[str] = set()
     for _ in range(n * _MAX_DRAWS_PER_ROW):
         terms = [rng.randint(0, task.max_value) for _ in range(task.n_terms)]
-        problem = "+".join(str(x) for x in terms)
+        problem = task.problem(terms)
         if problem in seen or _is_test(problem) != (split == "test"):
             continue
         seen.add(problem)
-        solution = solve(terms)
         rows.append(
             {
                 "id": f"{split}-{len(rows):06d}",
                 "problem": problem,
-                "answer": str(sum(terms)),
-                "prompt": problem + "=",
-                "solution": solution,
+                "answer": task.answer(terms),
+                "prompt": task.prompt(terms),
+                "solution": task.solve(terms),
             }
         )
         if len(rows) == n:
@@ -184,11 +267,12 @@ def _split_count(task: TaskConfig, split: str) -> int:
     from itertools import product
 
     values = range(task.max_value + 1)
-    return sum(_is_test("+".join(map(str, t))) == (split == "test") for t in product(values, repeat=task.n_terms))
+    return sum(_is_test(task.problem(list(t))) == (split == "test") for t in product(values, repeat=task.n_terms))
 
 
 def grade(completion: str, answer: str) -> float:
-    """1.0 if the completion is a correct chain for ``answer``, else 0.0. Never raises on garbage input.
+    """The chain task's grader: 1.0 if the completion is a correct chain for ``answer``, else 0.0. Never raises
+    on garbage input. (:meth:`TaskConfig.grade` grades either kind.)
 
     The completion (surrounding whitespace ignored) is split at ``=`` into expressions; it is correct when every
     expression is digits joined by ``+``, every expression sums to ``answer`` (each chain-of-thought step keeps

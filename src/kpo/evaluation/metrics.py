@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 from math import comb
 
-__all__ = ["pass_at_k", "avg_at_n", "benchmark_metrics"]
+__all__ = ["pass_at_k", "avg_at_n", "benchmark_metrics", "bootstrap_avg_ci", "bootstrap_diff_ci"]
 
 
 def _check_counts(n: int, c: int, k: int | None = None) -> None:
@@ -67,3 +67,66 @@ def benchmark_metrics(correct: Sequence[Sequence[float]], ks: Sequence[int]) -> 
     for k in ks:
         out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in counts) / len(counts)
     return out
+
+
+def bootstrap_avg_ci(counts: Sequence[Sequence[int]], n: int, *, level: float = 0.95, draws: int = 4000,
+                     seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of avg@n (a fraction) over problems and seeds.
+
+    counts: one sequence per seed (run) of per-problem correct counts out of ``n``, every run on the same
+    problems. Each draw resamples the runs, then the problems (the same problems for every run drawn, as the
+    runs share them), and averages the accuracy: the interval covers both the run-to-run and the problem
+    sampling noise. One run gives the usual interval over problems.
+    """
+    import numpy as np
+
+    acc = _accuracies(counts, n)
+    runs, problems = acc.shape
+    rng = np.random.default_rng(seed)
+    r = rng.integers(0, runs, size=(draws, runs))
+    p = rng.integers(0, problems, size=(draws, problems))
+    means = acc[r[:, :, None], p[:, None, :]].mean(axis=(1, 2))
+    return _percentiles(means, level)
+
+
+def bootstrap_diff_ci(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]], n: int, *, level: float = 0.95,
+                      draws: int = 4000, seed: int = 0) -> tuple[float, float, float]:
+    """(mean, low, high) of avg@n(a) - avg@n(b), fractions, with a percentile bootstrap over seeds and problems.
+
+    a, b: per-seed lists of per-problem correct counts (as :func:`bootstrap_avg_ci`), all on the same problems.
+    The problems drawn are shared by both sides (a paired comparison); the seeds of each side are resampled
+    independently (seed s of a and of b are different runs).
+    """
+    import numpy as np
+
+    acc_a, acc_b = _accuracies(a, n), _accuracies(b, n)
+    if acc_a.shape[1] != acc_b.shape[1]:
+        raise ValueError(f"a has {acc_a.shape[1]} problems and b {acc_b.shape[1]}: compare on the same problems")
+    rng = np.random.default_rng(seed)
+    problems = acc_a.shape[1]
+    p = rng.integers(0, problems, size=(draws, problems))
+    ra = rng.integers(0, acc_a.shape[0], size=(draws, acc_a.shape[0]))
+    rb = rng.integers(0, acc_b.shape[0], size=(draws, acc_b.shape[0]))
+    diff = acc_a[ra[:, :, None], p[:, None, :]].mean(axis=(1, 2)) - acc_b[rb[:, :, None], p[:, None, :]].mean(axis=(1, 2))
+    return (float(acc_a.mean() - acc_b.mean()), *_percentiles(diff, level))
+
+
+def _accuracies(counts: Sequence[Sequence[int]], n: int):
+    import numpy as np
+
+    acc = np.asarray(counts, dtype=np.float64)
+    if acc.ndim != 2 or acc.size == 0:
+        raise ValueError("counts: give one non-empty list of per-problem correct counts per run, all the same length")
+    if ((acc < 0) | (acc > n)).any():
+        raise ValueError(f"counts must lie in [0, n={n}]")
+    return acc / n
+
+
+def _percentiles(values, level: float) -> tuple[float, float]:
+    import numpy as np
+
+    if not 0 < level < 1:
+        raise ValueError(f"level={level!r}: must lie in (0, 1)")
+    tail = 100 * (1 - level) / 2
+    low, high = np.percentile(values, [tail, 100 - tail])
+    return float(low), float(high)

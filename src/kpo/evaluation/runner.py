@@ -343,13 +343,10 @@ def _load_benchmarks(
     out: dict[str, tuple[list[dict], Callable[[str, Any], float]]] = {}
     for spec in specs:
         if str(spec) == SYNTHETIC:
-            from kpo.data import synthetic
+            from kpo.data.synthetic import TaskConfig, load_split
 
-            name, rows, grader = (
-                SYNTHETIC,
-                synthetic.load_split("test", n=limit, **(synthetic_kw or {})),
-                synthetic.grade,
-            )
+            task = TaskConfig(**(synthetic_kw or {}))
+            name, rows, grader = SYNTHETIC, load_split("test", n=limit, task=task), task.grade
         else:
             from kpo.data.math import load_problems
 
@@ -466,7 +463,7 @@ def evaluate(
         model: a Hugging Face model directory (tokenizer saved beside it). Its cache identity is the resolved
             path plus a fingerprint of its weight/config files, so retraining in place invalidates the cache.
         data: a benchmark file (any format :func:`kpo.data.math.load_problems` reads), ``"synthetic"`` (the
-            embedded arithmetic task's test split, graded by :func:`kpo.data.synthetic.grade`), or a list.
+            embedded task's test split, graded by :meth:`kpo.data.synthetic.TaskConfig.grade`), or a list.
         n: samples per problem; ks: the k of each pass@k (each 1 <= k <= n).
         temperature: 0 = greedy (then n > 1 repeats the same completion); top_p: nucleus mass in (0, 1].
         max_new_tokens: generation budget; default 4096 for math, the longest reference solution + 1 for synthetic.
@@ -483,8 +480,8 @@ def evaluate(
         device: transformers device: "auto" (cuda when available), "cpu", "cuda", "cuda:N".
         dtype: one of :data:`DTYPES`; default bfloat16 on GPU, float32 on CPU.
         limit: first `limit` problems of each benchmark, >= 1 (synthetic: number of test problems, default the
-            whole test split: ``kpo.data.synthetic.load_split("test")``, 40 problems for the default task).
-        synthetic_kw: task fields for the synthetic split, e.g. ``{"n_terms": 3}``.
+            whole test split: ``kpo.data.synthetic.load_split("test")``, 256 problems for the default task).
+        synthetic_kw: task fields for the synthetic split, e.g. ``{"kind": "chain", "n_terms": 3}``.
         problem_key, answer_key: read these fields of every benchmark file instead of auto-detecting.
 
     Returns:

@@ -5,7 +5,8 @@ the GSPO stop-gradient construction log r~_t = lp_t - sg(lp_t) + sg(rho_t), clam
 gradient exp(rho_t) * grad lp_t. ``filter_grad=True`` instead lets the gradient flow through the filter
 (log r~_t = rho_t(lp), an ablation the paper does not have). ``mask_mode`` says what a masked hole inside a
 response does to the filter: "skip" (default: no observation, no time step), "advance" (a time step without
-observation), "zero" (observed as 0, the authors' code).
+observation), "zero" (observed as 0, the authors' code). ``memory`` sets q from the filter's memory in tokens
+(``kpo.filter.memory``) instead of q itself: ``memory=31.25`` is the paper's memory-to-length ratio at 128 tokens.
 """
 
 from __future__ import annotations
@@ -13,9 +14,34 @@ from __future__ import annotations
 import torch
 
 from kpo.filter import kalman_filter
+from kpo.filter.memory import q_for_memory
 from kpo.losses import register_loss
 from kpo.losses._core import LossBatch, LossTerms, clipped_surrogate, resolve_clip, token_stats
 from kpo.losses.aggregation import masked_mean
+
+KALMAN_LOSSES = ("kpo", "kpo_unclipped")
+PAPER_Q = {"kpo": 1e-6, "kpo_unclipped": 1e-4}  # each variant's q when neither q nor memory is given
+_FILTER_DEFAULTS = {"v": 1.0, "p0": 0.0, "x0": 0.0, "mask_mode": "skip"}
+
+
+def resolve_q(loss: str, q: float | None, memory: float | None, v: float) -> float:
+    """The q a Kalman loss filters with: ``q``, or the q of ``memory`` tokens (``kpo.filter.memory``), or the
+    variant's paper value; both given is an error."""
+    if memory is None:
+        return PAPER_Q[loss] if q is None else q
+    if q is not None:
+        raise ValueError(f"give q or memory, not both (got q={q!r}, memory={memory!r}): memory sets q")
+    return q_for_memory(memory, v)
+
+
+def filter_settings(loss: str, loss_kwargs: dict) -> dict:
+    """{q, v, p0, x0, mask_mode} that ``loss`` with ``loss_kwargs`` filters with (q resolved from memory); a loss
+    without a filter gets KPO's, so its ratios can be analysed as KPO would see them."""
+    name = loss if loss in KALMAN_LOSSES else "kpo"
+    kwargs = loss_kwargs if loss in KALMAN_LOSSES else {}
+    out = {k: kwargs.get(k, default) for k, default in _FILTER_DEFAULTS.items()}
+    out["q"] = resolve_q(name, kwargs.get("q"), kwargs.get("memory"), out["v"])
+    return out
 
 
 def _filtered_log_ratio(
@@ -38,7 +64,8 @@ def kpo(
     clip_ratio: float | None = None,
     clip_ratio_low: float | None = None,
     clip_ratio_high: float | None = None,
-    q: float = 1e-6,
+    q: float | None = None,
+    memory: float | None = None,
     v: float = 1.0,
     p0: float = 0.0,
     x0: float = 0.0,
@@ -47,9 +74,11 @@ def kpo(
 ) -> LossTerms:
     """KPO-clipped: L_t = max(-A r~_t, -A clip(r~_t, 1 - eps_low, 1 + eps_high)), ratio-space clip.
 
-    Paper defaults: eps_low = 3e-4, eps_high = 4e-4, q = 1e-6, v = 1, p0 = 0, x0 = 0, seq-mean-token-mean.
+    Paper defaults: eps_low = 3e-4, eps_high = 4e-4, q = 1e-6 (memory 1000 tokens), v = 1, p0 = 0, x0 = 0,
+    seq-mean-token-mean.
     """
     low, high = resolve_clip(clip_ratio, clip_ratio_low, clip_ratio_high, 3e-4, 4e-4)
+    q = resolve_q("kpo", q, memory, v)
     log_r, rho = _filtered_log_ratio(batch, q, v, p0, x0, mask_mode, filter_grad)
     A, m = batch.advantages, batch.mask
     token_loss, is_clipped = clipped_surrogate(A, torch.exp(log_r), low, high)
@@ -64,14 +93,16 @@ def kpo(
 def kpo_unclipped(
     batch: LossBatch,
     *,
-    q: float = 1e-4,
+    q: float | None = None,
+    memory: float | None = None,
     v: float = 1.0,
     p0: float = 0.0,
     x0: float = 0.0,
     mask_mode: str = "skip",
     filter_grad: bool = False,
 ) -> LossTerms:
-    """KPO-unclipped: L_t = -A r~_t. Paper defaults: q = 1e-4, v = 1, seq-mean-token-mean."""
+    """KPO-unclipped: L_t = -A r~_t. Paper defaults: q = 1e-4 (memory 100 tokens), v = 1, seq-mean-token-mean."""
+    q = resolve_q("kpo_unclipped", q, memory, v)
     log_r, rho = _filtered_log_ratio(batch, q, v, p0, x0, mask_mode, filter_grad)
     return LossTerms(
         token_loss=-batch.advantages * torch.exp(log_r),

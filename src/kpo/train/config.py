@@ -25,7 +25,11 @@ import yaml
 from kpo._checks import file_in_the_way
 from kpo.data.math import DEFAULT_INSTRUCTION
 
-__all__ = ["ConfigError", "TrainConfig", "parse_args", "TRAJECTORY_FIELDS"]
+__all__ = ["ConfigError", "TrainConfig", "parse_args", "TRAJECTORY_FIELDS", "COMPLETION_SLACK"]
+
+# Tokens an embedded-task response may run past its longest reference before it is cut (the model's context
+# covers them).
+COMPLETION_SLACK = 4
 
 # Fields that may change between a run and its resumption without changing its trajectory: where and how
 # often it writes (output_dir, cache_dir, checkpoints, ratio dumps, logs, progress bars), how far it goes, and
@@ -73,7 +77,10 @@ class TrainConfig:
     loss_kwargs: dict = _f(
         {},
         "Loss hyperparameters (verl names); unset ones take the method's default. On the command line NAME=VALUE "
-        "pairs (--loss-kwargs q=1e-4 v=1), in a YAML file a mapping (loss_kwargs: {q: 1.0e-4, v: 1}).",
+        "pairs (--loss-kwargs q=1e-4 v=1), in a YAML file a mapping (loss_kwargs: {q: 1.0e-4, v: 1}). KPO's "
+        "memory=TOKENS sets q from the filter's memory; memory=matched keeps the paper's memory-to-length ratio "
+        "(1000 of 4096 tokens) at this run's response length (the embedded task's longest response, or "
+        "max_completion_length).",
     )
     loss_agg_mode: str | None = _f(
         None,
@@ -100,14 +107,29 @@ class TrainConfig:
     )
 
     # --- embedded task and tiny model (ignored with --model/--dataset where noted) ---
-    n_terms: int = _f(2, "Synthetic task: numbers per chain (n_terms - 1 chain-of-thought steps).")
-    max_value: int = _f(19, "Synthetic task: largest number in a chain (more digits = harder).")
+    task: str = _f(
+        "running",
+        "Embedded task: running (running sum mod 10 of n_terms digits, one response token per digit: 128-token "
+        "responses by default) or chain (chained additions, ~3-token responses by default).",
+    )
+    n_terms: int | None = _f(None, "Embedded task: terms per problem; none = the task's (running 128, chain 2).")
+    max_value: int | None = _f(
+        None, "Embedded task: largest term; none = the task's (running 9, at most 9; chain 19)."
+    )
     tiny_hidden_size: int = _f(128, "Tiny model width.")
-    tiny_layers: int = _f(4, "Tiny model decoder layers.")
+    tiny_layers: int | None = _f(None, "Tiny model decoder layers; none = the task's (running 2, chain 4).")
     tiny_heads: int = _f(4, "Tiny model attention heads.")
-    sft_examples: int = _f(200, "Warm start: distinct training problems for supervised fine-tuning.")
-    sft_epochs: int = _f(40, "Warm start: passes over them (fresh teacher noise each pass).")
-    sft_noise: float = _f(0.3, "Warm start: per-step error rate of the imitated teacher (sets the start reward).")
+    sft_examples: int | None = _f(
+        None, "Warm start: distinct training problems; none = the task's (running 12800, chain 200)."
+    )
+    sft_epochs: int | None = _f(
+        None, "Warm start: passes over them, fresh teacher noise each pass; none = the task's (running 1, chain 40)."
+    )
+    sft_noise: float | None = _f(
+        None,
+        "Warm start: per-step error rate of the imitated teacher, which sets the start reward; none = the task's "
+        "(running 0.01, chain 0.3).",
+    )
     sft_learning_rate: float = _f(3e-3, "Warm start: learning rate.")
     cache_dir: str | None = _f(None, "Warm-start cache; None = $KPO_CACHE or ~/.cache/kpo.")
 
@@ -169,7 +191,36 @@ class TrainConfig:
     def task_config(self):
         from kpo.data.synthetic import TaskConfig
 
-        return TaskConfig(n_terms=self.n_terms, max_value=self.max_value)
+        return TaskConfig(kind=self.task, n_terms=self.n_terms, max_value=self.max_value)
+
+    def tiny_shape(self):
+        """The embedded model's shape: the tiny_* fields (tiny_layers unset: the task's), and a context that
+        holds the task's longest prompt and response (``kpo.train.tiny.context_length``)."""
+        from kpo.train.tiny import TINY_LAYERS, TinyModelConfig, context_length
+
+        return TinyModelConfig(
+            hidden_size=self.tiny_hidden_size,
+            num_layers=self.tiny_layers or TINY_LAYERS[self.task],
+            num_heads=self.tiny_heads,
+            intermediate_size=3 * self.tiny_hidden_size,
+            max_position_embeddings=context_length(self.task_config(), COMPLETION_SLACK),
+        )
+
+    def max_completion(self) -> int:
+        """Longest response in tokens: max_completion_length, or the embedded task's longest reference +
+        COMPLETION_SLACK, or 1024 with --model."""
+        if self.max_completion_length is not None:
+            return self.max_completion_length
+        return self.task_config().max_response_chars() + COMPLETION_SLACK if self.dataset is None else 1024
+
+    def sft_settings(self):
+        """The warm start's settings: the task's preset (``kpo.train.tiny.SFT_PRESETS``) with the sft_* fields
+        that are set on top."""
+        from kpo.train.tiny import SFT_PRESETS
+
+        given = {"n_examples": self.sft_examples, "epochs": self.sft_epochs, "noise": self.sft_noise,
+                 "learning_rate": self.sft_learning_rate}
+        return dataclasses.replace(SFT_PRESETS[self.task], **{k: v for k, v in given.items() if v is not None})
 
     def resolved_agg_mode(self) -> str:
         from kpo.losses import get_loss_spec
@@ -178,6 +229,21 @@ class TrainConfig:
         if self.loss_agg_mode is not None:
             return self.loss_agg_mode
         return "seq-mean-token-mean" if "seq-mean-token-mean" in spec.agg_modes else spec.default_agg
+
+    def response_length(self) -> int:
+        """The response length KPO's memory=matched scales the paper's memory to: the embedded task's longest
+        reference response, or the response budget with --dataset."""
+        return self.task_config().max_response_chars() if self.dataset is None else self.max_completion()
+
+    def resolved_loss_kwargs(self) -> dict:
+        """loss_kwargs as the loss receives them: memory=matched replaced by its number of tokens
+        (``kpo.filter.memory.matched_memory`` of :meth:`response_length`)."""
+        from kpo.filter.memory import matched_memory
+
+        kwargs = dict(self.loss_kwargs)
+        if kwargs.get("memory") == "matched":
+            kwargs["memory"] = matched_memory(self.response_length())
+        return kwargs
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -205,7 +271,7 @@ class TrainConfig:
             errors += self._advantage_errors()
         if ok("model") and self.model is not None:
             errors += self._model_errors()
-        elif ok("model", "n_terms", "max_value", "seed", "sft_examples", "prompts_per_step"):
+        elif ok("model", "task", "n_terms", "max_value", "seed", "sft_examples", "prompts_per_step"):
             errors += self._task_errors()
         if ok("dataset", "model", "problem_key", "answer_key") and self.dataset is not None:
             errors += self._dataset_errors()
@@ -313,20 +379,21 @@ class TrainConfig:
             task = self.task_config()
             rl_problems = len(load_split("train", seed=self.seed, task=task))
         except ValueError as e:
-            return [f"n_terms/max_value: {e}"]
+            return [f"task/n_terms/max_value: {e}"]
         errors = []
-        task_text = f"the synthetic task (n_terms={self.n_terms}, max_value={self.max_value})"
+        task_text = f"the synthetic task ({task.kind}, n_terms={task.n_terms}, max_value={task.max_value})"
         most = task.max_problems("train")
-        if self.sft_examples > most:
+        n_sft = self.sft_settings().n_examples
+        if n_sft > most:
             errors.append(
-                f"sft_examples={self.sft_examples}: {task_text} gives at most {most} distinct training problems "
+                f"sft_examples={n_sft}: {task_text} gives at most {most} distinct training problems "
                 f"for the warm start: lower --sft-examples to {most} or less, or raise --max-value / --n-terms"
             )
         else:
             try:
-                sft_problems(task, self.sft_examples, self.seed)
+                sft_problems(task, n_sft, self.seed)
             except ValueError as e:
-                errors.append(f"sft_examples={self.sft_examples}: {e}")
+                errors.append(f"sft_examples={n_sft}: {e}")
         if self.prompts_per_step > rl_problems:
             errors.append(
                 f"prompts_per_step={self.prompts_per_step}: {task_text} gives {rl_problems} training prompts and "
@@ -410,7 +477,7 @@ class TrainConfig:
         lp = torch.zeros(2, 2)
         try:
             policy_loss(self.loss, lp, lp, torch.tensor([1.0, -1.0]), torch.ones(2, 2),
-                        loss_agg_mode=self.resolved_agg_mode(), **self.loss_kwargs)
+                        loss_agg_mode=self.resolved_agg_mode(), **self.resolved_loss_kwargs())
         except (ValueError, TypeError) as e:
             errors.append(f"loss_kwargs for {self.loss!r}: {e}")
         return errors
@@ -467,6 +534,8 @@ _BOUNDS = {
     **dict.fromkeys(("save_steps", "dump_ratios_every"), (0, None, " (0 = off)")),
     "weight_decay": (0, None, ""),
     "seed": (0, 2**32 - 1, " (numpy's seed range)"),
+    "n_terms": (1, None, ""),
+    "max_value": (1, None, ""),
     "sft_noise": (0, 1, " (a probability)"),
     "vllm_gpu_memory_utilization": (0, 1, " (a share of GPU memory)"),
     **dict.fromkeys(_POSITIVE, (0, None, "")),

@@ -13,7 +13,8 @@ from kpo.train.config import TRAJECTORY_FIELDS, ConfigError, TrainConfig
 __all__ = ["model_path", "run_training", "synthetic_reward", "math_reward_fn"]
 
 # Files and folders a run writes into output_dir (the only things --overwrite removes).
-_RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "final", "ratios", "runs", "training_dynamics.png", "README.md")
+_RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "final", "warm_start", "ratios", "runs", "training_dynamics.png",
+                "README.md", "summary.json")
 
 
 def synthetic_reward(completions: list[str], answer: list[str], **_) -> list[float]:
@@ -127,15 +128,9 @@ def model_path(config: TrainConfig) -> Path:
     (built on first use; ``kpo compare`` calls this once per seed before its parallel runs)."""
     if config.model is not None:
         return Path(config.model)
-    from kpo.train.tiny import SFTSettings, TinyModelConfig, warm_start
+    from kpo.train.tiny import warm_start
 
-    shape = TinyModelConfig(
-        hidden_size=config.tiny_hidden_size, num_layers=config.tiny_layers, num_heads=config.tiny_heads,
-        intermediate_size=3 * config.tiny_hidden_size,
-    )
-    sft = SFTSettings(n_examples=config.sft_examples, epochs=config.sft_epochs, noise=config.sft_noise,
-                      learning_rate=config.sft_learning_rate)
-    return warm_start(config.task_config(), shape, sft, seed=config.seed,
+    return warm_start(config.task_config(), config.tiny_shape(), config.sft_settings(), seed=config.seed,
                       cache_dir=Path(config.cache_dir) if config.cache_dir else None, progress=config.progress)
 
 
@@ -179,6 +174,9 @@ def run_training(config: TrainConfig) -> Path:
     from kpo.train.progress import use_quiet_progress
     from kpo.train.trainer import KPOTrainer
 
+    if config.model is None and not (out / "warm_start").exists():
+        # the embedded model's starting point beside the run (a few MB), so it can be evaluated like final/
+        shutil.copytree(model_path(config), out / "warm_start")
     cuda = torch.cuda.is_available()
     use_bf16 = bool(cuda and torch.cuda.is_bf16_supported()) if config.bf16 is None else config.bf16
     model, tokenizer = _load_model(config)
@@ -187,10 +185,7 @@ def run_training(config: TrainConfig) -> Path:
     per_device = config.mini_batch // world
     micro = config.micro_batch_size or per_device
     accumulation = per_device // micro
-    if config.max_completion_length is not None:
-        max_len = config.max_completion_length
-    else:
-        max_len = config.task_config().max_response_chars() + 4 if config.dataset is None else 1024
+    max_len = config.max_completion()
     args = GRPOConfig(
         output_dir=str(out),
         seed=config.seed,
@@ -223,6 +218,8 @@ def run_training(config: TrainConfig) -> Path:
         vllm_importance_sampling_mode=config.vllm_importance_sampling_mode,
         vllm_importance_sampling_clip_max=config.vllm_importance_sampling_clip_max,
         dataloader_num_workers=0,
+        # TRL's default trades a recomputed forward for memory; the embedded model needs no memory saved
+        gradient_checkpointing=config.model is not None,
         shuffle_dataset=True,
         # the GPU filter kernel reads and writes 16-byte vectors only when rows are a multiple of 16 long
         pad_to_multiple_of=16 if cuda else None,
@@ -234,7 +231,7 @@ def run_training(config: TrainConfig) -> Path:
         train_dataset=dataset,
         processing_class=tokenizer,
         loss_name=config.loss,
-        loss_kwargs=config.loss_kwargs,
+        loss_kwargs=config.resolved_loss_kwargs(),
         loss_agg_mode=config.resolved_agg_mode(),
         advantage=config.advantage,
         metrics_path=out / "metrics.jsonl",

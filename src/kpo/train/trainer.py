@@ -18,7 +18,6 @@ and the mask are saved to ``ratios/step_{N:06d}.safetensors`` for ``kpo analyze`
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 from collections import defaultdict
@@ -31,6 +30,7 @@ from packaging.version import Version
 from kpo.advantages import compute_advantages
 from kpo.filter import kalman_filter
 from kpo.losses import aggregate_entropy, get_loss_spec, policy_loss
+from kpo.losses.kpo import filter_settings
 
 TESTED_TRL = (Version("1.16"), Version("1.17"))
 if not TESTED_TRL[0] <= Version(trl.__version__) < TESTED_TRL[1]:
@@ -42,11 +42,7 @@ if not TESTED_TRL[0] <= Version(trl.__version__) < TESTED_TRL[1]:
 from trl import GRPOTrainer  # noqa: E402
 from trl.trainer.utils import RepeatSampler  # noqa: E402
 
-__all__ = ["KPOTrainer", "KALMAN_LOSSES", "RATIO_KEYS"]
-
-KALMAN_LOSSES = ("kpo", "kpo_unclipped")
-RATIO_KEYS = ("log_ratio", "filtered_log_ratio", "mask")
-_FILTER_KEYS = ("q", "v", "p0", "x0", "mask_mode")
+__all__ = ["KPOTrainer"]
 # Generation-batch statistics TRL logs once per generation; carried to the other optimizer steps.
 # The sampling/ keys are vLLM's train/inference mismatch (TRL's importance-sampling correction).
 _SAMPLING_KEYS = ("sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
@@ -249,12 +245,7 @@ class KPOTrainer(GRPOTrainer):
         pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
         log_ratio = torch.cat([pad(p["log_ratio"]) for p in parts])
         mask_u8 = torch.cat([pad(p["mask"]) for p in parts])
-        # The run's filter settings for a Kalman loss, else kalman_filter's own defaults.
-        if self.loss_name in KALMAN_LOSSES:
-            defaults = get_loss_spec(self.loss_name).hparams
-        else:
-            defaults = {k: p.default for k, p in inspect.signature(kalman_filter).parameters.items()}
-        filt = {k: self.loss_kwargs.get(k, defaults[k]) for k in _FILTER_KEYS}
+        filt = filter_settings(self.loss_name, self.loss_kwargs)
         filtered = kalman_filter(log_ratio.double(), mask_u8.bool(), **filt).float()
         from safetensors.torch import save_file
 

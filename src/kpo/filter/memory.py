@@ -1,0 +1,50 @@
+"""The filter's memory in tokens, and the q that gives a memory (METHODS.md K, "Filter memory and response length").
+
+With r = q/v the gains converge to K_inf = S / (S + v), where S = (q + sqrt(q^2 + 4 q v)) / 2 is the steady-state
+prior variance (the positive root of S^2 - q S - q v = 0). There the filter is an exponential moving average of
+the log-ratios whose weights fall by e every M = -1 / ln(1 - K_inf) tokens: its memory. Inverting,
+q = v K^2 / (1 - K) with K = 1 - exp(-1 / M). The paper's KPO (q/v = 1e-6) has a memory of 1000 tokens over
+4096-token responses; :func:`matched_memory` keeps that memory-to-length ratio at another response length.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kpo.filter.gains import check_params
+
+__all__ = ["PAPER_LENGTH", "PAPER_Q", "filter_memory", "matched_memory", "q_for_memory", "steady_state_gain"]
+
+PAPER_Q = 1e-6  # KPO-clipped's Q/V in the paper (V = 1)
+PAPER_LENGTH = 4096  # the paper's maximum response length
+
+
+def steady_state_gain(q: float, v: float = 1.0) -> float:
+    """K_inf, the limit of the gains K_t for any p0 (float64)."""
+    check_params(q, v, 0.0)
+    s = (q + math.sqrt(q * q + 4.0 * q * v)) / 2.0
+    return s / (s + v)
+
+
+def filter_memory(q: float, v: float = 1.0) -> float:
+    """Memory in tokens, -1 / ln(1 - K_inf): how far back a log-ratio's weight in the steady-state filter has
+    fallen by e. About 1/K_inf ~ sqrt(v/q) for small q/v (q/v = 1e-6: 1000 tokens)."""
+    return -1.0 / math.log1p(-steady_state_gain(q, v))
+
+
+def q_for_memory(memory: float, v: float = 1.0) -> float:
+    """The q whose steady-state filter has ``memory`` tokens of memory (> 0), the inverse of :func:`filter_memory`."""
+    if isinstance(memory, bool) or not isinstance(memory, int | float) or not math.isfinite(memory) or memory <= 0:
+        raise ValueError(f"memory must be a finite number of tokens > 0, got {memory!r}")
+    check_params(1.0, v, 0.0)
+    gain = -math.expm1(-1.0 / memory)
+    return v * gain * gain / (1.0 - gain)
+
+
+def matched_memory(length: float, *, q: float = PAPER_Q, v: float = 1.0, reference_length: float = PAPER_LENGTH) -> float:
+    """The memory that keeps the paper's memory-to-length ratio at responses of ``length`` tokens:
+    filter_memory(q, v) * length / reference_length (the paper's KPO at 128 tokens: 31.2 tokens, q/v ~ 1.0e-3)."""
+    for name, value in (("length", length), ("reference_length", reference_length)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name} must be a finite number of tokens > 0, got {value!r}")
+    return filter_memory(q, v) * length / reference_length

@@ -1,0 +1,149 @@
+"""``kpo summary RUN_DIR``: one run's headline numbers in ``summary.json`` and a short table.
+
+It reads what ``kpo train`` and ``kpo eval`` left in the run directory: ``metrics.jsonl``, ``config.yaml``, and
+the evaluations of the model the run started from (``eval_warm_start.json``) and of its final model
+(``eval.json``), both on the same held-out problems. Each avg@k carries a 95% percentile-bootstrap interval over
+problems, and the change from the warm start a paired one (the same problems drawn for both models).
+
+``summary.json`` keys: ``run``, ``loss``, ``steps``, ``response_length_mean`` (mean sampled response length over
+the training steps), ``reward`` (first/last: mean training reward over the first/last 10% of steps),
+``warm_start`` and ``final`` (``avg_at_k``, ``pass_at_k``, ``k``, ``n_problems``, ``ci95``: percentages),
+``final_minus_warm_start`` (``mean``, ``ci95``: percentage points), and ``kpo`` for a Kalman loss
+(``clip_frac_mean`` over the off-policy steps, ``filtered_ratio_abs_dev_max``: the largest |filtered ratio - 1|
+over them, ``off_policy_steps``) or None for another loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+__all__ = ["EVAL_FILES", "summarize_run", "main"]
+
+# run-dir files of the two evaluations the summary compares
+EVAL_FILES = {"warm_start": "eval_warm_start.json", "final": "eval.json"}
+
+
+def _eval_block(path: Path) -> tuple[dict, list[int], int]:
+    """(summary block, per-problem correct counts, n) of an eval results file with one benchmark."""
+    from kpo.evaluation.metrics import bootstrap_avg_ci
+
+    results = json.loads(path.read_text())
+    benches = results["benchmarks"]
+    if len(benches) != 1:
+        raise ValueError(f"{path}: holds {len(benches)} benchmarks ({', '.join(benches)}); the summary reads one")
+    bench = next(iter(benches.values()))
+    n = results["params"]["n"]
+    counts = [p["correct"] for p in bench["per_problem"]]
+    low, high = bootstrap_avg_ci([counts], n)
+    block = {
+        "avg_at_k": 100 * bench[f"avg@{n}"],
+        "pass_at_k": 100 * bench[f"pass@{n}"] if f"pass@{n}" in bench else None,
+        "k": n,
+        "n_problems": bench["problems"],
+        "ci95": [100 * low, 100 * high],
+    }
+    return block, counts, n
+
+
+def _kalman_block(rows: list[dict], minibatches: int) -> dict:
+    """Clip fraction and filtered-ratio excursion over the off-policy steps (all but the first of each
+    generation batch)."""
+    off = [r for r in rows if (r["step"] - 1) % minibatches]
+    devs = [max(r["filtered_ratio_max"] - 1, 1 - r["filtered_ratio_min"]) for r in off
+            if r.get("filtered_ratio_max") is not None and r.get("filtered_ratio_min") is not None]
+    clips = [r["clip_frac"] for r in off if r.get("clip_frac") is not None]
+    return {
+        "clip_frac_mean": sum(clips) / len(clips) if clips else None,
+        "filtered_ratio_abs_dev_max": max(devs) if devs else None,
+        "off_policy_steps": len(off),
+    }
+
+
+def _window_mean(values: list[float], last: bool) -> float | None:
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    width = max(1, len(values) // 10)
+    part = values[-width:] if last else values[:width]
+    return sum(part) / len(part)
+
+
+def summarize_run(run_dir: str | Path) -> dict:
+    """The summary of ``run_dir`` (see the module docstring); writes ``summary.json`` there and returns it."""
+    from kpo.evaluation.metrics import bootstrap_diff_ci
+    from kpo.losses.kpo import KALMAN_LOSSES
+    from kpo.train.config import TrainConfig
+
+    run = Path(run_dir)
+    missing = [name for name in ("config.yaml", "metrics.jsonl", *EVAL_FILES.values()) if not (run / name).exists()]
+    if missing:
+        raise FileNotFoundError(
+            f"{run}: no {', '.join(missing)}; train with kpo train --output-dir {run}, then evaluate with kpo eval "
+            f"--model {run}/warm_start --output {run}/{EVAL_FILES['warm_start']} and --model {run}/final --output "
+            f"{run}/{EVAL_FILES['final']}"
+        )
+    config = TrainConfig.from_yaml(run / "config.yaml")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    evals = {key: _eval_block(run / name) for key, name in EVAL_FILES.items()}
+    (warm, warm_counts, n_warm), (final, final_counts, n_final) = evals["warm_start"], evals["final"]
+    if n_warm != n_final or len(warm_counts) != len(final_counts):
+        raise ValueError(f"{run}: the two evaluations differ in samples or problems; evaluate both the same way")
+    diff, low, high = bootstrap_diff_ci([final_counts], [warm_counts], n_final)
+    lengths = [r["response_length"] for r in rows if r.get("response_length") is not None]
+    rewards = [r.get("reward_mean") for r in rows]
+    summary = {
+        "run": str(run),
+        "loss": config.loss,
+        "steps": len(rows),
+        "response_length_mean": sum(lengths) / len(lengths) if lengths else math.nan,
+        "reward": {"first": _window_mean(rewards, last=False), "last": _window_mean(rewards, last=True)},
+        "warm_start": warm,
+        "final": final,
+        "final_minus_warm_start": {"mean": 100 * diff, "ci95": [100 * low, 100 * high]},
+        "kpo": _kalman_block(rows, config.minibatches) if config.loss in KALMAN_LOSSES else None,
+    }
+    (run / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def format_summary(s: dict) -> str:
+    k = s["final"]["k"]
+    lines = [f"run {s['run']}: {s['loss']}, {s['steps']} steps, mean response {s['response_length_mean']:.1f} tokens",
+             f"| model | avg@{k} (95% CI) | pass@{k} | problems |", "|---|---|---|---|"]
+    for key in ("warm_start", "final"):
+        b = s[key]
+        pass_k = "-" if b["pass_at_k"] is None else f"{b['pass_at_k']:.1f}"
+        lines.append(f"| {key} | {b['avg_at_k']:.1f} [{b['ci95'][0]:.1f}, {b['ci95'][1]:.1f}] | {pass_k} | "
+                     f"{b['n_problems']} |")
+    d = s["final_minus_warm_start"]
+    lines.append(f"final - warm start: {d['mean']:+.1f} points, 95% CI [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}] "
+                 "(paired bootstrap over problems)")
+    if s["kpo"] is not None:
+        kb = s["kpo"]
+        clip = "n/a" if kb["clip_frac_mean"] is None else f"{kb['clip_frac_mean']:.4f}"
+        dev = "n/a" if kb["filtered_ratio_abs_dev_max"] is None else f"{kb['filtered_ratio_abs_dev_max']:.2e}"
+        lines.append(f"KPO filter on {kb['off_policy_steps']} off-policy steps: clip fraction {clip}, "
+                     f"max |filtered ratio - 1| {dev}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="kpo summary",
+        description="Write RUN_DIR/summary.json (warm start vs final avg@k with 95%% intervals, response length, "
+        "KPO's clip fraction and filtered-ratio excursion) from kpo train's and kpo eval's outputs, and print it.",
+    )
+    parser.add_argument("run_dir", help="a kpo train --output-dir holding eval_warm_start.json and eval.json")
+    args = parser.parse_args(argv)
+    try:
+        summary = summarize_run(args.run_dir)
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        print(f"kpo summary: {e}", file=sys.stderr)
+        return 2
+    print(format_summary(summary))
+    print(f"summary: {Path(args.run_dir) / 'summary.json'}")
+    return 0
