@@ -109,7 +109,7 @@ def test_a_killed_worker_is_blamed_on_its_run_only(compare_config, fake_workers)
     log = Path(cfg.out) / "runs" / "vanilla-seed0" / "log.txt"
     assert lines == [
         f"  vanilla-seed0: its worker process died (killed by a signal, out of memory, or os._exit; logs: {log})",
-        "  not run, as the pool stopped when that worker died: kpo-seed0, kpo-q0.01-seed0 (rerun kpo compare "
+        "  not run, as the pool stopped when that worker died: kpo-seed0, kpo-memory2-seed0 (rerun kpo compare "
         "to run them; finished runs are reused)",
     ], lines
 

@@ -90,7 +90,9 @@ class TrainConfig:
     advantage: str = _f("grpo", "Advantage estimator for kpo.compute_advantages: grpo, drgrpo, rloo, krpo.")
 
     # --- protocol (paper: 32 prompts x 8, 4 optimizer steps per generation batch) ---
-    prompts_per_step: int = _f(32, "Prompts per generation batch.")
+    prompts_per_step: int = _f(
+        16, "Prompts per generation batch (the paper: 32; 16 keeps the embedded testbed within its CPU budget)."
+    )
     num_generations: int = _f(8, "Responses per prompt (the GRPO group).")
     minibatches: int = _f(
         4, "Optimizer steps per generation batch; all but the first are off-policy (ratios != 1)."
