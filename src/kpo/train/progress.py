@@ -15,8 +15,9 @@ from typing import TextIO
 
 __all__ = ["TRL_DEPRECATIONS", "checkpointing_arg", "library_bars", "use_quiet_progress"]
 
-# FutureWarnings of transformers >= 5.2x that TRL 1.16 raises from its own code (trl.models.utils toggles
-# checkpointing around generation through the old names); kpo never calls these, so it cannot fix them.
+# FutureWarnings of newer transformers (5.24 has them, 5.10 not) that TRL 1.16 raises from its own code
+# (trl.models.utils toggles checkpointing around generation through the old names); kpo never calls these,
+# so it cannot fix them.
 TRL_DEPRECATIONS = ("is_gradient_checkpointing", "gradient_checkpointing_disable", "gradient_checkpointing_enable")
 LINES_PER_RUN = 20  # outside a terminal: a line every 1/20 of max_steps
 
