@@ -39,8 +39,9 @@ $(VERL_STAMP): $(VERL_PY) pyproject.toml scripts/install_verl_cpu.sh
 install: $(STAMP) $(VERL_STAMP)
 
 # The whole suite in .venv (newest transformers; the tests that need verl skip there), then in verl's
-# environment what a verl user runs: the plugin, the losses (verl parity included), the filter, `import kpo`.
-VERL_TESTS := tests/filter tests/losses tests/integrations tests/test_public_api.py
+# environment what a verl user runs: the plugin, the losses (verl parity included), the filter, `import kpo`,
+# and `kpo train` on the older transformers verl pins (~100 s).
+VERL_TESTS := tests/filter tests/losses tests/integrations tests/test_public_api.py tests/train
 test: $(STAMP) $(VERL_STAMP)
 	$(PY) -m pytest -q tests
 	$(VERL_PY) -m pytest -q $(VERL_TESTS)
