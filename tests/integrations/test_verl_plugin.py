@@ -1,6 +1,6 @@
 """kpo as a verl 0.9.1 plugin: names arrive through the entry point, verl's call equals kpo.policy_loss exactly,
 the adapter reads global batch info and IS weights as verl's own losses do, and the actor config subclass goes
-through verl's hydra instantiation. Needs verl (scripts/install_verl_cpu.sh); skips without it."""
+through verl's hydra instantiation. Needs verl (`make test` runs it in .venv-verl); skips without it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("verl", reason="verl not installed: run scripts/install_verl_cpu.sh .venv")
+pytest.importorskip("verl", reason="verl not installed: `make test` runs this file in .venv-verl")
 
 import verl  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402

@@ -37,6 +37,13 @@ def test_token_tis_default():
     assert m["rollout_is_mean"] == pytest.approx(1.25) and m["rollout_is_max"] == pytest.approx(2.0)
 
 
+def test_no_valid_token_reports_no_rollout_weight_statistics():
+    lp, old, adv, mask, rollout = _on_policy([3.0, 0.5])
+    loss, grad, m = _vanilla(lp, old, adv, torch.zeros_like(mask), rollout_log_prob=rollout)
+    assert loss == 0.0 and (grad == 0).all()
+    assert not {"rollout_is_mean", "rollout_is_max", "ratio_mean", "ratio_min", "ratio_max"} & set(m), m
+
+
 def test_sequence_tis():
     # Sequence weight 3 * 0.5 = 1.5 on both tokens -> loss -1.5; with threshold 1.2 -> -1.2.
     lp, old, adv, mask, rollout = _on_policy([3.0, 0.5])

@@ -200,13 +200,15 @@ def test_empty_rows_contribute_nothing_and_never_nan(name):
     assert loss2.item() == pytest.approx(loss.item(), rel=1e-12, abs=1e-15)
     assert torch.isfinite(lp2.grad).all() and (lp2.grad[3] == 0).all()
     assert metrics2 == pytest.approx(metrics)
-    # A batch with no valid token at all: loss 0, metrics 0, gradient 0.
+    # A batch with no valid token at all: loss 0, gradient 0, the fractions and ppo_kl 0, and no ratio
+    # statistic (mean/min/max of nothing), where a 0.0 would read as "every ratio collapsed to 0".
     none = torch.zeros_like(mask)
     lp3 = lp.detach().clone().requires_grad_()
     loss3, metrics3 = policy_loss(name, lp3, old, adv, none)
     loss3.backward()
-    assert loss3.item() == 0.0 and all(v == 0.0 for v in metrics3.values())
-    assert (lp3.grad == 0).all()
+    assert loss3.item() == 0.0 and (lp3.grad == 0).all()
+    assert metrics3 == {"pg_loss": 0.0, "pg_clipfrac": 0.0, "pg_clipfrac_lower": 0.0, "ppo_kl": 0.0}
+    assert set(metrics) - set(metrics3) >= {"ratio_mean", "ratio_min", "ratio_max"}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

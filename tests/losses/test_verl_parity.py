@@ -1,8 +1,8 @@
 """Same loss, gradient and clip metrics as verl 0.9.1 for the methods verl has (vanilla, gspo, geo_mean, sapo,
 cispo), including verl's forced aggregations, rollout IS weights and global batch info.
 
-Needs verl importable: ``pip install verl==0.9.1 --no-deps`` plus what ``verl.trainer.ppo.core_algos`` imports
-(packaging numpy ray tensordict omegaconf transformers codetiming orjson); skipped otherwise.
+Needs verl 0.9.1 (``make test`` runs this file in .venv-verl, built by scripts/install_verl_cpu.sh); skipped
+otherwise.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 core_algos = pytest.importorskip(
     "verl.trainer.ppo.core_algos",
-    reason="verl 0.9.1 not installed (pip install verl==0.9.1 --no-deps + its imports)",
+    reason="verl 0.9.1 not installed: `make test` runs this file in .venv-verl",
 )
 from verl.workers.config import ActorConfig  # noqa: E402
 

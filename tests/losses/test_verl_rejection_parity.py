@@ -8,7 +8,7 @@ import torch
 
 rollout_corr_helper = pytest.importorskip(
     "verl.trainer.ppo.rollout_corr_helper",
-    reason="verl 0.9.1 not installed (make test installs it: scripts/install_verl_cpu.sh)",
+    reason="verl 0.9.1 not installed: `make test` runs this file in .venv-verl",
 )
 
 from kpo.losses.mismatch import DIVERGENCE_OPTIONS, rollout_correction  # noqa: E402

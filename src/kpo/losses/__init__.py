@@ -26,7 +26,10 @@ log-prob) and ``ratio_mean/min/max`` of the token ratio exp(log_prob - old_log_p
 the log-ratio clamped at +-20 as verl's; per loss:
 ``filtered_ratio_mean/min/max`` (KPO: exp of the filtered log-ratio), ``seq_ratio_mean/min/max`` (sequence
 ratio of GSPO, GMPO, HolderPO, VESPO over non-empty rows); with mismatch correction ``rollout_is_mean/max``
-and ``rollout_rs_masked_fraction``.
+and ``rollout_rs_masked_fraction``. Where a statistic has nothing to run over (no valid token, no non-empty row,
+no kept token) it is left out of the dict, never reported as 0; the loss, clip fractions and ``ppo_kl`` of such
+a batch are 0. A trainer that averages metrics over micro-batches then averages each one over the micro-batches
+that define it.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from kpo._checks import bool_mask
-from kpo.losses._core import LossBatch, LossTerms
+from kpo.losses._core import LossBatch, LossTerms, token_stats
 from kpo.losses.aggregation import (
     GLOBAL_BATCH_KEYS,
     SEQ_AGG_MODE,
@@ -261,16 +264,12 @@ def policy_loss(
 
     # clamped at +-20 as verl does before its ratio and ppo_kl metrics
     log_ratio = (lp - olp).detach().clamp(-20.0, 20.0)
-    ratio = torch.exp(log_ratio)
-    valid = m.any()
     metrics |= {
         "pg_loss": loss.detach(),
         "pg_clipfrac": terms.clipfrac,
         "pg_clipfrac_lower": terms.clipfrac_lower,
         "ppo_kl": masked_mean(-log_ratio, m),
-        "ratio_mean": masked_mean(ratio, m),
-        "ratio_min": ratio[m].min() if valid else 0.0,
-        "ratio_max": ratio[m].max() if valid else 0.0,
+        **token_stats("ratio", torch.exp(log_ratio), m),
     }
     metrics |= terms.extra
     keys = list(metrics)

@@ -85,18 +85,15 @@ def clipped_surrogate(
     return torch.maximum(unclipped, clipped), clipped > unclipped
 
 
-def seq_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor | float]:
-    """mean/min/max of a per-row quantity [B] over the rows with a valid token."""
-    rows = mask.any(dim=-1)
-    if not bool(rows.any()):
-        return {f"{prefix}_mean": 0.0, f"{prefix}_min": 0.0, f"{prefix}_max": 0.0}
-    v = values.detach()[rows]
-    return {f"{prefix}_mean": v.mean(), f"{prefix}_min": v.min(), f"{prefix}_max": v.max()}
+def seq_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """mean/min/max of a per-row quantity [B] over the rows with a valid token; none without such a row."""
+    return token_stats(prefix, values, mask.any(dim=-1))
 
 
-def token_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor | float]:
-    """mean/min/max of a per-token quantity [B, T] over the valid tokens."""
+def token_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """mean/min/max of ``values`` over the entries where ``mask`` is True (same shape); none when there is no
+    such entry: a statistic of nothing is undefined, and a 0 in its place would read as a measured value."""
     if not bool(mask.any()):
-        return {f"{prefix}_mean": 0.0, f"{prefix}_min": 0.0, f"{prefix}_max": 0.0}
+        return {}
     v = values.detach()[mask]
     return {f"{prefix}_mean": v.mean(), f"{prefix}_min": v.min(), f"{prefix}_max": v.max()}

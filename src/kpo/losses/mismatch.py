@@ -172,9 +172,9 @@ def rollout_correction(
     elif rollout_rs_threshold is not None or rollout_rs_threshold_lower is not None:
         raise ValueError("rollout_rs_threshold and rollout_rs_threshold_lower need rollout_rs")
     weights = torch.where(kept, weights, torch.zeros_like(weights))
-    n = kept.sum().clamp(min=1).to(weights.dtype)
-    metrics["rollout_is_mean"] = weights.sum() / n
-    metrics["rollout_is_max"] = weights.max() if kept.any() else torch.zeros(())
+    if kept.any():  # with no kept token there is no weight to describe: left out, never 0
+        metrics["rollout_is_mean"] = weights[kept].mean()
+        metrics["rollout_is_max"] = weights[kept].max()
     return weights.detach(), metrics
 
 
