@@ -81,3 +81,51 @@ def test_avg_and_benchmark_metrics():
         benchmark_metrics([[1.0, 0.0], [1.0, 0.0, 0.0]], ks=(1,))
     with pytest.raises(ValueError, match="0.0 or 1.0"):
         benchmark_metrics([[0.5, 0.0]], ks=(1,))
+
+
+def test_bootstrap_interval_of_a_constant_is_that_constant():
+    from kpo.evaluation.metrics import bootstrap_avg_ci, bootstrap_diff_ci
+
+    # every problem 3 of 4 right in both seeds: no draw can move the mean
+    assert bootstrap_avg_ci([[3] * 50, [3] * 50], 4) == (0.75, 0.75)
+    assert bootstrap_diff_ci([[3] * 50], [[1] * 50], 4) == (0.5, 0.5, 0.5)
+
+
+def test_bootstrap_interval_covers_the_normal_approximation():
+    import numpy as np
+
+    from kpo.evaluation.metrics import bootstrap_avg_ci
+
+    rng = np.random.default_rng(0)
+    # 400 problems, each right (4/4) with probability 0.3: the mean's standard error is sqrt(.3 * .7 / 400)
+    counts = [int(x) * 4 for x in rng.random(400) < 0.3]
+    low, high = bootstrap_avg_ci([counts], 4)
+    mean, se = np.mean(counts) / 4, np.sqrt(0.3 * 0.7 / 400)
+    assert low < mean < high
+    assert (high - low) == pytest.approx(2 * 1.96 * se, rel=0.15)
+
+
+def test_bootstrap_difference_is_paired_over_problems():
+    from kpo.evaluation.metrics import bootstrap_diff_ci
+
+    # both models get the same hard and easy problems; b is one sample better on every one of them. Unpaired,
+    # the spread of problem difficulty would make the interval wide; paired, it is exactly -1/4.
+    a = [[0] * 50 + [3] * 50]
+    b = [[1] * 50 + [4] * 50]
+    assert bootstrap_diff_ci(a, b, 4) == pytest.approx((-0.25, -0.25, -0.25), abs=1e-12)
+    # seeds are resampled: a seed-to-seed spread widens the interval
+    mean, low, high = bootstrap_diff_ci([[4] * 50, [0] * 50], [[2] * 50], 4)
+    assert mean == 0.0 and low == -0.5 and high == 0.5
+
+
+def test_bootstrap_inputs_are_checked():
+    from kpo.evaluation.metrics import bootstrap_avg_ci, bootstrap_diff_ci
+
+    with pytest.raises(ValueError, match=r"counts must lie in \[0, n=4\]"):
+        bootstrap_avg_ci([[5]], 4)
+    with pytest.raises(ValueError, match="one non-empty list of per-problem correct counts per run"):
+        bootstrap_avg_ci([], 4)
+    with pytest.raises(ValueError, match="compare on the same problems"):
+        bootstrap_diff_ci([[1, 2]], [[1]], 4)
+    with pytest.raises(ValueError, match="level"):
+        bootstrap_avg_ci([[1]], 4, level=1.5)

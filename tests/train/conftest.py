@@ -25,6 +25,7 @@ def tiny_config(tiny_cache, tmp_path):
         fields = dict(
             output_dir=str(tmp_path / name),
             cache_dir=str(tiny_cache),
+            task="chain",
             n_terms=2,
             max_value=4,
             tiny_hidden_size=32,

@@ -24,7 +24,7 @@ def test_validator_reports_every_error_at_once(tmp_path):
     text = str(info.value)
     assert len(errors) >= 5, text
     assert "not divisible by minibatches=5" in text
-    assert "'qq'" in text and "q=1e-06" in text  # names the bad key and lists the accepted ones
+    assert "'qq'" in text and "q=None" in text and "memory=None" in text  # names the bad key and lists the accepted ones
     assert "sft_noise=1.5" in text
     assert "save_steps=3 must be a multiple of minibatches=5" in text
     assert "advantage='ppo'" in text

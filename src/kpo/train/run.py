@@ -171,9 +171,10 @@ def run_training(config: TrainConfig) -> Path:
     from trl import GRPOConfig
 
     from kpo.plots import plot_training_dynamics
-    from kpo.train.progress import use_quiet_progress
+    from kpo.train.progress import checkpointing_arg, library_bars, use_quiet_progress
     from kpo.train.trainer import KPOTrainer
 
+    library_bars(config.progress)  # before the warm start's and the model loader's bars
     if config.model is None and not (out / "warm_start").exists():
         # the embedded model's starting point beside the run (a few MB), so it can be evaluated like final/
         shutil.copytree(model_path(config), out / "warm_start")
@@ -219,7 +220,7 @@ def run_training(config: TrainConfig) -> Path:
         vllm_importance_sampling_clip_max=config.vllm_importance_sampling_clip_max,
         dataloader_num_workers=0,
         # TRL's default trades a recomputed forward for memory; the embedded model needs no memory saved
-        gradient_checkpointing=config.model is not None,
+        **checkpointing_arg(config.model is not None),
         shuffle_dataset=True,
         # the GPU filter kernel reads and writes 16-byte vectors only when rows are a multiple of 16 long
         pad_to_multiple_of=16 if cuda else None,

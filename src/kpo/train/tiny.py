@@ -208,7 +208,9 @@ def warm_start(
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from kpo.train.progress import use_quiet_progress
+    from kpo.train.progress import checkpointing_arg, library_bars, use_quiet_progress
+
+    library_bars(progress)  # before SFTTrainer's dataset preparation bars
 
     if progress:
         print(f"kpo: warm start (supervised, cached afterwards) -> {out}", file=sys.stderr)
@@ -239,7 +241,8 @@ def warm_start(
         bf16=False,
         seed=seed,
         max_length=shape.max_position_embeddings,
-        gradient_checkpointing=False,  # TRL's default recomputes every forward: a third more work, no memory need
+        # TRL's default recomputes every forward: a third more work, and the tiny model needs no memory saved
+        **checkpointing_arg(False),
         completion_only_loss=True,
         disable_tqdm=not progress,
         dataloader_num_workers=0,

@@ -1,0 +1,49 @@
+"""KPO's memory keyword: memory=M filters exactly as q=q_for_memory(M); q and memory together are refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kpo import policy_loss, q_for_memory
+from kpo.losses.kpo import filter_settings
+
+
+def _batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(3, 40, generator=g, dtype=torch.float64)
+    lp = (old + 0.05 * torch.randn(3, 40, generator=g, dtype=torch.float64)).requires_grad_()
+    mask = torch.ones(3, 40, dtype=torch.bool)
+    mask[1, 30:] = False
+    return lp, old, torch.tensor([1.0, -0.5, 0.25], dtype=torch.float64), mask
+
+
+@pytest.mark.parametrize("loss", ["kpo", "kpo_unclipped"])
+def test_memory_is_the_q_it_names(loss):
+    lp, old, adv, mask = _batch()
+    by_memory, m1 = policy_loss(loss, lp, old, adv, mask, memory=12.0)
+    (g1,) = torch.autograd.grad(by_memory, lp)
+    by_q, m2 = policy_loss(loss, lp, old, adv, mask, q=q_for_memory(12.0))
+    (g2,) = torch.autograd.grad(by_q, lp)
+    assert by_memory.item() == by_q.item() and torch.equal(g1, g2) and m1 == m2
+    # and not the paper's q: a 12-token memory moves the filtered ratio further than a 1000-token one
+    _, paper = policy_loss(loss, lp, old, adv, mask)
+    assert m1["filtered_ratio_max"] > paper["filtered_ratio_max"]
+
+
+def test_q_and_memory_together_are_refused():
+    lp, old, adv, mask = _batch()
+    with pytest.raises(ValueError, match=r"give q or memory, not both \(got q=0.001, memory=12"):
+        policy_loss("kpo", lp, old, adv, mask, q=1e-3, memory=12.0)
+    with pytest.raises(ValueError, match="memory must be a finite number of tokens > 0"):
+        policy_loss("kpo", lp, old, adv, mask, memory=0.0)
+
+
+def test_filter_settings_resolve_q_per_loss():
+    assert filter_settings("kpo", {})["q"] == 1e-6
+    assert filter_settings("kpo_unclipped", {})["q"] == 1e-4
+    assert filter_settings("kpo", {"memory": 12.0, "v": 2.0}) == {
+        "q": q_for_memory(12.0, 2.0), "v": 2.0, "p0": 0.0, "x0": 0.0, "mask_mode": "skip"}
+    # a loss without a filter: KPO's paper settings, whatever its own kwargs
+    assert filter_settings("gspo", {"clip_ratio_low": 3e-4}) == {
+        "q": 1e-6, "v": 1.0, "p0": 0.0, "x0": 0.0, "mask_mode": "skip"}

@@ -1,0 +1,70 @@
+"""kpo summary: summary.json from a run directory's metrics and its two evaluations (no training here)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kpo.train.config import TrainConfig
+from kpo.train.summary import main, summarize_run
+
+
+def _eval(path, correct: list[int], n: int = 4) -> None:
+    per_problem = [{"id": f"test-{i:06d}", "correct": c} for i, c in enumerate(correct)]
+    avg = sum(correct) / (n * len(correct))
+    path.write_text(json.dumps({
+        "params": {"n": n, "ks": [1, n]},
+        "benchmarks": {"synthetic": {"problems": len(correct), f"avg@{n}": avg, f"pass@{n}": avg,
+                                     "per_problem": per_problem}},
+    }))  # fmt: skip
+
+
+def _run(tmp_path, loss="kpo"):
+    run = tmp_path / "run"
+    run.mkdir()
+    TrainConfig(output_dir=str(run), loss=loss, minibatches=4).save_yaml(run / "config.yaml")
+    rows = []
+    for step in range(1, 9):
+        # steps 1 and 5 start a generation batch (on-policy, nothing clipped, filtered ratio 1)
+        on = (step - 1) % 4 == 0
+        rows.append({"step": step, "reward_mean": 0.1 * step, "response_length": 128.0 + step % 2,
+                     "clip_frac": 0.0 if on else 0.01 * step,
+                     "filtered_ratio_min": 1.0 if on else 1.0 - 0.001 * step,
+                     "filtered_ratio_max": 1.0 if on else 1.0 + 0.002 * step})  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # 100 problems, 4 samples: the warm start gets 1 of 4 right on every problem, the final model 2 of 4
+    _eval(run / "eval_warm_start.json", [1] * 100)
+    _eval(run / "eval.json", [2] * 100)
+    return run
+
+
+def test_summary_numbers(tmp_path, capsys):
+    run = _run(tmp_path)
+    s = summarize_run(run)
+    assert json.loads((run / "summary.json").read_text()) == s
+    assert s["response_length_mean"] == 128.5
+    assert s["warm_start"] == {"avg_at_k": 25.0, "pass_at_k": 25.0, "k": 4, "n_problems": 100, "ci95": [25.0, 25.0]}
+    assert s["final"]["avg_at_k"] == 50.0 and s["final"]["ci95"] == [50.0, 50.0]
+    # every problem gains 25 points: the paired interval cannot move
+    assert s["final_minus_warm_start"] == {"mean": 25.0, "ci95": [25.0, 25.0]}
+    # off-policy steps 2, 3, 4, 6, 7, 8: clip fractions 0.02..0.08, the largest excursion at step 8: 0.016
+    assert s["kpo"]["off_policy_steps"] == 6
+    assert s["kpo"]["clip_frac_mean"] == pytest.approx((0.02 + 0.03 + 0.04 + 0.06 + 0.07 + 0.08) / 6)
+    assert s["kpo"]["filtered_ratio_abs_dev_max"] == pytest.approx(0.016)
+    assert s["reward"] == {"first": pytest.approx(0.1), "last": pytest.approx(0.8)}
+    assert main([str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "| final | 50.0 [50.0, 50.0] | 50.0 | 100 |" in out and "+25.0 points" in out
+
+
+def test_a_loss_without_a_filter_has_no_kpo_block(tmp_path):
+    assert summarize_run(_run(tmp_path, loss="vanilla"))["kpo"] is None
+
+
+def test_missing_evaluations_say_how_to_make_them(tmp_path, capsys):
+    run = _run(tmp_path)
+    (run / "eval_warm_start.json").unlink()
+    assert main([str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "no eval_warm_start.json" in err and f"kpo eval --model {run}/warm_start" in err
