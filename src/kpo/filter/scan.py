@@ -165,40 +165,62 @@ def forward(z, mask, mode, q, v, p0, x0):
     """Filter of z [B, T] (float32/64) in z's dtype -> (out, 0 at masked; final states [B], float64)."""
     B, T = z.shape
     gain, keep = token_gains(mask, mode, T, q, v, p0, z.device)
-    if gain.dim() == 2:  # gains differ per row (holes): the stepwise chunked scan
-        y = z if mask is None else torch.where(mask, z, 0.0)  # a masked z is never read (it may be NaN)
-        x, x_end = chunked_scan(keep, y, x0, gain)
-    else:
-        x, x_end = _positional_scan(z, mask, q, v, p0, x0)
-    if mask is not None:
-        x = torch.where(mask, x, 0.0)
-    return x, x_end
+    if gain.dim() == 1:
+        return _positional_scan(z, mask, q, v, p0, x0)
+    # gains differ per row (holes): the stepwise chunked scan
+    y = torch.where(mask, z, 0.0)  # a masked z is never read (it may be NaN)
+    x, x_end = chunked_scan(keep, y, x0, gain)
+    return torch.where(mask, x, 0.0), x_end
 
 
 def _positional_scan(z, mask, q, v, p0, x0):
     """The filter when every row takes the positional gains (no mask, right padding, ``zero`` mode).
 
-    Each chunk's local scan from 0 is linear in its z, with a matrix shared by all rows: one batched
-    matrix product in z's dtype does every chunk at once. Then the float64 carry scan over chunks, and each
-    token adds its chunk's carry times the product of keeps since the chunk start.
-    -> (x [B, T] in z's dtype, unmasked; final states [B], float64).
+    Each chunk's scan is linear in its z and in the state entering it, with matrices shared by all rows,
+    so batched matrix products in z's dtype do every chunk at once: one for each chunk's last state from 0,
+    then the float64 carry scan over chunks, then one for every state, the carry entering the product as
+    one more input column. Four passes over [B, T]: masked z into chunk-major order, the two products, the
+    masked result back into row-major order (the products read a strided batch several times slower).
+    -> (x [B, T] in z's dtype, 0 at masked tokens; final states [B], float64).
     """
     B, T = z.shape
     L = min(CHUNK, T)
     n = -(-T // L)
-    weights, decay, chunk_keep = _chunk_maps(q, v, p0, n, L, z.device, z.dtype)
-    if n * L == T:
-        y = z if mask is None else torch.where(mask, z, 0.0)  # a masked z is never read (it may be NaN)
+    maps, chunk_keep = _chunk_maps(q, v, p0, n, L, z.device, z.dtype)
+    y = z.new_empty(n, B, L + 1)  # chunk j of row b, then the state entering it
+    _to_chunks(z, mask, y[:, :, :L])
+    ends = torch.bmm(y[:, :, :L], maps[:, :L, L - 1 :])  # [n, B, 1]: each chunk's last state, from 0
+    carry, x_end = _carry_scan(chunk_keep.unsqueeze(0), ends[:, :, 0].T.to(_F64), x0)
+    y[:, :, L] = carry.T
+    states = torch.bmm(y, maps)  # [n, B, L]
+    out = z.new_empty(B, n * L)
+    rows = states.transpose(0, 1)
+    if mask is None:
+        out.view(B, n, L).copy_(rows)
+    elif n * L == T:
+        torch.mul(rows, mask.view(B, n, L), out=out.view(B, n, L))
     else:
-        y = z.new_zeros(B, n * L)
-        y[:, :T] = z if mask is None else torch.where(mask, z, 0.0)
-    # [n, B, L]: a contiguous copy first (the batched product reads a strided batch several times slower)
-    local = torch.bmm(y.view(B, n, L).transpose(0, 1).contiguous(), weights)
-    carry, _ = _carry_scan(chunk_keep.unsqueeze(0), local[:, :, L - 1].T.to(_F64), x0)
-    out = torch.empty(B, n * L, dtype=z.dtype, device=z.device)
-    torch.addcmul(local.transpose(0, 1), decay, carry.to(z.dtype).unsqueeze(2), out=out.view(B, n, L))
-    x = out[:, :T] if n * L == T else out[:, :T].contiguous()
-    return x, x[:, T - 1].to(_F64)
+        out.view(B, n, L).copy_(rows)
+        out[:, :T].mul_(mask)
+    return (out if n * L == T else out[:, :T].contiguous()), x_end
+
+
+def _to_chunks(z: torch.Tensor, mask: torch.Tensor | None, dst: torch.Tensor) -> None:
+    """dst [n, B, L] (a strided view) <- z [B, T] chunk-major, 0 at masked tokens and past T (one pass)."""
+    n, B, L = dst.shape
+    T = z.shape[1]
+    full = T // L
+    zero = z.new_zeros(())
+    for lo, hi, d in ((0, full * L, dst[:full]), (full * L, T, dst[full:, :, : T - full * L])):
+        if hi == lo:
+            continue
+        zs = z[:, lo:hi].view(B, -1, d.shape[2]).transpose(0, 1)
+        if mask is None:
+            d.copy_(zs)
+        else:  # a masked z is never read (it may be NaN)
+            torch.where(mask[:, lo:hi].view(B, -1, d.shape[2]).transpose(0, 1), zs, zero, out=d)
+    if full < n:
+        dst[full:, :, T - full * L :] = 0.0
 
 
 @functools.lru_cache(maxsize=8)
@@ -206,15 +228,16 @@ def _chunk_map_table(q, v, p0, n, L, device, dtype):
     """Per-chunk maps of the positional gains for n chunks of L tokens (see ``_chunk_maps``)."""
     gain, keep = gain_tensors(n * L, q, v, p0, device, _F64)
     g, k = gain.view(n, L), keep.view(n, L)
-    # row i of chunk j: the weights of the chunk's z in its state after token i (scanned from 0), built by
-    # the recurrence itself (row_i = keep_i row_{i-1} + gain_i e_i), so no ratio of products can underflow
-    weights = torch.zeros(n, L, L, dtype=_F64, device=device)
+    # column i of chunk j: the weights of the chunk's z in its state after token i (scanned from 0), built
+    # by the recurrence itself (col_i = keep_i col_{i-1} + gain_i e_i), so no ratio of products can
+    # underflow; the last row: the weight of the state entering the chunk (the keeps since its start)
+    maps = torch.zeros(n, L + 1, L, dtype=_F64, device=device)
     for i in range(L):
         if i:
-            weights[:, i, :i] = weights[:, i - 1, :i] * k[:, i : i + 1]
-        weights[:, i, i] = g[:, i]
-    decay = torch.cumprod(k, dim=1)
-    return weights.transpose(1, 2).to(dtype).contiguous(), decay.to(dtype), decay[:, L - 1].contiguous()
+            maps[:, :i, i] = maps[:, :i, i - 1] * k[:, i : i + 1]
+        maps[:, i, i] = g[:, i]
+    maps[:, L] = torch.cumprod(k, dim=1)
+    return maps.to(dtype), maps[:, L, L - 1].contiguous()
 
 
 @functools.lru_cache(maxsize=8)
@@ -239,8 +262,8 @@ def _chunk_back_table(q, v, p0, n, L, device, dtype):
 def _chunk_maps(q, v, p0, n, L, device, dtype, reverse=False):
     """Per-chunk maps of the positional gains, cached by powers of two of n (tables are built once).
 
-    forward: (weights [n, L, L]: chunk state from 0 = z_chunk @ weights[j]; decay [n, L]: keeps since the
-    chunk start, both in dtype; chunk_keep [n] float64: the whole chunk's product of keeps).
+    forward: (maps [n, L + 1, L] in dtype: the states of chunk j = [its z, the state entering it] @
+    maps[j]; chunk_keep [n] float64: the whole chunk's product of keeps).
     reverse: (back [n, L, L]: dz from the chunk's own w = w_chunk @ back[j]; ends [n, L]: the weight of
     the reverse state entering from the next chunk; head [n, L]: weights of w in the reverse state at the
     chunk's first token, all in dtype; chunk_keep [n] float64: keeps from the chunk's second token to the
