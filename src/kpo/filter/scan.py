@@ -17,6 +17,7 @@ max(|z|, |x0|) whatever T; the carries never leave float64. The backward compute
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -37,7 +38,7 @@ def token_gains(
     padding, the positional table serves all rows, since nothing valid follows the padding.
     """
     gain, keep = gain_tensors(T, q, v, p0, device, _F64)
-    if mask is None or mode == "zero" or bool((mask[:, 1:] <= mask[:, :-1]).all()):
+    if mask is None or mode == "zero" or right_padded(mask):
         return gain, keep
     if mode == "skip":
         # a valid token takes the table entry of its rank among the row's valid tokens
@@ -45,6 +46,11 @@ def token_gains(
         return torch.where(mask, gain[rank], 0.0), torch.where(mask, keep[rank], 1.0)
     prior = _advance_priors(mask, q, v, p0)
     return torch.where(mask, prior / (prior + v), 0.0), torch.where(mask, v / (prior + v), 1.0)
+
+
+def right_padded(mask: torch.Tensor) -> bool:
+    """Whether every row of bool [B, T] ``mask`` is valid tokens then padding (nothing valid after a hole)."""
+    return bool((mask[:, 1:] <= mask[:, :-1]).all())
 
 
 def _advance_priors(mask: torch.Tensor, q: float, v: float, p0: float) -> torch.Tensor:
@@ -163,64 +169,47 @@ def _carry_scan(keep: torch.Tensor, inc: torch.Tensor, x0: float) -> tuple[torch
 
 def forward(z, mask, mode, q, v, p0, x0):
     """Filter of z [B, T] (float32/64) in z's dtype -> (out, 0 at masked; final states [B], float64)."""
-    B, T = z.shape
-    gain, keep = token_gains(mask, mode, T, q, v, p0, z.device)
-    if gain.dim() == 1:
-        return _positional_scan(z, mask, q, v, p0, x0)
-    # gains differ per row (holes): the stepwise chunked scan
+    if mask is not None and right_padded(mask):
+        if bool(mask[:, -1].all()):  # every token valid
+            return _positional_scan(z, x0, q, v, p0)
+        # masked z reach only the states after each row's last valid token, which the mask zeroes: z goes
+        # in unmasked (one pass fewer) unless a non-finite z somewhere, perhaps under the mask (never to be
+        # read), makes a final state non-finite
+        x, x_end = _positional_scan(z, x0, q, v, p0)
+        if not math.isfinite(float(x_end.sum())):
+            x, x_end = _positional_scan(torch.where(mask, z, 0.0), x0, q, v, p0)
+        return torch.where(mask, x, 0.0), x_end
+    if mask is None:
+        return _positional_scan(z, x0, q, v, p0)
     y = torch.where(mask, z, 0.0)  # a masked z is never read (it may be NaN)
-    x, x_end = chunked_scan(keep, y, x0, gain)
+    if mode == "zero":  # a masked token is an observation of 0: the positional gains still serve every row
+        x, x_end = _positional_scan(y, x0, q, v, p0)
+    else:  # gains differ per row (holes): the stepwise chunked scan
+        gain, keep = token_gains(mask, mode, z.shape[1], q, v, p0, z.device)
+        x, x_end = chunked_scan(keep, y, x0, gain)
     return torch.where(mask, x, 0.0), x_end
 
 
-def _positional_scan(z, mask, q, v, p0, x0):
-    """The filter when every row takes the positional gains (no mask, right padding, ``zero`` mode).
+def _positional_scan(y, x0, q, v, p0):
+    """The filter of y [B, T] (z with masked tokens as the caller wants them) when every row takes the
+    positional gains -> (states [B, T] in y's dtype, unmasked; final states [B], float64).
 
-    Each chunk's scan is linear in its z and in the state entering it, with matrices shared by all rows,
-    so batched matrix products in z's dtype do every chunk at once: one for each chunk's last state from 0,
-    then the float64 carry scan over chunks, then one for every state, the carry entering the product as
-    one more input column. Four passes over [B, T]: masked z into chunk-major order, the two products, the
-    masked result back into row-major order (the products read a strided batch several times slower).
-    -> (x [B, T] in z's dtype, 0 at masked tokens; final states [B], float64).
+    Each chunk's scan from 0 is linear in its y, with a matrix shared by all rows: one batched product in
+    y's dtype does every chunk at once, reading the chunks in place (a strided batch; faster than a
+    chunk-major copy first). Then the float64 carry scan over chunks, and each token adds its chunk's carry
+    times the product of keeps since the chunk start, written straight back in row-major order.
     """
-    B, T = z.shape
+    B, T = y.shape
     L = min(CHUNK, T)
     n = -(-T // L)
-    maps, chunk_keep = _chunk_maps(q, v, p0, n, L, z.device, z.dtype)
-    y = z.new_empty(n, B, L + 1)  # chunk j of row b, then the state entering it
-    _to_chunks(z, mask, y[:, :, :L])
-    ends = torch.bmm(y[:, :, :L], maps[:, :L, L - 1 :])  # [n, B, 1]: each chunk's last state, from 0
-    carry, x_end = _carry_scan(chunk_keep.unsqueeze(0), ends[:, :, 0].T.to(_F64), x0)
-    y[:, :, L] = carry.T
-    states = torch.bmm(y, maps)  # [n, B, L]
-    out = z.new_empty(B, n * L)
-    rows = states.transpose(0, 1)
-    if mask is None:
-        out.view(B, n, L).copy_(rows)
-    elif n * L == T:
-        torch.mul(rows, mask.view(B, n, L), out=out.view(B, n, L))
-    else:
-        out.view(B, n, L).copy_(rows)
-        out[:, :T].mul_(mask)
+    maps, chunk_keep = _chunk_maps(q, v, p0, n, L, y.device, y.dtype)
+    if n * L != T:
+        y = torch.nn.functional.pad(y, (0, n * L - T))
+    local = torch.bmm(y.view(B, n, L).transpose(0, 1), maps[:, :L])  # [n, B, L]
+    carry, x_end = _carry_scan(chunk_keep.unsqueeze(0), local[:, :, L - 1].T.to(_F64), x0)
+    out = y.new_empty(B, n * L)
+    torch.addcmul(local.transpose(0, 1), maps[:, L], carry.to(y.dtype).unsqueeze(2), out=out.view(B, n, L))
     return (out if n * L == T else out[:, :T].contiguous()), x_end
-
-
-def _to_chunks(z: torch.Tensor, mask: torch.Tensor | None, dst: torch.Tensor) -> None:
-    """dst [n, B, L] (a strided view) <- z [B, T] chunk-major, 0 at masked tokens and past T (one pass)."""
-    n, B, L = dst.shape
-    T = z.shape[1]
-    full = T // L
-    zero = z.new_zeros(())
-    for lo, hi, d in ((0, full * L, dst[:full]), (full * L, T, dst[full:, :, : T - full * L])):
-        if hi == lo:
-            continue
-        zs = z[:, lo:hi].view(B, -1, d.shape[2]).transpose(0, 1)
-        if mask is None:
-            d.copy_(zs)
-        else:  # a masked z is never read (it may be NaN)
-            torch.where(mask[:, lo:hi].view(B, -1, d.shape[2]).transpose(0, 1), zs, zero, out=d)
-    if full < n:
-        dst[full:, :, T - full * L :] = 0.0
 
 
 @functools.lru_cache(maxsize=8)
