@@ -169,9 +169,11 @@ def _carry_scan(keep: torch.Tensor, inc: torch.Tensor, x0: float) -> tuple[torch
 
 def forward(z, mask, mode, q, v, p0, x0):
     """Filter of z [B, T] (float32/64) in z's dtype -> (out, 0 at masked; final states [B], float64)."""
-    if mask is not None and right_padded(mask):
-        if bool(mask[:, -1].all()):  # every token valid
-            return _positional_scan(z, x0, q, v, p0)
+    if mask is not None and bool(mask.view(torch.uint8).min()):
+        mask = None  # every token valid (a byte reduction: ~30x faster than mask.all())
+    if mask is None:
+        return _positional_scan(z, x0, q, v, p0)
+    if right_padded(mask):
         # masked z reach only the states after each row's last valid token, which the mask zeroes: z goes
         # in unmasked (one pass fewer) unless a non-finite z somewhere, perhaps under the mask (never to be
         # read), makes a final state non-finite
@@ -179,8 +181,6 @@ def forward(z, mask, mode, q, v, p0, x0):
         if not math.isfinite(float(x_end.sum())):
             x, x_end = _positional_scan(torch.where(mask, z, 0.0), x0, q, v, p0)
         return torch.where(mask, x, 0.0), x_end
-    if mask is None:
-        return _positional_scan(z, x0, q, v, p0)
     y = torch.where(mask, z, 0.0)  # a masked z is never read (it may be NaN)
     if mode == "zero":  # a masked token is an observation of 0: the positional gains still serve every row
         x, x_end = _positional_scan(y, x0, q, v, p0)
