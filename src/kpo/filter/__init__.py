@@ -156,8 +156,8 @@ def _numba_forward(z, mask, mode, q, v, p0, x0):
     x_end = torch.empty(B, dtype=torch.float64)
     aux = torch.empty(B, 3, dtype=torch.int64)
     m, code = _numba_mask(mask, mode)
-    args = (z.detach().numpy(), m, code, gain, keep, q, v, p0, x0, out.numpy(), x_end.numpy(), aux.numpy())
-    _numba_rows(compiled.forward, B, T, *args)
+    args = (z.detach().numpy(), m, gain, keep, q, v, p0, x0, out.numpy(), x_end.numpy(), aux.numpy())
+    _numba_rows(compiled.FORWARD[code], B, T, *args)
     return out, x_end, aux
 
 
@@ -166,7 +166,7 @@ def _numba_backward(grad, mask, aux, mode, q, v, p0):
     gain, keep = gain_tables(T, q, v, p0)
     dz = torch.empty_like(grad)
     m, code = _numba_mask(mask, mode)
-    _numba_rows(compiled.backward, B, T, grad.numpy(), m, code, gain, keep, q, v, p0, aux.numpy(), dz.numpy())
+    _numba_rows(compiled.BACKWARD[code], B, T, grad.numpy(), m, gain, keep, q, v, p0, aux.numpy(), dz.numpy())
     return dz
 
 

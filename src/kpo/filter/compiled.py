@@ -22,7 +22,8 @@ records where that hole is, so the backward rebuilds only the gains after it.
 The loops release the GIL; the caller runs row ranges in parallel threads (cheaper to compile than numba's
 own parallel mode). The state is float64 whatever the input dtype, so float32 results are the float64
 recurrence rounded once. Each mode gets its own copy of the loops (the mode is a constant inside them, so the
-other modes' code is compiled away). Modes: NOMASK (every token valid), SKIP, ADVANCE, ZERO.
+other modes' code is compiled away) and its own entry points in FORWARD and BACKWARD, compiled on first use.
+Modes: NOMASK (every token valid), SKIP, ADVANCE, ZERO.
 """
 
 from __future__ import annotations
@@ -238,21 +239,31 @@ def _forward_rows(mode, z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo,
             t += TILE
 
 
+# One compiled entry point per mode, so that a run compiles only the modes it uses (each is several
+# seconds): out[r] <- filtered z[r] for rows [lo, hi); x_end[r] <- the final state (non-finite iff a valid z
+# was); aux[r] <- (end, valid count, first hole) of row r, for the backward.
+# z, out: [B, T] float32/64; m: uint8 [B, T] (any [1, 1] array in NOMASK); gain, keep: float64 [>= T].
 @njit(cache=True, nogil=True)
-def forward(z, m, mode, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo, row_hi):
-    """out[r] <- filtered z[r] for rows [lo, hi); x_end[r] <- the final state (non-finite iff a valid z
-    was); aux[r] <- (end, valid count, first hole) of row r, for the backward.
+def _forward_nomask(z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo, row_hi):
+    _forward_rows(NOMASK, z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo, row_hi)
 
-    z, out: [B, T] float32/64; m: uint8 [B, T] (any [1, 1] array in NOMASK); gain, keep: float64 [>= T].
-    """
-    if mode == NOMASK:
-        _forward_rows(NOMASK, z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo, row_hi)
-    elif mode == SKIP:
-        _forward_rows(SKIP, z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo, row_hi)
-    elif mode == ADVANCE:
-        _forward_rows(ADVANCE, z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo, row_hi)
-    else:
-        _forward_rows(ZERO, z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo, row_hi)
+
+@njit(cache=True, nogil=True)
+def _forward_skip(z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo, row_hi):
+    _forward_rows(SKIP, z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo, row_hi)
+
+
+@njit(cache=True, nogil=True)
+def _forward_advance(z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo, row_hi):
+    _forward_rows(ADVANCE, z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo, row_hi)
+
+
+@njit(cache=True, nogil=True)
+def _forward_zero(z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo, row_hi):
+    _forward_rows(ZERO, z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo, row_hi)
+
+
+FORWARD = {NOMASK: _forward_nomask, SKIP: _forward_skip, ADVANCE: _forward_advance, ZERO: _forward_zero}
 
 
 @njit(inline="always")
@@ -393,17 +404,26 @@ def _backward_rows(mode, g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi):
                         cnt[k] -= TILE
 
 
+# dz[r] <- gradient of sum(g * filter(z)) w.r.t. z[r] (the reverse scan) for rows [lo, hi), one entry
+# point per mode. g, dz: [B, T] float32/64; m, gain, keep as in FORWARD; aux: int64 [B, 3] the forward wrote.
 @njit(cache=True, nogil=True)
-def backward(g, m, mode, gain, keep, q, v, p0, aux, dz, row_lo, row_hi):
-    """dz[r] <- gradient of sum(g * filter(z)) w.r.t. z[r] (the reverse scan) for rows [lo, hi).
+def _backward_nomask(g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi):
+    _backward_rows(NOMASK, g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi)
 
-    g, dz: [B, T] float32/64; m, gain, keep as in ``forward``; aux: int64 [B, 3] that ``forward`` wrote.
-    """
-    if mode == NOMASK:
-        _backward_rows(NOMASK, g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi)
-    elif mode == SKIP:
-        _backward_rows(SKIP, g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi)
-    elif mode == ADVANCE:
-        _backward_rows(ADVANCE, g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi)
-    else:
-        _backward_rows(ZERO, g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi)
+
+@njit(cache=True, nogil=True)
+def _backward_skip(g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi):
+    _backward_rows(SKIP, g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi)
+
+
+@njit(cache=True, nogil=True)
+def _backward_advance(g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi):
+    _backward_rows(ADVANCE, g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi)
+
+
+@njit(cache=True, nogil=True)
+def _backward_zero(g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi):
+    _backward_rows(ZERO, g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi)
+
+
+BACKWARD = {NOMASK: _backward_nomask, SKIP: _backward_skip, ADVANCE: _backward_advance, ZERO: _backward_zero}
