@@ -16,8 +16,9 @@ alone, and a lane whose row has ended mirrors an active lane (same reads, the sa
 same places) so that the four-lane loops keep their shape.
 
 ``advance`` mode: a row's gains are the positional table's up to its first hole (a masked token before its
-last valid one). From there its variance runs per token (a division each), forward and backward; the forward
-records where that hole is, so the backward rebuilds only the gains after it.
+last valid one). From there its variance runs per token (a division each), forward and backward. The forward
+records each row's end, valid count and first hole: the backward rebuilds advance mode's gains only after the
+hole, and in every mode reads no mask below it (full and right-padded masks are read once, by the forward).
 
 The loops release the GIL; the caller runs row ranges in parallel threads (cheaper to compile than numba's
 own parallel mode). The state is float64 whatever the input dtype, so float32 results are the float64
@@ -84,17 +85,19 @@ def _posterior(gain, t, p0, v):
 def _fstep(mode, z, m, r, t, x, c, p, gain, keep, q, v):
     """One forward token of row r, mask read: returns (state, valid count, posterior variance, output).
 
+    The valid count runs in every mode: it falls behind the position at the row's first hole.
+
     A masked z is never used (it may be NaN): it is read, then replaced by a select. ADVANCE always runs the
     variance here (the caller seeds p from the table while the row has had no hole).
     """
     if mode == NOMASK:
         x = keep[t] * x + gain[t] * np.float64(z[r, t])
-        return x, c, p, x
+        return x, c + 1, p, x
     valid = m[r, t] != 0
     zt = np.float64(z[r, t]) if valid else 0.0
     if mode == ZERO:
         x = keep[t] * x + gain[t] * zt
-        return x, c, p, (x if valid else 0.0)
+        return x, c + valid, p, (x if valid else 0.0)
     if mode == SKIP:
         if valid:
             x = keep[c] * x + gain[c] * zt
@@ -199,7 +202,7 @@ def _forward_rows(mode, z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo,
                     for i in range(t, end[k]):
                         xk, ck, pk, o = _fstep(mode, z, m, r, i, xk, ck, pk, gain, keep, q, v)
                         out[r, i] = o
-                        if mode == ADVANCE and hk > T and ck <= i:
+                        if hk > T and ck <= i:  # the row's first hole
                             hk = i
                     x_end[r] = xk
                     aux[r, END], aux[r, COUNT], aux[r, HOLE] = end[k], ck, min(hk, end[k])
@@ -233,7 +236,7 @@ def _forward_rows(mode, z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo,
                 if end[k] >= 0:
                     if fast:
                         cnt[k] += TILE
-                    elif mode == ADVANCE and hole[k] > T and cnt[k] < t + TILE:
+                    elif hole[k] > T and cnt[k] < t + TILE:
                         # the row's first hole (until then its valid count equals its position)
                         hole[k] = _first_hole(m, row[k], t)
             t += TILE
@@ -378,12 +381,14 @@ def _backward_rows(mode, g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi):
             for k in range(ROWS):
                 if top[k] > t:
                     src = k
-            fast = True
+            clean = True
             for k in range(ROWS):
                 lanes[k] = k if top[k] > t else src  # lanes not yet in (a lower top) mirror an active one
-                fast = fast and not (mode == ADVANCE and top[k] > t and t + TILE > hole[k])
+                clean = clean and not (top[k] > t and t + TILE > hole[k])
             a, b, c, d = lanes[0], lanes[1], lanes[2], lanes[3]
-            fast = fast and _all_valid(mode, m, row[a], row[b], row[c], row[d], t)
+            # below every row's first hole all tokens are valid (the forward found it): no mask read; above
+            # it advance mode's gains are the row's own, the other modes look at the mask
+            fast = clean or (mode != ADVANCE and _all_valid(mode, m, row[a], row[b], row[c], row[d], t))
             if fast and (mode != SKIP or cnt[a] == cnt[b] == cnt[c] == cnt[d]):
                 o = cnt[a] - TILE if mode == SKIP else t
                 u[a], an[a], u[b], an[b], u[c], an[c], u[d], an[d] = _fast_backward(
