@@ -192,24 +192,67 @@ def forward(z, mask, mode, q, v, p0, x0):
 
 def _positional_scan(y, x0, q, v, p0):
     """The filter of y [B, T] (z with masked tokens as the caller wants them) when every row takes the
-    positional gains -> (states [B, T] in y's dtype, unmasked; final states [B], float64).
+    positional gains -> (states [B, T] in y's dtype, unmasked; states after the last chunk [B], float64,
+    non-finite iff a y is).
 
     Each chunk's scan from 0 is linear in its y, with a matrix shared by all rows: one batched product in
     y's dtype does every chunk at once, reading the chunks in place (a strided batch; faster than a
-    chunk-major copy first). Then the float64 carry scan over chunks, and each token adds its chunk's carry
-    times the product of keeps since the chunk start, written straight back in row-major order.
+    chunk-major copy first). Then the float64 carries over chunks (``_chunk_carries``), and each token adds its
+    chunk's carry times the product of keeps since the chunk start, written straight back in row-major order.
     """
     B, T = y.shape
     L = min(CHUNK, T)
     n = -(-T // L)
-    maps, chunk_keep = _chunk_maps(q, v, p0, n, L, y.device, y.dtype)
+    (maps,) = _chunk_maps(q, v, p0, n, L, y.device, y.dtype)
     if n * L != T:
         y = torch.nn.functional.pad(y, (0, n * L - T))
     local = torch.bmm(y.view(B, n, L).transpose(0, 1), maps[:, :L])  # [n, B, L]
-    carry, x_end = _carry_scan(chunk_keep.unsqueeze(0), local[:, :, L - 1].T.to(_F64), x0)
+    carry, x_end = _chunk_carries(local[:, :, L - 1].T.to(_F64).contiguous(), q, v, p0, L, x0)
     out = y.new_empty(B, n * L)
     torch.addcmul(local.transpose(0, 1), maps[:, L], carry.to(y.dtype).unsqueeze(2), out=out.view(B, n, L))
     return (out if n * L == T else out[:, :T].contiguous()), x_end
+
+
+def _chunk_carries(ends, q, v, p0, L, x0):
+    """States entering each chunk of positional gains, float64 [B, n], and the state after the last [B].
+
+    ends: float64 [B, n], each chunk's last state scanned from 0. The carries are linear in them with maps
+    shared by all rows, so one batched product does every block of CHUNK chunks (Python steps: one per
+    block, not one per chunk), then a carry scan over the blocks.
+    """
+    B, n = ends.shape
+    G = CHUNK
+    nb = -(-n // G)
+    size = 1 << max(0, n - 1).bit_length()
+    maps, decay, block_keep = (part[:nb] for part in _carry_map_table(q, v, p0, size, L, ends.device))
+    if nb * G != n:
+        ends = torch.nn.functional.pad(ends, (0, nb * G - n))
+    parts = torch.bmm(ends.view(B, nb, G).transpose(0, 1), maps)  # [nb, B, G + 1]
+    block_in, x_end = _carry_scan(block_keep.unsqueeze(0), parts[:, :, G].T, x0)
+    before = torch.addcmul(parts[:, :, :G], decay.unsqueeze(1), block_in.T.unsqueeze(2))  # [nb, B, G]
+    return before.transpose(0, 1).reshape(B, nb * G)[:, :n], x_end
+
+
+@functools.lru_cache(maxsize=8)
+def _carry_map_table(q, v, p0, n, L, device):
+    """Maps of the carries over n chunks of L positional tokens, in blocks of CHUNK chunks, float64:
+    (maps [nb, G, G + 1]: the states entering each chunk of block b from 0 and after its last chunk =
+    chunk ends @ maps[b]; decay [nb, G]: keeps from the block's start to each chunk; block_keep [nb])."""
+    G = CHUNK
+    nb = -(-n // G)
+    _, keep = gain_tensors(n * L, q, v, p0, device, _F64)
+    chunk_keep = torch.ones(nb * G, dtype=_F64, device=device)
+    chunk_keep[:n] = torch.cumprod(keep.view(n, L), dim=1)[:, L - 1]
+    k = chunk_keep.view(nb, G)
+    # column i: the state entering chunk i = keep_{i-1} (state entering chunk i-1) + end_{i-1}, built by
+    # the recurrence itself (products only, nothing divided)
+    maps = torch.zeros(nb, G, G + 1, dtype=_F64, device=device)
+    for i in range(1, G + 1):
+        maps[:, : i - 1, i] = maps[:, : i - 1, i - 1] * k[:, i - 1 : i]
+        maps[:, i - 1, i] = 1.0
+    through = torch.cumprod(k, dim=1)
+    decay = torch.cat([torch.ones(nb, 1, dtype=_F64, device=device), through[:, : G - 1]], dim=1)
+    return maps, decay, through[:, G - 1].contiguous()
 
 
 @functools.lru_cache(maxsize=8)
@@ -226,7 +269,7 @@ def _chunk_map_table(q, v, p0, n, L, device, dtype):
             maps[:, :i, i] = maps[:, :i, i - 1] * k[:, i : i + 1]
         maps[:, i, i] = g[:, i]
     maps[:, L] = torch.cumprod(k, dim=1)
-    return maps.to(dtype), maps[:, L, L - 1].contiguous()
+    return (maps.to(dtype),)
 
 
 @functools.lru_cache(maxsize=8)
@@ -252,7 +295,7 @@ def _chunk_maps(q, v, p0, n, L, device, dtype, reverse=False):
     """Per-chunk maps of the positional gains, cached by powers of two of n (tables are built once).
 
     forward: (maps [n, L + 1, L] in dtype: the states of chunk j = [its z, the state entering it] @
-    maps[j]; chunk_keep [n] float64: the whole chunk's product of keeps).
+    maps[j],).
     reverse: (back [n, L, L]: dz from the chunk's own w = w_chunk @ back[j]; ends [n, L]: the weight of
     the reverse state entering from the next chunk; head [n, L]: weights of w in the reverse state at the
     chunk's first token, all in dtype; chunk_keep [n] float64: keeps from the chunk's second token to the
