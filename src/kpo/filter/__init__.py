@@ -4,7 +4,7 @@ The gains depend only on q, v, p0 and the number of steps taken, so the filter i
 scan x_t = (1 - K_t) x_{t-1} + K_t z_t with gains from a cached float64 table. Three interchangeable paths
 compute it, each checked against the float64 loop in ``reference.py``:
 
-- ``numba``  compiled CPU loop (extra ``fast``), four rows per inner iteration, float64 state;
+- ``numba``  compiled CPU loop (extra ``fast``), four rows in step over tiles of 64 tokens, float64 state;
 - ``triton`` GPU kernel for CUDA tensors (extra ``gpu``);
 - ``torch``  chunked scan on any device (chunks in the input's float32/float64, float64 carries between
   chunks): the fallback when the others are missing.
