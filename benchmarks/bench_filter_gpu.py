@@ -80,8 +80,8 @@ def sweep() -> int:
     for mode in ("skip", "zero"):
         for block, warps in SWEEP:
             kernels.BLOCK, kernels.NUM_WARPS, kernels.NUM_WARPS_BACKWARD = block, warps, warps
-            args = argparse.Namespace(mode=mode, q=1e-6, repeats=20)
-            seconds = _kernel_only(args, z, mask, torch.cuda.synchronize)
+            args = argparse.Namespace(q=1e-6, repeats=20)
+            seconds = _kernel_only(args, mode, z, mask, torch.cuda.synchronize)
             copy = seconds["memory copy (out.copy_(z))"] / COPY_BYTES
             fwd = copy / (seconds["triton forward kernel"] / FILTER_BYTES)
             bwd = copy / (seconds["triton backward kernel"] / FILTER_BYTES)

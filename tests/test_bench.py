@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kpo.bench import main
@@ -48,3 +50,27 @@ def test_triton_ptx_takes_only_architectures_triton_compiles_for(arch, capsys):
     # sm_7 and sm_88 used to abort the process inside LLVM; sm_101 failed in ptxas.
     err = _parse_error(["triton-ptx", "--arch", arch], capsys)
     assert f"argument --arch: invalid choice: {arch} (choose from 70, 72, 75, 80" in err
+
+
+def test_filter_reports_minimum_and_median_for_every_mode(capsys):
+    # Every table holds the minimum and the median of interleaved repeats; the copy is into a warm buffer
+    # and the header names the machine, so that README numbers say where they come from.
+    assert main(["filter", "--sizes", "8x130", "--repeats", "3", "--mode", "all", "--mask", "full"]) == 0
+    out = capsys.readouterr().out
+    assert "cores" in out.splitlines()[0] and "mask=full" in out.splitlines()[0]
+    for mode in ("zero", "skip", "advance"):
+        assert f"forward  mode={mode} B=8 T=130" in out
+        assert f"forward + backward  mode={mode} B=8 T=130" in out
+    assert out.count("ms min") == out.count("ms med") == 6
+    assert out.count("memory copy (into a warm buffer)") == 6
+    errors = [float(e) for e in re.findall(r"kalman_filter \[\w+\].*max err ([0-9.e+-]+)", out)]
+    assert len(errors) >= 3 and max(errors) < 1e-6
+
+
+def test_interleaved_minimum_is_at_most_the_median():
+    from kpo.bench import _interleaved
+
+    calls = []
+    times = _interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 4, lambda: None)
+    assert calls == ["a", "b"] * 5  # one warm-up round, then four interleaved rounds
+    assert all(lo <= med for lo, med in times.values())

@@ -1,7 +1,8 @@
 """``kpo bench``: benchmarks printed as side-by-side ratios (machines are shared and noisy, so every
-number in one table is measured in one process, interleaved, as a median of repeats).
+number in one table is measured in one process, interleaved, as the minimum and the median of repeats).
 
-    kpo bench filter [--device cpu|cuda] [--sizes 256x4096,64x32768] [--repeats 5] [--q 1e-6]
+    kpo bench filter [--device cpu|cuda] [--sizes 256x4096,64x32768] [--repeats 25] [--q 1e-6]
+                     [--mode skip|advance|zero|all] [--mask padded|full]
     kpo bench triton-ptx [--arch 90] [--dtype float32]
 
 Add a benchmark by writing a ``(configure(parser), run(args) -> int)`` pair and registering it in BENCHMARKS.
@@ -14,6 +15,7 @@ import importlib.util
 import json
 import math
 import os
+import platform
 import re
 import statistics
 import time
@@ -29,6 +31,7 @@ from kpo.filter.reference import kalman_filter_reference
 FILTER_BYTES = 9
 COPY_BYTES = 8
 CLOSED = "float32 closed form (authors)"
+COPY = "memory copy (into a warm buffer)"
 
 
 def authors_closed_form(z: torch.Tensor, mask: torch.Tensor, q: float, v: float) -> torch.Tensor:
@@ -49,12 +52,16 @@ def authors_closed_form(z: torch.Tensor, mask: torch.Tensor, q: float, v: float)
     return decay * torch.cumsum(gain * zm / decay, dim=-1) * mask
 
 
-def _interleaved_medians(
+def _interleaved(
     fns: dict[str, Callable[[], object]], repeats: int, sync: Callable[[], None]
-) -> dict[str, float]:
-    """Median seconds of each function, timed round-robin so that load changes hit all of them alike."""
+) -> dict[str, tuple[float, float]]:
+    """(minimum, median) seconds of each function, timed round-robin so that load changes hit all alike.
+
+    The minimum is the run least disturbed by other work on a shared machine; the median says how
+    typical it is. Ratios are taken between minima (and between medians), never across the two.
+    """
     for fn in fns.values():
-        fn()  # warm-up: compilation, caches, allocator
+        fn()  # warm-up: compilation, caches, allocator, first touch of every buffer
     sync()
     times: dict[str, list[float]] = {label: [] for label in fns}
     for _ in range(repeats):
@@ -63,7 +70,7 @@ def _interleaved_medians(
             fn()
             sync()
             times[label].append(time.perf_counter() - start)
-    return {label: statistics.median(ts) for label, ts in times.items()}
+    return {label: (min(ts), statistics.median(ts)) for label, ts in times.items()}
 
 
 def _python_loop_seconds(z: torch.Tensor, mask: torch.Tensor, q: float, mode: str) -> tuple[float, int]:
@@ -135,9 +142,17 @@ def _configure_filter(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="BxT list; default 256x4096,64x32768 (cpu), 256x4096,1024x32768 (cuda)",
     )
-    parser.add_argument("--repeats", type=_positive_int, default=5, help="timed runs per entry (median reported)")
+    parser.add_argument(
+        "--repeats", type=_positive_int, default=25, help="timed runs per entry (minimum and median reported)"
+    )
     parser.add_argument("--q", type=_process_noise, default=1e-6, help="process noise > 0 (v = 1)")
-    parser.add_argument("--mode", choices=("skip", "advance", "zero"), default="skip")
+    parser.add_argument("--mode", choices=("skip", "advance", "zero", "all"), default="skip")
+    parser.add_argument(
+        "--mask",
+        choices=("padded", "full"),
+        default="padded",
+        help="padded: each row valid for a random length in T/2..T, then padding; full: every token valid",
+    )
     parser.add_argument("--no-backward", action="store_true", help="forward only")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -164,54 +179,78 @@ def _run_filter(args: argparse.Namespace) -> int:
     if device.type == "cuda" and triton_kernels() is not None:
         paths.insert(0, "triton")
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
+    modes = ("zero", "skip", "advance") if args.mode == "all" else (args.mode,)
     print(
-        f"kpo bench filter: device={device} mode={args.mode} q={args.q:g} v=1 repeats={args.repeats} (medians)"
+        f"kpo bench filter: device={device} ({_device_name(device)}) mode={args.mode} mask={args.mask} "
+        f"q={args.q:g} v=1, {args.repeats} interleaved repeats"
     )
-    print("tokens/s counts every [B, T] position; masks are right-padded (lengths T/2..T) bool tensors.")
+    print(
+        "tokens/s counts every [B, T] position, from the minimum time; x closed and copies are ratios of\n"
+        "minima (med: of medians); copies = time / the time of copying z into a warm buffer (fwd + bwd: two)."
+    )
     tables = []
     for B, T in sizes:
-        tables += _bench_size(args, device, paths, sync, gen, B, T)
+        for mode in modes:
+            tables += _bench_size(args, mode, device, paths, sync, gen, B, T)
     if args.plot:
-        _plot(tables, args.plot, f"kpo filter, {device}, mode={args.mode}, q={args.q:g}")
+        _plot(tables, args.plot, f"kpo filter, {device}, mode={args.mode}, mask={args.mask}, q={args.q:g}")
         print(f"\nplot: {args.plot}")
     return 0
 
 
-def _bench_size(args, device, paths, sync, gen, B: int, T: int) -> list[tuple[str, dict[str, float], int]]:
-    """Forward and forward+backward tables for one [B, T]; returns (title, seconds per entry, tokens)."""
+def _device_name(device: torch.device) -> str:
+    """The machine in words, for the header: CPU model and core count, or the GPU's name."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
+
+
+def _bench_size(args, mode, device, paths, sync, gen, B: int, T: int) -> list[tuple[str, dict, int]]:
+    """Forward and forward+backward tables for one mode and [B, T]; returns (title, times per entry, tokens)."""
     z = (0.05 * torch.randn(B, T, generator=gen)).to(device)
-    lengths = torch.randint(T // 2, T + 1, (B, 1), generator=gen).to(device)
-    mask = torch.arange(T, device=device)[None] < lengths
+    if args.mask == "full":
+        mask = torch.ones(B, T, dtype=torch.bool, device=device)
+    else:
+        lengths = torch.randint(T // 2, T + 1, (B, 1), generator=gen).to(device)
+        mask = torch.arange(T, device=device)[None] < lengths
     n = B * T
 
     def accuracy(out: torch.Tensor) -> str:
         # max error vs the float64 loop on the first row (the loop is too slow for more)
-        ref = kalman_filter_reference(z[:1].cpu(), mask[:1].cpu(), q=args.q, v=1.0, mask_mode=args.mode)
+        ref = kalman_filter_reference(z[:1].cpu(), mask[:1].cpu(), q=args.q, v=1.0, mask_mode=mode)
         err = (out[:1].double().cpu() - ref).abs()
         bad = int((~torch.isfinite(out)).sum())
         return f"max err {float(err.nan_to_num(float('inf')).max()):.1e}" + (
             f", {bad} NaN/Inf" if bad else ""
         )
 
-    fwd = {"memory copy (z.clone)": lambda: z.clone()}
+    # the copy writes into a buffer allocated and touched once, as the filter's own output pages are warm
+    # after its first call: a fresh z.clone() pays page faults that make the copy look slower than memory
+    warm = torch.empty_like(z)
+    fwd = {COPY: lambda: warm.copy_(z)}
     for path in paths:
-        fwd[f"kpo filter [{path}]"] = lambda path=path: _filter(
-            z, mask, args.q, 1.0, 0.0, 0.0, args.mode, path
-        )
+        fwd[f"kalman_filter [{path}]"] = lambda path=path: _filter(z, mask, args.q, 1.0, 0.0, 0.0, mode, path)
     fwd[CLOSED] = lambda: authors_closed_form(z, mask, args.q, 1.0)
-    seconds = _interleaved_medians(fwd, args.repeats, sync)
-    notes = {label: accuracy(fn()) for label, fn in fwd.items() if label != "memory copy (z.clone)"}
-    if args.mode != "zero":
+    times = _interleaved(fwd, args.repeats, sync)
+    notes = {label: accuracy(fn()) for label, fn in fwd.items() if label != COPY}
+    if mode != "zero":
         notes[CLOSED] = "zero-mode semantics; " + notes[CLOSED]
-    loop_s, loop_tokens = _python_loop_seconds(z, mask, args.q, args.mode)
+    loop_s, loop_tokens = _python_loop_seconds(z, mask, args.q, mode)
     label = f"python loop ({loop_tokens} tokens timed, scaled)"
-    seconds[label], notes[label] = loop_s * n / loop_tokens, "float64 oracle"
-    tables = [(f"forward  B={B} T={T}", seconds)]
-    _print_table(tables[-1][0], seconds, notes, n, seconds["memory copy (z.clone)"], device)
+    times[label], notes[label] = (loop_s * n / loop_tokens,) * 2, "float64 oracle"
+    tables = [(f"forward  mode={mode} B={B} T={T}", times)]
+    _print_table(tables[-1][0], times, notes, n, device)
 
     if not args.no_backward:
         grad = torch.randn(B, T, generator=gen).to(device)
         leaf = z.clone().requires_grad_()
+        warm_grad = torch.empty_like(grad)
 
         def fwd_bwd(fn):
             def run():
@@ -220,33 +259,33 @@ def _bench_size(args, device, paths, sync, gen, B: int, T: int) -> list[tuple[st
 
             return run
 
-        both = {"memory copy x2 (fwd + bwd traffic)": lambda: (z.clone(), grad.clone())}
+        both = {COPY: lambda: (warm.copy_(z), warm_grad.copy_(grad))}
         for path in paths:
-            both[f"kpo filter fwd+bwd [{path}]"] = fwd_bwd(
-                lambda x, path=path: _filter(x, mask, args.q, 1.0, 0.0, 0.0, args.mode, path)
+            both[f"kalman_filter fwd+bwd [{path}]"] = fwd_bwd(
+                lambda x, path=path: _filter(x, mask, args.q, 1.0, 0.0, 0.0, mode, path)
             )
         both[CLOSED + " fwd+bwd"] = fwd_bwd(lambda x: authors_closed_form(x, mask, args.q, 1.0))
-        seconds = _interleaved_medians(both, args.repeats, sync)
-        tables.append((f"forward + backward  B={B} T={T}", seconds))
-        _print_table(tables[-1][0], seconds, {}, n, seconds["memory copy x2 (fwd + bwd traffic)"], device)
+        times = _interleaved(both, args.repeats, sync)
+        tables.append((f"forward + backward  mode={mode} B={B} T={T}", times))
+        _print_table(tables[-1][0], times, {}, n, device)
     if "triton" in paths:
-        tables.append((f"kernels only  B={B} T={T}", _kernel_only(args, z, mask, sync)))
+        tables.append((f"kernels only  mode={mode} B={B} T={T}", _kernel_only(args, mode, z, mask, sync)))
         print(
             f"\n{tables[-1][0]}: {args.repeats} back-to-back launches, one sync (no per-call checks or autograd)"
         )
         _print_kernel_table(tables[-1][1], n)
-    return [(title, seconds, n) for title, seconds in tables]
+    return [(title, times, n) for title, times in tables]
 
 
-def _kernel_only(args, z: torch.Tensor, mask: torch.Tensor, sync) -> dict[str, float]:
+def _kernel_only(args, mode: str, z: torch.Tensor, mask: torch.Tensor, sync) -> dict[str, float]:
     """Seconds per call of the Triton kernels alone and of a copy, from back-to-back launches."""
     kernels = triton_kernels()
     grad = torch.randn_like(z)
     out = torch.empty_like(z)
     fns = {
         "memory copy (out.copy_(z))": lambda: out.copy_(z),
-        "triton forward kernel": lambda: kernels.forward(z, mask, args.mode, args.q, 1.0, 0.0, 0.0),
-        "triton backward kernel": lambda: kernels.backward(grad, mask, args.mode, args.q, 1.0, 0.0),
+        "triton forward kernel": lambda: kernels.forward(z, mask, mode, args.q, 1.0, 0.0, 0.0),
+        "triton backward kernel": lambda: kernels.backward(grad, mask, mode, args.q, 1.0, 0.0),
     }
     seconds = {}
     for label, fn in fns.items():
@@ -271,30 +310,31 @@ def _print_kernel_table(seconds: dict[str, float], n: int) -> None:
         )
 
 
-def _print_table(
-    title, seconds: dict[str, float], notes: dict[str, str], n: int, copy_s: float, device
-) -> None:
-    """One row per entry: ms, G tokens/s, speed-up over the authors' closed form, speed as a fraction of the
-    copy's; on CUDA also the fraction of the copy's bandwidth (a filter pass moves 9 bytes/token, a copy 8)."""
-    closed_s = next(s for label, s in seconds.items() if label.startswith(CLOSED))
+def _print_table(title, times: dict[str, tuple[float, float]], notes: dict[str, str], n: int, device) -> None:
+    """One row per entry: ms (min, median), G tokens/s, speed-up over the authors' closed form (of minima and
+    of medians), time in copies; on CUDA also the fraction of the copy's bandwidth (a filter pass moves
+    9 bytes/token, a copy 8)."""
+    closed = next(t for label, t in times.items() if label.startswith(CLOSED))
+    copy = times[COPY]
     cuda = device.type == "cuda"
     print(f"\n{title}")
     print(
-        f"  {'':<44} {'ms':>9} {'Gtok/s':>8} {'x closed':>9} {'/ copy':>7}"
+        f"  {'':<44} {'ms min':>9} {'ms med':>9} {'Gtok/s':>8} {'x closed':>9} {'(med)':>7} {'copies':>7}"
         + ("  BW/copy" if cuda else "")
         + "  note"
     )
-    for label, s in seconds.items():
+    for label, (lo, med) in times.items():
         bw = (
-            f"  {copy_s / s * FILTER_BYTES / COPY_BYTES:7.0%}"
-            if cuda and label.startswith("kpo")
+            f"  {copy[0] / lo * FILTER_BYTES / COPY_BYTES:7.0%}"
+            if cuda and label.startswith("kalman")
             else ("         " if cuda else "")
         )
         print(
-            f"  {label:<44} {s * 1e3:9.3f} {n / s / 1e9:8.3f} {closed_s / s:9.2f} {copy_s / s:7.2f}{bw}  {notes.get(label, '')}"
+            f"  {label:<44} {lo * 1e3:9.3f} {med * 1e3:9.3f} {n / lo / 1e9:8.3f} {closed[0] / lo:9.2f}"
+            f" {closed[1] / med:7.2f} {lo / copy[0]:7.2f}{bw}  {notes.get(label, '')}"
         )
     if cuda:
-        print(f"  copy: {n * COPY_BYTES / copy_s / 1e9:.0f} GB/s")
+        print(f"  copy: {n * COPY_BYTES / copy[0] / 1e9:.0f} GB/s")
 
 
 def _plot(tables: list[tuple[str, dict[str, float], int]], path: str, title: str) -> None:
@@ -305,15 +345,16 @@ def _plot(tables: list[tuple[str, dict[str, float], int]], path: str, title: str
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(tables), 1, figsize=(9, 2.2 * len(tables) + 0.6), squeeze=False)
-    for ax, (name, seconds, n) in zip(axes[:, 0], tables):
-        labels = list(seconds)
-        rates = [n / seconds[label] / 1e9 for label in labels]
-        colors = ["tab:green" if label.startswith(("kpo", "triton")) else "tab:gray" for label in labels]
+    for ax, (name, times, n) in zip(axes[:, 0], tables):
+        labels = list(times)
+        # kernel-only tables hold plain seconds, the others (minimum, median)
+        rates = [n / (t[0] if isinstance(t, tuple) else t) / 1e9 for t in times.values()]
+        colors = ["tab:green" if label.startswith(("kalman", "triton")) else "tab:gray" for label in labels]
         ax.barh(labels[::-1], rates[::-1], color=colors[::-1])
         ax.set_xscale("log")
         ax.set_title(name, fontsize=9)
         ax.tick_params(labelsize=7)
-    axes[-1, 0].set_xlabel("G tokens/s (log)")
+    axes[-1, 0].set_xlabel("G tokens/s (log), from minimum times")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

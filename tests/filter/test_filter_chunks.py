@@ -64,3 +64,25 @@ def test_routes_agree():
     positional = _filter(z[:-1], mask[:-1], 1e-4, 1.0, 0.0, 0.2, "skip", "torch")
     stepwise = _filter(z, holed, 1e-4, 1.0, 0.0, 0.2, "skip", "torch")[:-1]
     torch.testing.assert_close(stepwise, positional, rtol=0, atol=float32_bound(z))
+
+
+@pytest.mark.parametrize("mode", MASK_MODES)
+def test_right_padding_is_never_read_even_when_not_finite(mode):
+    # right-padded rows go in unmasked (the padding reaches only states the mask zeroes) unless a final
+    # state comes out non-finite: NaN/Inf in the padding must give the same result as zeros there
+    rng = np.random.default_rng(21)
+    B, T = 4, 3 * scan.CHUNK + 5
+    mask = right_padded(rng, B, T)
+    mask[1, T // 2 :] = False
+    mask[2, 0] = True
+    z = torch.from_numpy(rng.normal(0.3, 1.0, (B, T)).astype(np.float32))
+    poisoned = z.clone()
+    poisoned[1, -1], poisoned[1, T // 2] = float("nan"), float("inf")
+    ref = kalman_filter_reference(z, mask, q=1e-3, v=1.0, x0=0.1, mask_mode=mode)
+    for zz in (z, poisoned):
+        out = _filter(zz, mask, 1e-3, 1.0, 0.0, 0.1, mode, "torch")
+        assert bool(torch.isfinite(out).all())
+        assert float((out.double() - ref).abs().max()) <= float32_bound(z)
+    poisoned[2, 0] = float("nan")  # a valid one is still an error
+    with pytest.raises(ValueError, match=r"1 NaN/Inf.*\(2, 0\)"):
+        _filter(poisoned, mask, 1e-3, 1.0, 0.0, 0.1, mode, "torch")

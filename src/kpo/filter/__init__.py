@@ -4,7 +4,7 @@ The gains depend only on q, v, p0 and the number of steps taken, so the filter i
 scan x_t = (1 - K_t) x_{t-1} + K_t z_t with gains from a cached float64 table. Three interchangeable paths
 compute it, each checked against the float64 loop in ``reference.py``:
 
-- ``numba``  compiled CPU loop (extra ``fast``), four rows per inner iteration, float64 state;
+- ``numba``  compiled CPU loop (extra ``fast``), four rows in step over tiles of 64 tokens, float64 state;
 - ``triton`` GPU kernel for CUDA tensors (extra ``gpu``);
 - ``torch``  chunked scan on any device (chunks in the input's float32/float64, float64 carries between
   chunks): the fallback when the others are missing.
@@ -21,6 +21,7 @@ import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -120,9 +121,6 @@ def _resolve(backend: str, z: torch.Tensor) -> str:
     return backend
 
 
-_MODE_CODE = {"skip": 1, "advance": 2, "zero": 3}
-
-
 @functools.cache
 def _pool(workers: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kpo-filter")
@@ -143,29 +141,37 @@ def _numba_rows(kernel, B: int, T: int, *args) -> None:
         future.result()
 
 
+def _numba_mask(mask, mode):
+    """(uint8 view of the mask or a placeholder, the kernel's mode code): no copy of the mask."""
+    if mask is None:
+        return _NO_MASK, compiled.NOMASK
+    return mask.numpy().view(np.uint8), _MODE_CODE[mode]
+
+
 def _numba_forward(z, mask, mode, q, v, p0, x0):
+    """-> (out [B, T] in z's dtype, final states float64 [B], per-row facts int64 [B, 3] for the backward)."""
     B, T = z.shape
     gain, keep = gain_tables(T, q, v, p0)
     out = torch.empty_like(z)
     x_end = torch.empty(B, dtype=torch.float64)
-    m = mask.numpy() if mask is not None else _NO_MASK
-    code = 0 if mask is None else _MODE_CODE[mode]
-    args = (z.detach().numpy(), m, code, gain, keep, q, v, p0, x0, out.numpy(), x_end.numpy())
-    _numba_rows(compiled.forward, B, T, *args)
-    return out, x_end
+    aux = torch.empty(B, 3, dtype=torch.int64)
+    m, code = _numba_mask(mask, mode)
+    args = (z.detach().numpy(), m, gain, keep, q, v, p0, x0, out.numpy(), x_end.numpy(), aux.numpy())
+    _numba_rows(compiled.FORWARD[code], B, T, *args)
+    return out, x_end, aux
 
 
-def _numba_backward(grad, mask, mode, q, v, p0):
+def _numba_backward(grad, mask, aux, mode, q, v, p0):
     B, T = grad.shape
     gain, keep = gain_tables(T, q, v, p0)
     dz = torch.empty_like(grad)
-    m = mask.numpy() if mask is not None else _NO_MASK
-    code = 0 if mask is None else _MODE_CODE[mode]
-    _numba_rows(compiled.backward, B, T, grad.numpy(), m, code, gain, keep, q, v, p0, dz.numpy())
+    m, code = _numba_mask(mask, mode)
+    _numba_rows(compiled.BACKWARD[code], B, T, grad.numpy(), m, gain, keep, q, v, p0, aux.numpy(), dz.numpy())
     return dz
 
 
-_NO_MASK = torch.ones(1, 1, dtype=torch.bool).numpy()
+_MODE_CODE = {"skip": 1, "advance": 2, "zero": 3}
+_NO_MASK = np.ones((1, 1), dtype=np.uint8)
 
 
 class _Filter(torch.autograd.Function):
@@ -175,8 +181,9 @@ class _Filter(torch.autograd.Function):
     def forward(ctx, z, mask, params, backend):
         mode, q, v, p0, x0 = params
         path = _resolve(backend, z)
+        aux = None  # the numba path's per-row facts (end, valid count, first hole), for its backward
         if path == "numba":
-            out, x_end = _numba_forward(z, mask, mode, q, v, p0, x0)
+            out, x_end, aux = _numba_forward(z, mask, mode, q, v, p0, x0)
         elif path == "triton":
             out, x_end = triton_kernels().forward(z, mask, mode, q, v, p0, x0)
         else:
@@ -185,18 +192,18 @@ class _Filter(torch.autograd.Function):
         # harmlessly, unless finite float64 states overflow in the sum, which the exact check then clears)
         if not math.isfinite(float(x_end.sum())) and not bool(torch.isfinite(x_end).all()):
             _raise_non_finite(z, mask, mode)
-        ctx.save_for_backward(mask)
+        ctx.save_for_backward(mask, aux)
         ctx.params, ctx.path = params, path
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        (mask,) = ctx.saved_tensors
+        mask, aux = ctx.saved_tensors
         mode, q, v, p0, _ = ctx.params
         grad = grad.contiguous()
         if ctx.path == "numba":
-            dz = _numba_backward(grad, mask, mode, q, v, p0)
+            dz = _numba_backward(grad, mask, aux, mode, q, v, p0)
         elif ctx.path == "triton":
             dz = triton_kernels().backward(grad, mask, mode, q, v, p0)
         else:

@@ -17,6 +17,7 @@ max(|z|, |x0|) whatever T; the carries never leave float64. The backward compute
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -37,7 +38,7 @@ def token_gains(
     padding, the positional table serves all rows, since nothing valid follows the padding.
     """
     gain, keep = gain_tensors(T, q, v, p0, device, _F64)
-    if mask is None or mode == "zero" or bool((mask[:, 1:] <= mask[:, :-1]).all()):
+    if mask is None or mode == "zero" or right_padded(mask):
         return gain, keep
     if mode == "skip":
         # a valid token takes the table entry of its rank among the row's valid tokens
@@ -45,6 +46,11 @@ def token_gains(
         return torch.where(mask, gain[rank], 0.0), torch.where(mask, keep[rank], 1.0)
     prior = _advance_priors(mask, q, v, p0)
     return torch.where(mask, prior / (prior + v), 0.0), torch.where(mask, v / (prior + v), 1.0)
+
+
+def right_padded(mask: torch.Tensor) -> bool:
+    """Whether every row of bool [B, T] ``mask`` is valid tokens then padding (nothing valid after a hole)."""
+    return bool((mask[:, 1:] <= mask[:, :-1]).all())
 
 
 def _advance_priors(mask: torch.Tensor, q: float, v: float, p0: float) -> torch.Tensor:
@@ -163,42 +169,90 @@ def _carry_scan(keep: torch.Tensor, inc: torch.Tensor, x0: float) -> tuple[torch
 
 def forward(z, mask, mode, q, v, p0, x0):
     """Filter of z [B, T] (float32/64) in z's dtype -> (out, 0 at masked; final states [B], float64)."""
-    B, T = z.shape
-    gain, keep = token_gains(mask, mode, T, q, v, p0, z.device)
-    if gain.dim() == 2:  # gains differ per row (holes): the stepwise chunked scan
-        y = z if mask is None else torch.where(mask, z, 0.0)  # a masked z is never read (it may be NaN)
+    if mask is not None and bool(mask.view(torch.uint8).min()):
+        mask = None  # every token valid (a byte reduction: ~30x faster than mask.all())
+    if mask is None:
+        return _positional_scan(z, x0, q, v, p0)
+    if right_padded(mask):
+        # masked z reach only the states after each row's last valid token, which the mask zeroes: z goes
+        # in unmasked (one pass fewer) unless a non-finite z somewhere, perhaps under the mask (never to be
+        # read), makes a final state non-finite
+        x, x_end = _positional_scan(z, x0, q, v, p0)
+        if not math.isfinite(float(x_end.sum())):
+            x, x_end = _positional_scan(torch.where(mask, z, 0.0), x0, q, v, p0)
+        return torch.where(mask, x, 0.0), x_end
+    y = torch.where(mask, z, 0.0)  # a masked z is never read (it may be NaN)
+    if mode == "zero":  # a masked token is an observation of 0: the positional gains still serve every row
+        x, x_end = _positional_scan(y, x0, q, v, p0)
+    else:  # gains differ per row (holes): the stepwise chunked scan
+        gain, keep = token_gains(mask, mode, z.shape[1], q, v, p0, z.device)
         x, x_end = chunked_scan(keep, y, x0, gain)
-    else:
-        x, x_end = _positional_scan(z, mask, q, v, p0, x0)
-    if mask is not None:
-        x = torch.where(mask, x, 0.0)
-    return x, x_end
+    return torch.where(mask, x, 0.0), x_end
 
 
-def _positional_scan(z, mask, q, v, p0, x0):
-    """The filter when every row takes the positional gains (no mask, right padding, ``zero`` mode).
+def _positional_scan(y, x0, q, v, p0):
+    """The filter of y [B, T] (z with masked tokens as the caller wants them) when every row takes the
+    positional gains -> (states [B, T] in y's dtype, unmasked; states after the last chunk [B], float64,
+    non-finite iff a y is).
 
-    Each chunk's local scan from 0 is linear in its z, with a matrix shared by all rows: one batched
-    matrix product in z's dtype does every chunk at once. Then the float64 carry scan over chunks, and each
-    token adds its chunk's carry times the product of keeps since the chunk start.
-    -> (x [B, T] in z's dtype, unmasked; final states [B], float64).
+    Each chunk's scan from 0 is linear in its y, with a matrix shared by all rows: one batched product in
+    y's dtype does every chunk at once, reading the chunks in place (a strided batch; faster than a
+    chunk-major copy first). Then the float64 carries over chunks (``_chunk_carries``), and each token adds its
+    chunk's carry times the product of keeps since the chunk start, written straight back in row-major order.
     """
-    B, T = z.shape
+    B, T = y.shape
     L = min(CHUNK, T)
     n = -(-T // L)
-    weights, decay, chunk_keep = _chunk_maps(q, v, p0, n, L, z.device, z.dtype)
-    if n * L == T:
-        y = z if mask is None else torch.where(mask, z, 0.0)  # a masked z is never read (it may be NaN)
-    else:
-        y = z.new_zeros(B, n * L)
-        y[:, :T] = z if mask is None else torch.where(mask, z, 0.0)
-    # [n, B, L]: a contiguous copy first (the batched product reads a strided batch several times slower)
-    local = torch.bmm(y.view(B, n, L).transpose(0, 1).contiguous(), weights)
-    carry, _ = _carry_scan(chunk_keep.unsqueeze(0), local[:, :, L - 1].T.to(_F64), x0)
-    out = torch.empty(B, n * L, dtype=z.dtype, device=z.device)
-    torch.addcmul(local.transpose(0, 1), decay, carry.to(z.dtype).unsqueeze(2), out=out.view(B, n, L))
-    x = out[:, :T] if n * L == T else out[:, :T].contiguous()
-    return x, x[:, T - 1].to(_F64)
+    (maps,) = _chunk_maps(q, v, p0, n, L, y.device, y.dtype)
+    if n * L != T:
+        y = torch.nn.functional.pad(y, (0, n * L - T))
+    local = torch.bmm(y.view(B, n, L).transpose(0, 1), maps[:, :L])  # [n, B, L]
+    carry, x_end = _chunk_carries(local[:, :, L - 1].T.to(_F64).contiguous(), q, v, p0, L, x0)
+    out = y.new_empty(B, n * L)
+    torch.addcmul(local.transpose(0, 1), maps[:, L], carry.to(y.dtype).unsqueeze(2), out=out.view(B, n, L))
+    return (out if n * L == T else out[:, :T].contiguous()), x_end
+
+
+def _chunk_carries(ends, q, v, p0, L, x0):
+    """States entering each chunk of positional gains, float64 [B, n], and the state after the last [B].
+
+    ends: float64 [B, n], each chunk's last state scanned from 0. The carries are linear in them with maps
+    shared by all rows, so one batched product does every block of CHUNK chunks (Python steps: one per
+    block, not one per chunk), then a carry scan over the blocks.
+    """
+    B, n = ends.shape
+    G = CHUNK
+    nb = -(-n // G)
+    size = 1 << max(0, n - 1).bit_length()
+    maps, decay, block_keep = (part[:nb] for part in _carry_map_table(q, v, p0, size, L, ends.device))
+    if nb * G != n:
+        ends = torch.nn.functional.pad(ends, (0, nb * G - n))
+    parts = torch.bmm(ends.view(B, nb, G).transpose(0, 1), maps)  # [nb, B, G + 1]
+    block_in, x_end = _carry_scan(block_keep.unsqueeze(0), parts[:, :, G].T, x0)
+    before = torch.addcmul(parts[:, :, :G], decay.unsqueeze(1), block_in.T.unsqueeze(2))  # [nb, B, G]
+    return before.transpose(0, 1).reshape(B, nb * G)[:, :n], x_end
+
+
+@functools.lru_cache(maxsize=8)
+def _carry_map_table(q, v, p0, n, L, device):
+    """Maps of the carries over n chunks of L positional tokens, in blocks of CHUNK chunks, float64:
+    (maps [nb, G, G + 1]: the states entering each chunk of block b from 0 and after its last chunk =
+    chunk ends @ maps[b]; decay [nb, G]: keeps from the block's start to each chunk; block_keep [nb])."""
+    G = CHUNK
+    nb = -(-n // G)
+    _, keep = gain_tensors(n * L, q, v, p0, device, _F64)
+    chunk_keep = torch.ones(nb * G, dtype=_F64, device=device)
+    chunk_keep[:n] = torch.cumprod(keep.view(n, L), dim=1)[:, L - 1]
+    k = chunk_keep.view(nb, G)
+    # column i: the state entering chunk i = keep_{i-1} (state entering chunk i-1) + end_{i-1}, built by
+    # the recurrence itself (products only, nothing divided)
+    maps = torch.zeros(nb, G, G + 1, dtype=_F64, device=device)
+    for i in range(1, G + 1):
+        maps[:, : i - 1, i] = maps[:, : i - 1, i - 1] * k[:, i - 1 : i]
+        maps[:, i - 1, i] = 1.0
+    through = torch.cumprod(k, dim=1)
+    decay = torch.cat([torch.ones(nb, 1, dtype=_F64, device=device), through[:, : G - 1]], dim=1)
+    return maps, decay, through[:, G - 1].contiguous()
 
 
 @functools.lru_cache(maxsize=8)
@@ -206,15 +260,16 @@ def _chunk_map_table(q, v, p0, n, L, device, dtype):
     """Per-chunk maps of the positional gains for n chunks of L tokens (see ``_chunk_maps``)."""
     gain, keep = gain_tensors(n * L, q, v, p0, device, _F64)
     g, k = gain.view(n, L), keep.view(n, L)
-    # row i of chunk j: the weights of the chunk's z in its state after token i (scanned from 0), built by
-    # the recurrence itself (row_i = keep_i row_{i-1} + gain_i e_i), so no ratio of products can underflow
-    weights = torch.zeros(n, L, L, dtype=_F64, device=device)
+    # column i of chunk j: the weights of the chunk's z in its state after token i (scanned from 0), built
+    # by the recurrence itself (col_i = keep_i col_{i-1} + gain_i e_i), so no ratio of products can
+    # underflow; the last row: the weight of the state entering the chunk (the keeps since its start)
+    maps = torch.zeros(n, L + 1, L, dtype=_F64, device=device)
     for i in range(L):
         if i:
-            weights[:, i, :i] = weights[:, i - 1, :i] * k[:, i : i + 1]
-        weights[:, i, i] = g[:, i]
-    decay = torch.cumprod(k, dim=1)
-    return weights.transpose(1, 2).to(dtype).contiguous(), decay.to(dtype), decay[:, L - 1].contiguous()
+            maps[:, :i, i] = maps[:, :i, i - 1] * k[:, i : i + 1]
+        maps[:, i, i] = g[:, i]
+    maps[:, L] = torch.cumprod(k, dim=1)
+    return (maps.to(dtype),)
 
 
 @functools.lru_cache(maxsize=8)
@@ -239,8 +294,8 @@ def _chunk_back_table(q, v, p0, n, L, device, dtype):
 def _chunk_maps(q, v, p0, n, L, device, dtype, reverse=False):
     """Per-chunk maps of the positional gains, cached by powers of two of n (tables are built once).
 
-    forward: (weights [n, L, L]: chunk state from 0 = z_chunk @ weights[j]; decay [n, L]: keeps since the
-    chunk start, both in dtype; chunk_keep [n] float64: the whole chunk's product of keeps).
+    forward: (maps [n, L + 1, L] in dtype: the states of chunk j = [its z, the state entering it] @
+    maps[j],).
     reverse: (back [n, L, L]: dz from the chunk's own w = w_chunk @ back[j]; ends [n, L]: the weight of
     the reverse state entering from the next chunk; head [n, L]: weights of w in the reverse state at the
     chunk's first token, all in dtype; chunk_keep [n] float64: keeps from the chunk's second token to the

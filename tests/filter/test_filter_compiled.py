@@ -1,0 +1,101 @@
+"""The numba path's tiles: masks built around the tile grid (rows shorter than a tile, ends and holes on
+and beside tile edges, rows that differ in holes, groups of fewer than four rows), every mode, forward
+values and exact gradients against the float64 loop. NaN under the mask must never be read."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kpo.filter import MASK_MODES, _filter, compiled
+from kpo.filter.reference import kalman_filter_reference
+
+from .helpers import float32_bound
+
+pytestmark = pytest.mark.skipif(compiled is None, reason="numba is not installed (extra 'fast')")
+TILE = compiled.TILE if compiled is not None else 64
+
+
+def tile_masks(T: int) -> torch.Tensor:
+    """bool [11, T]: full, empty, right padding ending on and beside tile edges, holes on tile edges, one
+    late hole, a hole in the first tile only (rows then differ in their count of valid tokens)."""
+    rows = []
+    for length in (T, 0, min(TILE, T), min(TILE - 1, T), min(TILE + 1, T), T - 1, T // 2):
+        rows.append(np.arange(T) < length)
+    holed = np.ones(T, dtype=bool)
+    holed[[t for t in (TILE - 1, TILE, 2 * TILE) if t < T]] = False
+    rows.append(holed)
+    late = np.ones(T, dtype=bool)
+    late[max(0, T - TILE // 2)] = False
+    rows.append(late)
+    early = np.ones(T, dtype=bool)
+    early[: min(3, T)] = [False, True, False][: min(3, T)]
+    rows.append(early)
+    rows.append(early & (np.arange(T) < T - 5))
+    return torch.from_numpy(np.stack(rows))
+
+
+def nan_where_masked(z: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.where(mask, z, torch.full_like(z, float("nan")))
+
+
+@pytest.mark.parametrize("T", [1, TILE - 1, TILE, TILE + 1, 3 * TILE + 17])
+@pytest.mark.parametrize("mode", MASK_MODES)
+def test_tiles_forward_float64_and_float32(T, mode):
+    rng = np.random.default_rng(T)
+    mask = tile_masks(T)
+    z64 = torch.from_numpy(0.7 + rng.normal(0, 1, mask.shape))
+    for rows in (slice(None), slice(0, 5), slice(2, 3)):  # 11 rows, a group of 4 + 1, a single row
+        z, m = z64[rows], mask[rows]
+        for q, p0, x0 in ((1e-6, 0.0, 0.0), (0.3, 2.0, -0.4), (1e2, 1e4, 0.5)):
+            ref = kalman_filter_reference(z, m, q=q, v=1.0, p0=p0, x0=x0, mask_mode=mode)
+            out = _filter(nan_where_masked(z, m), m, q, 1.0, p0, x0, mode, "numba")
+            assert float((out - ref).abs().max()) <= 1e-11, (rows, q)
+            out32 = _filter(nan_where_masked(z.float(), m), m, q, 1.0, p0, x0, mode, "numba")
+            assert float((out32.double() - ref).abs().max()) <= float32_bound(z), (rows, q)
+    ref = kalman_filter_reference(z64, q=1e-3, v=1.0, x0=0.2)
+    assert float((_filter(z64, None, 1e-3, 1.0, 0.0, 0.2, mode, "numba") - ref).abs().max()) <= 1e-11
+
+
+@pytest.mark.parametrize("mode", MASK_MODES)
+def test_tiles_gradient_is_the_exact_jacobian(mode):
+    # affine in z: the float64 loop's response to a unit bump of z[:, j] is column j of the Jacobian
+    rng = np.random.default_rng(12)
+    T = 2 * TILE + 21
+    mask = tile_masks(T)
+    B = mask.shape[0]
+    z = torch.from_numpy(rng.normal(0, 1, (B, T))).requires_grad_()
+    g = torch.from_numpy(rng.normal(0, 1, (B, T))) * mask
+    kwargs = {"q": 0.01, "v": 1.0, "p0": 0.3, "x0": 0.2, "mask_mode": mode}
+    (grad,) = torch.autograd.grad(_filter(z, mask, 0.01, 1.0, 0.3, 0.2, mode, "numba"), z, g)
+    base = kalman_filter_reference(z, mask, **kwargs)
+    expected = torch.zeros(B, T, dtype=torch.float64)
+    for j in range(T):
+        bumped = z.detach().clone()
+        bumped[:, j] += 1.0
+        expected[:, j] = ((kalman_filter_reference(bumped, mask, **kwargs) - base) * g).sum(1)
+    assert float((grad - expected).abs().max()) <= 1e-12
+    # the outputs at masked tokens are constant 0: NaN upstream gradients there are never read
+    (grad_nan,) = torch.autograd.grad(
+        _filter(z, mask, 0.01, 1.0, 0.3, 0.2, mode, "numba"), z, nan_where_masked(g, mask)
+    )
+    assert torch.equal(grad_nan, grad)
+
+
+def test_float32_gradient_is_the_float64_one_rounded_once():
+    # the reverse state is float64 whatever the dtype: float32 gradients are float64's rounded once
+    rng = np.random.default_rng(13)
+    T = 5 * TILE + 3
+    mask = tile_masks(T)
+    z = torch.from_numpy(rng.normal(0, 1, mask.shape).astype(np.float32))
+    g = torch.from_numpy(rng.normal(0, 1, mask.shape).astype(np.float32))
+    for mode in MASK_MODES:
+        grads = []
+        for dtype in (torch.float64, torch.float32):
+            leaf = z.to(dtype).requires_grad_()
+            (grad,) = torch.autograd.grad(
+                _filter(leaf, mask, 1e-4, 1.0, 0.0, 0.0, mode, "numba"), leaf, g.to(dtype)
+            )
+            grads.append(grad)
+        torch.testing.assert_close(grads[1], grads[0].float(), rtol=0, atol=0, msg=mode)
