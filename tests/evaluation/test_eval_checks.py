@@ -115,7 +115,7 @@ def test_a_model_that_cannot_load_names_the_path_and_the_reason(tiny_model, tmp_
 
 
 def test_a_task_too_small_for_a_test_split_is_a_clean_error(tiny_model, no_load, capsys):
-    assert _eval(tiny_model, "--task", "max_value=3") == 2
+    assert _eval(tiny_model, "--task", "kind=chain", "--task", "max_value=3") == 2
     err = _error(capsys)
     assert "kpo eval: error: " in err and "'max_value': 3" in err and "raise max_value or n_terms" in err
 

@@ -239,8 +239,9 @@ def test_train_and_eval_build_the_same_prompt(tiny_model, tmp_path):
     [
         (["--limit", "0"], "limit=0: must be a positive integer"),
         (["--limit", "-1"], "limit=-1: must be a positive integer"),
-        (["--task", "nterms=3"], "unknown task field(s) ['nterms']; valid fields: ['n_terms', 'max_value']"),
-        (["--task", "n_terms=1"], "n_terms=1: must be an integer >= 2"),
+        (["--task", "nterms=3"], "unknown task field(s) ['nterms']; valid fields: ['kind', 'n_terms', 'max_value']"),
+        (["--task", "n_terms=0"], "n_terms=0: must be an integer >= 1"),
+        (["--task", "max_value=10"], "max_value=10: must be an integer in 1..9"),
         (["--data", "{bench}", "--task", "n_terms=3"], "only applies to data 'synthetic'"),
         (["--output", "{tmp}/res.md"], "res.md' ends in .md"),
         (["--model", "{tmp}/missing"], "missing': no such directory; give a Hugging Face model directory"),

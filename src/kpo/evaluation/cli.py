@@ -17,11 +17,15 @@ def _ks(text: str) -> list[int]:
     return ks
 
 
-def _task_field(text: str) -> tuple[str, int]:
+def _task_field(text: str) -> tuple[str, int | str]:
+    """``--task FIELD=VALUE``: kind=running|chain, or n_terms/max_value=INT."""
     key, sep, value = text.partition("=")
-    if not sep or not value.strip().lstrip("-").isdigit():
-        raise argparse.ArgumentTypeError(f"--task {text!r}: expected FIELD=INT, e.g. n_terms=3")
-    return key.strip(), int(value)
+    key, value = key.strip(), value.strip()
+    if sep and key == "kind" and value:
+        return key, value
+    if not sep or not value.lstrip("-").isdigit():
+        raise argparse.ArgumentTypeError(f"--task {text!r}: expected kind=running|chain or FIELD=INT, e.g. n_terms=3")
+    return key, int(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,8 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--problem-key", default=None, help="field holding the problem (with --answer-key)")
     p.add_argument("--answer-key", default=None, help="field holding the answer (with --problem-key)")
-    p.add_argument("--task", type=_task_field, action="append", default=[], metavar="FIELD=INT",
-                   help="synthetic task field, repeatable (e.g. --task n_terms=3)")  # fmt: skip
+    p.add_argument("--task", type=_task_field, action="append", default=[], metavar="FIELD=VALUE",
+                   help="synthetic task field, repeatable (e.g. --task kind=chain --task n_terms=3; default: the "
+                        "running task, 128 terms)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     return p
 
