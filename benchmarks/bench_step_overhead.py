@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             out = model.generate(**enc, do_sample=True, temperature=config.temperature, top_k=0, top_p=1.0,
                                  max_new_tokens=config.max_completion())  # fmt: skip
             gen_times.append(time.perf_counter() - start)
-            old_times.append(_timed(lambda: _log_probs(model, out, prompt_len)))
+            old_times.append(_timed(lambda ids=out: _log_probs(model, ids, prompt_len)))
     completion = out[:, prompt_len:]
     eos = completion == tokenizer.eos_token_id
     mask = torch.cumsum(eos, 1) - eos.long() == 0  # up to and including the first end token, as TRL's
