@@ -25,6 +25,6 @@ def test_an_example_longer_than_the_context_is_an_error():
     tokenizer = build_tokenizer()
     rows = [{"prompt": "12=", "completion": "3"}, {"prompt": "1234567=", "completion": "1368"}]
     _check_fits(rows[:1], tokenizer, 5)  # 3 + 1 + end = 5 tokens: fits exactly
-    with pytest.raises(ValueError, match=r"warm-start example 1 \('1234567='\)\.\.\. is 13 tokens with its end "
+    with pytest.raises(ValueError, match=r"warm-start example 1 \('1234567='\.\.\.\) is 13 tokens with its end "
                                          r"token, longer than the model's context of 12"):
         _check_fits(rows, tokenizer, 12)

@@ -180,17 +180,21 @@ def test_numeric_ranges_are_checked(tmp_path):
 
 
 def test_synthetic_task_too_small_for_the_run_is_a_config_error(tmp_path):
-    # 19 x 19 = 361 problems: at most 180 distinct warm-start problems, not the default 200
+    # the chain task, 19 x 19 = 361 problems: at most 180 distinct warm-start problems, not its default 200
     with pytest.raises(ConfigError) as info:
-        TrainConfig(output_dir=str(tmp_path / "a"), max_value=18).validate()
+        TrainConfig(output_dir=str(tmp_path / "a"), task="chain", max_value=18).validate()
     assert info.value.errors == [
-        "sft_examples=200: the synthetic task (n_terms=2, max_value=18) gives at most 180 distinct training "
+        "sft_examples=200: the synthetic task (chain, n_terms=2, max_value=18) gives at most 180 distinct training "
         "problems for the warm start: lower --sft-examples to 180 or less, or raise --max-value / --n-terms"
     ]
-    # 16 problems: 8 training prompts, fewer than a generation batch of 32 distinct prompts
-    with pytest.raises(ConfigError, match=r"prompts_per_step=32: .* gives 8 training prompts .*--prompts-per-step"):
-        TrainConfig(output_dir=str(tmp_path / "b"), max_value=3, sft_examples=8).validate()
-    TrainConfig(output_dir=str(tmp_path / "c"), max_value=18, sft_examples=180).validate()
+    # 16 problems: 8 training prompts, fewer than a generation batch of 16 distinct prompts
+    with pytest.raises(ConfigError, match=r"prompts_per_step=16: .* gives 8 training prompts .*--prompts-per-step"):
+        TrainConfig(output_dir=str(tmp_path / "b"), task="chain", max_value=3, sft_examples=8).validate()
+    TrainConfig(output_dir=str(tmp_path / "c"), task="chain", max_value=18, sft_examples=180).validate()
+    # the running task's terms are digits; its 4^128 problems supply any warm start
+    with pytest.raises(ConfigError, match=r"max_value=18: must be an integer in 1..9"):
+        TrainConfig(output_dir=str(tmp_path / "d"), max_value=18).validate()
+    TrainConfig(output_dir=str(tmp_path / "e"), max_value=3).validate()
 
 
 def test_report_to_is_checked_before_training(tmp_path, monkeypatch):
