@@ -68,3 +68,16 @@ def test_missing_evaluations_say_how_to_make_them(tmp_path, capsys):
     assert main([str(run)]) == 2
     err = capsys.readouterr().err
     assert "no eval_warm_start.json" in err and f"kpo eval --model {run}/warm_start" in err
+
+
+def test_overwrite_removes_the_previous_runs_evaluations_and_summary(tmp_path):
+    from kpo.train.run import _prepare_output_dir
+
+    run = _run(tmp_path)
+    summarize_run(run)
+    for name in ("eval.md", "eval.generations.jsonl", "eval_warm_start.generations.jsonl", "notes.txt"):
+        (run / name).write_text("x")
+    (run / "warm_start").mkdir()
+    _prepare_output_dir(TrainConfig(output_dir=str(run), overwrite=True), run)
+    # a stale evaluation would let kpo summary pair the new run with the old models' results
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]

@@ -9,12 +9,16 @@ import sys
 from pathlib import Path
 
 from kpo.train.config import TRAJECTORY_FIELDS, ConfigError, TrainConfig
+from kpo.train.summary import EVAL_FILES
 
 __all__ = ["model_path", "run_training", "synthetic_reward", "math_reward_fn"]
 
 # Files and folders a run writes into output_dir (the only things --overwrite removes).
 _RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "final", "warm_start", "ratios", "runs", "training_dynamics.png",
-                "README.md", "summary.json")
+                "README.md", "summary.json",
+                # the evaluations kpo summary reads (make demo writes them here), with their tables and caches
+                *(Path(name).with_suffix(ext).name for name in EVAL_FILES.values()
+                  for ext in (".json", ".md", ".generations.jsonl")))
 
 
 def synthetic_reward(completions: list[str], answer: list[str], **_) -> list[float]:
