@@ -11,8 +11,17 @@ from kpo import kalman_filter, kalman_gains
 
 
 def test_non_floating_z_is_a_type_error():
-    with pytest.raises(TypeError, match="floating"):
+    with pytest.raises(TypeError, match=r"floating-point tensor, got torch.int64: convert it with z.float\(\)"):
         kalman_filter(torch.ones(2, 3, dtype=torch.int64))
+
+
+def test_a_numpy_array_is_told_to_become_a_tensor():
+    import numpy as np
+
+    with pytest.raises(TypeError, match=r"z must be a torch tensor, got numpy.ndarray: .*torch.from_numpy\(z\)"):
+        kalman_filter(np.zeros((2, 3), dtype=np.float32))
+    with pytest.raises(TypeError, match=r"got builtins.list: pass a floating-point torch.Tensor$"):
+        kalman_filter([[0.0, 1.0]])
 
 
 def test_shape_mismatch_names_both_shapes():

@@ -1,4 +1,5 @@
-"""The embedded model's context follows the task, and a warm-start example that does not fit is an error."""
+"""The embedded model's context follows the task, a warm-start example that does not fit is an error, and a
+--model run without --dataset says it trains on the embedded task."""
 
 from __future__ import annotations
 
@@ -28,3 +29,13 @@ def test_an_example_longer_than_the_context_is_an_error():
     with pytest.raises(ValueError, match=r"warm-start example 1 \('1234567='\.\.\.\) is 13 tokens with its end "
                                          r"token, longer than the model's context of 12"):
         _check_fits(rows, tokenizer, 12)
+
+
+def test_a_model_without_a_dataset_is_said_once(tmp_path):
+    from kpo.train.run import notices
+
+    assert notices(TrainConfig()) == []
+    assert notices(TrainConfig(model=str(tmp_path), dataset=str(tmp_path / "d.jsonl"))) == []
+    [line] = notices(TrainConfig(model=str(tmp_path)))
+    assert line == (f"--model {tmp_path} without --dataset trains it on the embedded running task (n_terms=128, "
+                    "max_value=9), whose prompts are digits; pass --dataset FILE to train on a math dataset")

@@ -76,8 +76,12 @@ def kalman_filter(
 
 def _filter(z, mask, q, v, p0, x0, mask_mode, backend):
     """kalman_filter with an explicit backend (tests and benchmarks pin one path with it)."""
-    if not isinstance(z, torch.Tensor) or not (z.is_floating_point()):
-        raise TypeError(f"z must be a floating-point tensor, got {getattr(z, 'dtype', type(z).__name__)}")
+    if not isinstance(z, torch.Tensor):
+        hint = " (torch.from_numpy(z) makes one without a copy)" if type(z).__module__ == "numpy" else ""
+        raise TypeError(f"z must be a torch tensor, got {type(z).__module__}.{type(z).__name__}: pass a "
+                        f"floating-point torch.Tensor{hint}")
+    if not z.is_floating_point():
+        raise TypeError(f"z must be a floating-point tensor, got {z.dtype}: convert it with z.float()")
     if mask_mode not in MASK_MODES:
         raise ValueError(f"mask_mode must be one of {MASK_MODES}, got {mask_mode!r}")
     if backend not in BACKENDS:

@@ -11,7 +11,7 @@ from pathlib import Path
 from kpo.train.config import TRAJECTORY_FIELDS, ConfigError, TrainConfig
 from kpo.train.summary import EVAL_FILES
 
-__all__ = ["model_path", "run_training", "synthetic_reward", "math_reward_fn"]
+__all__ = ["model_path", "notices", "run_training", "synthetic_reward", "math_reward_fn"]
 
 # Files and folders a run writes into output_dir (the only things --overwrite removes).
 _RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "final", "warm_start", "ratios", "runs", "training_dynamics.png",
@@ -127,6 +127,16 @@ def _load_data(config: TrainConfig, tokenizer):
     return Dataset.from_list(records), math_reward_fn
 
 
+def notices(config: TrainConfig) -> list[str]:
+    """Settings that are valid but easy to get wrong by accident, said once at the start of a run."""
+    if config.model is not None and config.dataset is None:
+        task = config.task_config()
+        return [f"--model {config.model} without --dataset trains it on the embedded {task.kind} task "
+                f"(n_terms={task.n_terms}, max_value={task.max_value}), whose prompts are digits; pass --dataset "
+                "FILE to train on a math dataset"]
+    return []
+
+
 def model_path(config: TrainConfig) -> Path:
     """The checkpoint a run starts from: ``config.model``, or the embedded tiny model's cached warm start
     (built on first use; ``kpo compare`` calls this once per seed before its parallel runs)."""
@@ -161,6 +171,8 @@ def run_training(config: TrainConfig) -> Path:
 
     world = _world_size()
     config.validate(world_size=world)
+    for line in notices(config):
+        print(f"kpo train: {line}", file=sys.stderr)
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
     out = Path(config.output_dir)
