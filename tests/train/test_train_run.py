@@ -248,7 +248,7 @@ def test_weights_load_in_float32_whatever_the_checkpoint_dtype(tiny_config, tmp_
     tokenizer = build_tokenizer()
     build_model(tokenizer).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
     tokenizer.save_pretrained(tmp_path / "bf16")
-    model, _ = _load_model(tiny_config(model=str(tmp_path / "bf16")))
+    model, _ = _load_model(tmp_path / "bf16")
     assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 

@@ -127,7 +127,7 @@ class TaskConfig:
 
     def answer(self, terms: list[int]) -> str:
         """What :meth:`grade` checks against: the whole response (running) or the sum (chain)."""
-        return solve(terms, "running") if self.kind == "running" else str(sum(terms))
+        return self.solve(terms) if self.kind == "running" else str(sum(terms))
 
     def grade(self, completion: str, answer: str) -> float:
         """1.0 if ``completion`` is a correct response for ``answer``, else 0.0; never raises on garbage.

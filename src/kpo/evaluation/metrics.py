@@ -85,8 +85,7 @@ def bootstrap_avg_ci(counts: Sequence[Sequence[int]], n: int, *, level: float = 
     rng = np.random.default_rng(seed)
     r = rng.integers(0, runs, size=(draws, runs))
     p = rng.integers(0, problems, size=(draws, problems))
-    means = acc[r[:, :, None], p[:, None, :]].mean(axis=(1, 2))
-    return _percentiles(means, level)
+    return _percentiles(_drawn_means(acc, r, p), level)
 
 
 def bootstrap_diff_ci(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]], n: int, *, level: float = 0.95,
@@ -107,8 +106,13 @@ def bootstrap_diff_ci(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]], n:
     p = rng.integers(0, problems, size=(draws, problems))
     ra = rng.integers(0, acc_a.shape[0], size=(draws, acc_a.shape[0]))
     rb = rng.integers(0, acc_b.shape[0], size=(draws, acc_b.shape[0]))
-    diff = acc_a[ra[:, :, None], p[:, None, :]].mean(axis=(1, 2)) - acc_b[rb[:, :, None], p[:, None, :]].mean(axis=(1, 2))
+    diff = _drawn_means(acc_a, ra, p) - _drawn_means(acc_b, rb, p)
     return (float(acc_a.mean() - acc_b.mean()), *_percentiles(diff, level))
+
+
+def _drawn_means(acc, runs, problems):
+    """[draws] mean accuracy of each draw: acc [R, P], runs [draws, R'] and problems [draws, P'] indices."""
+    return acc[runs[:, :, None], problems[:, None, :]].mean(axis=(1, 2))
 
 
 def _accuracies(counts: Sequence[Sequence[int]], n: int):

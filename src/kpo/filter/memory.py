@@ -32,10 +32,14 @@ def filter_memory(q: float, v: float = 1.0) -> float:
     return -1.0 / math.log1p(-steady_state_gain(q, v))
 
 
+def _check_tokens(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number of tokens > 0, got {value!r}")
+
+
 def q_for_memory(memory: float, v: float = 1.0) -> float:
     """The q whose steady-state filter has ``memory`` tokens of memory (> 0), the inverse of :func:`filter_memory`."""
-    if isinstance(memory, bool) or not isinstance(memory, int | float) or not math.isfinite(memory) or memory <= 0:
-        raise ValueError(f"memory must be a finite number of tokens > 0, got {memory!r}")
+    _check_tokens("memory", memory)
     check_params(1.0, v, 0.0)
     gain = -math.expm1(-1.0 / memory)
     return v * gain * gain / (1.0 - gain)
@@ -44,7 +48,6 @@ def q_for_memory(memory: float, v: float = 1.0) -> float:
 def matched_memory(length: float, *, q: float = PAPER_Q, v: float = 1.0, reference_length: float = PAPER_LENGTH) -> float:
     """The memory that keeps the paper's memory-to-length ratio at responses of ``length`` tokens:
     filter_memory(q, v) * length / reference_length (the paper's KPO at 128 tokens: 31.2 tokens, q/v ~ 1.0e-3)."""
-    for name, value in (("length", length), ("reference_length", reference_length)):
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{name} must be a finite number of tokens > 0, got {value!r}")
+    _check_tokens("length", length)
+    _check_tokens("reference_length", reference_length)
     return filter_memory(q, v) * length / reference_length

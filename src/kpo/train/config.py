@@ -25,11 +25,7 @@ import yaml
 from kpo._checks import file_in_the_way
 from kpo.data.math import DEFAULT_INSTRUCTION
 
-__all__ = ["ConfigError", "TrainConfig", "parse_args", "TRAJECTORY_FIELDS", "COMPLETION_SLACK"]
-
-# Tokens an embedded-task response may run past its longest reference before it is cut (the model's context
-# covers them).
-COMPLETION_SLACK = 4
+__all__ = ["ConfigError", "TrainConfig", "parse_args", "TRAJECTORY_FIELDS"]
 
 # Fields that may change between a run and its resumption without changing its trajectory: where and how
 # often it writes (output_dir, cache_dir, checkpoints, ratio dumps, logs, progress bars), how far it goes, and
@@ -205,12 +201,14 @@ class TrainConfig:
             num_layers=self.tiny_layers or TINY_LAYERS[self.task],
             num_heads=self.tiny_heads,
             intermediate_size=3 * self.tiny_hidden_size,
-            max_position_embeddings=context_length(self.task_config(), COMPLETION_SLACK),
+            max_position_embeddings=context_length(self.task_config()),
         )
 
     def max_completion(self) -> int:
         """Longest response in tokens: max_completion_length, or the embedded task's longest reference +
-        COMPLETION_SLACK, or 1024 with --model."""
+        kpo.train.tiny.COMPLETION_SLACK, or 1024 with --model."""
+        from kpo.train.tiny import COMPLETION_SLACK
+
         if self.max_completion_length is not None:
             return self.max_completion_length
         return self.task_config().max_response_chars() + COMPLETION_SLACK if self.dataset is None else 1024

@@ -148,11 +148,10 @@ def model_path(config: TrainConfig) -> Path:
                       cache_dir=Path(config.cache_dir) if config.cache_dir else None, progress=config.progress)
 
 
-def _load_model(config: TrainConfig):
+def _load_model(path: Path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = model_path(config)
     # float32 weights whatever the checkpoint's dtype: bf16 is autocast (GRPOConfig bf16=True), and the
     # optimizer must update float32 masters: at lr 1e-6 an AdamW step is below a bf16 weight's resolution
     # (most bf16 weights would not move at all)
@@ -191,12 +190,13 @@ def run_training(config: TrainConfig) -> Path:
     from kpo.train.trainer import KPOTrainer
 
     library_bars(config.progress)  # before the warm start's and the model loader's bars
+    start = model_path(config)
     if config.model is None and not (out / "warm_start").exists():
         # the embedded model's starting point beside the run (a few MB), so it can be evaluated like final/
-        shutil.copytree(model_path(config), out / "warm_start")
+        shutil.copytree(start, out / "warm_start")
     cuda = torch.cuda.is_available()
     use_bf16 = bool(cuda and torch.cuda.is_bf16_supported()) if config.bf16 is None else config.bf16
-    model, tokenizer = _load_model(config)
+    model, tokenizer = _load_model(start)
     dataset, reward_fn = _load_data(config, tokenizer)
 
     per_device = config.mini_batch // world

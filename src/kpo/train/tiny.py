@@ -18,7 +18,7 @@ from pathlib import Path
 
 from kpo.data.synthetic import ALPHABET, TaskConfig, load_split, noisy_solve
 
-__all__ = ["TinyModelConfig", "SFTSettings", "SFT_PRESETS", "TINY_LAYERS", "build_tokenizer", "build_model", "context_length",
+__all__ = ["COMPLETION_SLACK", "TinyModelConfig", "SFTSettings", "SFT_PRESETS", "TINY_LAYERS", "build_tokenizer", "build_model", "context_length",
            "sft_problems", "warm_start", "default_cache_dir"]
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
@@ -80,12 +80,16 @@ SFT_PRESETS = {
 TINY_LAYERS = {"running": 2, "chain": 4}
 
 
-def context_length(task: TaskConfig, completion_slack: int = 4) -> int:
+# Tokens an embedded-task response may run past its longest reference before it is cut (the model's context
+# covers them).
+COMPLETION_SLACK = 4
+
+
+def context_length(task: TaskConfig, completion_slack: int = COMPLETION_SLACK) -> int:
     """Positions the embedded model needs for ``task``: its longest prompt, its longest response plus
     ``completion_slack`` tokens (RL samples up to that many past the longest reference), and an end token,
     rounded up to a multiple of 16."""
-    need = task.max_prompt_chars() + task.max_response_chars() + completion_slack + 1
-    return -(-need // 16) * 16
+    return -(-(task.max_sequence_tokens() + completion_slack) // 16) * 16
 
 
 def build_tokenizer():
