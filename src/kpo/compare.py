@@ -128,15 +128,12 @@ def _memory_kwargs(point: str) -> tuple[tuple[str, float | str], ...]:
 
 
 def arms(cfg: CompareConfig) -> list[tuple[str, tuple]]:
-    """(Table 1 row label, loss overrides) per compared arm: each method, then KPO at the matched memory."""
+    """(method, loss overrides) per compared arm, each a Table 1 row (``Run.arm`` its label): each method, then
+    KPO at the matched memory."""
     out = [(m, ()) for m in cfg.methods]
     if cfg.matched and "kpo" in cfg.methods:
-        out.append((Run("kpo", 0, _memory_kwargs(MATCHED)).arm, _memory_kwargs(MATCHED)))
+        out.append(("kpo", _memory_kwargs(MATCHED)))
     return out
-
-
-def _arm_method(label: str) -> str:
-    return label.split(" ")[0]
 
 
 def sweep_runs(cfg: CompareConfig) -> dict[str, list[Run]]:
@@ -148,7 +145,7 @@ def sweep_runs(cfg: CompareConfig) -> dict[str, list[Run]]:
 
 def plan_runs(cfg: CompareConfig) -> list[Run]:
     """Every run of the comparison once: the arms at every seed, then the sweep's extra runs."""
-    runs = [Run(_arm_method(label), s, kw) for s in range(cfg.seeds) for label, kw in arms(cfg)]
+    runs = [Run(method, s, kw) for s in range(cfg.seeds) for method, kw in arms(cfg)]
     for members in sweep_runs(cfg).values():
         runs += [r for r in members if r not in runs]
     return runs

@@ -354,11 +354,11 @@ def _sweep_table(cfg, members, loaded, key) -> tuple[str, dict]:
 
 def write_report(cfg, runs, out: Path) -> Path:
     """Write ``report.md``, ``report.json`` and the figures into ``out``; returns the markdown path."""
-    from kpo.compare import arms, sweep_runs, warm_start_dir
+    from kpo.compare import Run, arms, sweep_runs, warm_start_dir
 
     out = Path(out)
     loaded = {run: _load_run(run, out) for run in runs}
-    labels = [label for label, _ in arms(cfg)]
+    labels = [Run(method, 0, kw).arm for method, kw in arms(cfg)]
     groups = {label: [loaded[r] for r in runs if r.arm == label and r.seed < cfg.seeds] for label in labels}
     warm = [_load_eval(warm_start_dir(out, s) / "eval.json") for s in range(cfg.seeds)
             if (warm_start_dir(out, s) / "eval.json").exists()]
