@@ -16,9 +16,10 @@ from kpo.analysis import (
     compute,
     find_dumps,
     load_dump,
-    main,
     synthetic_dump,
+    write_synthetic,
 )
+from kpo.analysis.cli import main
 from kpo.diagnostics import STAT_KEYS, token_dynamics
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -73,7 +74,7 @@ def test_synthetic_tables_match_the_library(synthetic_run):
     assert switch[0] <= switch[1] <= switch[2] < res["before"]["switch_freq"]
 
 
-def test_synthetic_dump_is_seeded_padded_and_holed():
+def test_synthetic_dump_is_seeded_padded_and_holed(tmp_path):
     a = synthetic_dump(seed=3, samples=40, length=100)
     b = synthetic_dump(seed=3, samples=40, length=100)
     assert all(np.array_equal(a[k], b[k]) for k in a)
@@ -86,10 +87,11 @@ def test_synthetic_dump_is_seeded_padded_and_holed():
     holes |= (~m[:, :-1] & m[:, 1:]).any(axis=1)
     assert holes.any(), "some responses must have a masked hole"
     assert (a["log_ratio"][~m] == 0).all() and (a["log_ratio"][m] == 0).any()
-    ref = kalman_filter(
-        torch.from_numpy(a["log_ratio"].astype(np.float64)), torch.from_numpy(m), q=1e-6, v=1.0
-    )
-    np.testing.assert_allclose(a["filtered_log_ratio"], ref.numpy(), rtol=1e-6, atol=1e-9)
+    written = load_dump(write_synthetic(tmp_path, seed=3, samples=40, length=100))
+    np.testing.assert_array_equal(written.log_ratio, a["log_ratio"])
+    assert written.meta["q"] == "1e-06" and written.meta["mask_mode"] == "skip"
+    ref = kalman_filter(torch.from_numpy(a["log_ratio"].astype(np.float64)), torch.from_numpy(m), q=1e-6, v=1.0)
+    np.testing.assert_allclose(written.filtered, ref.numpy(), rtol=1e-6, atol=1e-9)
 
 
 def test_find_dumps_file_run_dir_and_ratios_dir(tmp_path):

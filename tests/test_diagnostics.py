@@ -10,12 +10,12 @@ import torch
 
 from kpo.diagnostics import (
     STAT_KEYS,
-    _token_dynamics_reference,
     run_lengths,
     sample_dynamics,
     token_dynamics,
     window_stats,
 )
+from kpo.diagnostics.reference import token_dynamics_reference
 
 NAN = float("nan")
 
@@ -234,7 +234,7 @@ def test_vectorized_matches_loop_reference(kw):
     for B, T in [(1, 1), (3, 2), (17, 64), (9, 301)]:
         z, m = _random_batch(rng, B, T)
         fast = sample_dynamics(z, m, **kw)
-        ref = _token_dynamics_reference(z, m, **kw)
+        ref = token_dynamics_reference(z, m, **kw)
         for key in STAT_KEYS:
             np.testing.assert_allclose(
                 fast[key], ref[key], rtol=1e-9, atol=1e-13, err_msg=f"{key} {B}x{T} {kw}"

@@ -12,7 +12,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("kpo.train.cli", "train a policy with KPO or any baseline loss (TRL engine)"),
     "eval": ("kpo.evaluation.cli", "avg@k / pass@k on math benchmarks or the embedded task"),
-    "analyze": ("kpo.analysis", "token-dynamics analysis of importance-ratio dumps (Table 2, Figures 1 and 4)"),
+    "analyze": ("kpo.analysis.cli", "token-dynamics analysis of importance-ratio dumps (Table 2, Figures 1 and 4)"),
     "bench": ("kpo.bench", "benchmarks printed as side-by-side ratios (e.g. `kpo bench filter`)"),
     "summary": ("kpo.train.summary", "one run's summary.json: warm start vs final avg@k with 95% intervals"),
     "compare": ("kpo.compare", "train, evaluate and analyze several methods and seeds into one report"),

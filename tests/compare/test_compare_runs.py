@@ -56,7 +56,7 @@ MODES: dict[str, str] = {}
 def fake_execute(cfg, run, out) -> dict:
     """A worker that trains nothing: it logs its start as `_execute` does, then finishes the run (the files of
     a done run) or fails as MODES says."""
-    from tests.compare.conftest import write_fake_run
+    from .conftest import write_fake_run
 
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "log.txt", "a") as log:

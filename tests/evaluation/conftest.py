@@ -3,7 +3,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from tests.evaluation.tiny_model import save_tiny_model
+
+from .tiny_model import save_tiny_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -4,11 +4,12 @@ import json
 import math
 
 import pytest
-from tests.evaluation.tiny_model import save_tiny_model
 
 from kpo.evaluation import GenerationCache, evaluate, sample_seed
 from kpo.evaluation import runner as runner_mod
 from kpo.evaluation.cli import main as cli_main
+
+from .tiny_model import save_tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.losses import reference as ref
 
 from kpo import policy_loss
+from kpo.losses import reference as ref
 
 
 def _batch(seed, B=5, T=7, scale=0.3, token_adv=False):

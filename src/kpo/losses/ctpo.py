@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from kpo.losses import register_loss
 from kpo.losses._core import LossBatch, LossTerms, check_hparams
 from kpo.losses.aggregation import masked_mean
+from kpo.losses.registry import register_loss
 
 RATIO_MODES = ("cumprod", "geomean")
 

@@ -15,9 +15,9 @@ import torch
 
 from kpo.filter import kalman_filter
 from kpo.filter.memory import q_for_memory
-from kpo.losses import register_loss
 from kpo.losses._core import LossBatch, LossTerms, clipped_surrogate, resolve_clip, token_stats
 from kpo.losses.aggregation import masked_mean
+from kpo.losses.registry import register_loss
 
 KALMAN_LOSSES = ("kpo", "kpo_unclipped")
 PAPER_Q = {"kpo": 1e-6, "kpo_unclipped": 1e-4}  # each variant's q when neither q nor memory is given

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from kpo.losses import register_loss
 from kpo.losses._core import LossBatch, LossTerms, check_hparams, clipped_surrogate, resolve_clip
 from kpo.losses.aggregation import masked_mean
+from kpo.losses.registry import register_loss
 
 
 @register_loss("vanilla", aliases=("grpo", "ppo"), default_agg="token-mean")

@@ -6,9 +6,9 @@ import math
 
 import torch
 
-from kpo.losses import register_loss
 from kpo.losses._core import LossBatch, LossTerms, clipped_surrogate, resolve_clip, seq_stats
 from kpo.losses.aggregation import SEQ_AGG_MODE, masked_mean
+from kpo.losses.registry import register_loss
 
 
 def _gspo_terms(batch: LossBatch, clip_ratio, clip_ratio_low, clip_ratio_high) -> LossTerms:

@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from kpo.losses import register_loss
 from kpo.losses._core import LossBatch, LossTerms, check_hparams, seq_stats
+from kpo.losses.registry import register_loss
 
 
 @register_loss("sapo", default_agg="seq-mean-token-mean", agg_modes=("seq-mean-token-mean",))
