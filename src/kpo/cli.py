@@ -15,7 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("kpo.analysis.cli", "token-dynamics analysis of importance-ratio dumps (Table 2, Figures 1 and 4)"),
     "bench": ("kpo.bench", "benchmarks printed as side-by-side ratios (e.g. `kpo bench filter`)"),
     "summary": ("kpo.train.summary", "one run's summary.json: warm start vs final avg@k with 95% intervals"),
-    "compare": ("kpo.compare", "train, evaluate and analyze several methods and seeds into one report"),
+    "compare": ("kpo.compare.cli", "train, evaluate and analyze several methods and seeds into one report"),
 }
 
 

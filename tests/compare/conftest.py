@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kpo.compare import CompareConfig, Run, _train_argv
+from kpo.compare import CompareConfig, Run
+from kpo.compare.plan import train_argv
 from kpo.train.config import parse_args
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -41,7 +42,7 @@ def no_training(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("kpo compare started training")
 
-    monkeypatch.setattr("kpo.compare.ProcessPoolExecutor", refuse)
+    monkeypatch.setattr("kpo.compare.run.ProcessPoolExecutor", refuse)
 
 
 def write_fake_run(cfg: CompareConfig, run: Run, problems: int = 2) -> Path:
@@ -51,7 +52,7 @@ def write_fake_run(cfg: CompareConfig, run: Run, problems: int = 2) -> Path:
     untrained."""
     folder = Path(cfg.out) / "runs" / run.name
     folder.mkdir(parents=True, exist_ok=True)
-    parse_args(_train_argv(cfg, run, folder)).save_yaml(folder / "config.yaml")
+    parse_args(train_argv(cfg, run, folder)).save_yaml(folder / "config.yaml")
     rows = [
         {"step": s, "reward_mean": 0.5, "entropy": 1.0, "clip_frac": 0.0, "pg_loss": 0.0}
         for s in range(1, (cfg.steps or 1) + 1)

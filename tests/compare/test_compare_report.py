@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from kpo.compare import plan_runs
-from kpo.compare_report import _claims, reward_summary, write_report
+from kpo.compare.report import _claims, reward_summary, write_report
 
 
 def _section(text: str, title: str) -> str:

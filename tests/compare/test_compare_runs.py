@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
-import kpo.compare
-from kpo.compare import Run, _execute, run_compare
+import kpo.compare.run
+from kpo.compare import Run, run_compare
+from kpo.compare.run import _execute
 
 
 @pytest.fixture
 def in_process(monkeypatch):
     """Run `_execute` here: its output stays in this process (no fd redirection to the run's log)."""
-    monkeypatch.setattr(kpo.compare, "_log_to", lambda out: out.mkdir(parents=True, exist_ok=True))
+    monkeypatch.setattr(kpo.compare.run, "_log_to", lambda out: out.mkdir(parents=True, exist_ok=True))
 
 
 def test_a_failed_run_leaves_its_traceback_in_its_log(compare_config, tmp_path, monkeypatch, in_process):
@@ -81,9 +82,9 @@ def fake_workers(monkeypatch):
     """Workers forked from this process (so they run `fake_execute`), with the run modes ``modes``."""
 
     def use(modes: dict[str, str]) -> None:
-        monkeypatch.setattr(kpo.compare, "get_context", lambda method: multiprocessing.get_context("fork"))
-        monkeypatch.setattr(kpo.compare, "_execute", fake_execute)
-        monkeypatch.setattr(kpo.compare, "_warm_start", no_warm_start)
+        monkeypatch.setattr(kpo.compare.run, "get_context", lambda method: multiprocessing.get_context("fork"))
+        monkeypatch.setattr(kpo.compare.run, "_execute", fake_execute)
+        monkeypatch.setattr(kpo.compare.run, "_warm_start", no_warm_start)
         for name, mode in modes.items():
             monkeypatch.setitem(MODES, name, mode)
 

@@ -9,16 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from kpo.compare import (
-    CompareConfig,
-    CompareError,
-    Run,
-    _stale_run_errors,
-    config_from_args,
-    main,
-    run_compare,
-)
-from kpo.compare_report import _claims
+from kpo.compare import CompareConfig, CompareError, Run, run_compare
+from kpo.compare.cli import config_from_args, main
+from kpo.compare.report import _claims
+from kpo.compare.run import _stale_run_errors
 
 
 @pytest.mark.parametrize("text", ["8,zero", "-3", "inf"])
@@ -104,7 +98,7 @@ def test_a_dump_period_with_an_off_policy_dump_is_accepted(compare_config, steps
 
 
 def test_help_shows_each_default_once_and_as_used():
-    from kpo.compare import build_parser
+    from kpo.compare.cli import build_parser
 
     text = build_parser().format_help()
     # one block per option: its line and the wrapped help lines under it, whitespace normalized

@@ -354,7 +354,7 @@ def _sweep_table(cfg, members, loaded, key) -> tuple[str, dict]:
 
 def write_report(cfg, runs, out: Path) -> Path:
     """Write ``report.md``, ``report.json`` and the figures into ``out``; returns the markdown path."""
-    from kpo.compare import Run, arms, sweep_runs, warm_start_dir
+    from kpo.compare.plan import Run, arms, sweep_runs, warm_start_dir
 
     out = Path(out)
     loaded = {run: _load_run(run, out) for run in runs}

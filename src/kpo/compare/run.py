@@ -1,0 +1,256 @@
+"""The execution of ``kpo compare``: each seed's warm start, then the runs in parallel worker processes (one torch
+thread each), each trained and evaluated on the held-out split; finished runs are reused, and a finished run made
+with other settings is an error."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import asdict
+from multiprocessing import get_context
+from pathlib import Path
+
+from kpo.compare.plan import (
+    CompareConfig,
+    CompareError,
+    Run,
+    held_out_problems,
+    plan_runs,
+    train_argv,
+    warm_start_dir,
+)
+from kpo.compare.report import write_report
+
+
+def _log_to(out: Path) -> None:
+    """Worker: send this process's output (fds 1 and 2) to ``out/log.txt``, after a line that starts the run
+    there (a rerun appends to the log of the failed attempt), and train on one torch thread."""
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    # Workers are reused across runs: flush what belongs to the previous run's log, then point fds 1 and 2 here.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with open(out / "log.txt", "a") as log:
+        log.write(f"=== kpo compare: {out.name} started {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n")
+        log.flush()
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    torch.set_num_threads(1)
+
+
+def _execute(cfg: CompareConfig, run: Run, out: Path) -> dict:
+    """Worker: train one run, then evaluate its final model. Output goes to ``out/log.txt``, and so does the
+    traceback of an error (SystemExit included) before it reaches kpo compare, which prints one line of it."""
+    from kpo.train.config import parse_args
+    from kpo.train.run import run_training
+
+    _log_to(out)
+    start = time.time()
+    try:
+        config = parse_args(train_argv(cfg, run, out))
+        run_training(config)
+        # transformers, not "auto": on a GPU machine with vLLM installed, "auto" would start one vLLM engine per
+        # parallel worker, each claiming most of the GPU's memory, for a tiny model.
+        results = _evaluate(cfg, config, out / "final", out / "eval.json")
+    except BaseException:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with open(out / "log.txt", "a") as log:
+            traceback.print_exc(file=log)
+        raise
+    return {"run": run.name, "seconds": time.time() - start, "macro": results["macro"]}
+
+
+def _evaluate(cfg: CompareConfig, config, model: Path, output: Path) -> dict:
+    """Held-out avg@n / pass@k of ``model`` on the run config's task; the sample seeds depend on the problem and
+    sample only, so every model of the comparison answers the same problems with the same seeds."""
+    from kpo.evaluation import evaluate
+
+    task = config.task_config()
+    # transformers, not "auto": on a GPU machine with vLLM installed, "auto" would start one vLLM engine per
+    # parallel worker, each claiming most of the GPU's memory, for a tiny model.
+    return evaluate(
+        model, "synthetic", n=cfg.eval_n, ks=sorted({1, cfg.eval_n}), limit=cfg.eval_limit, output=output,
+        show_progress=False, backend="transformers", batch_size=64,
+        synthetic_kw={"kind": task.kind, "n_terms": task.n_terms, "max_value": task.max_value},
+    )  # fmt: skip
+
+
+def _done(out: Path) -> bool:
+    return all((out / name).exists() for name in ("config.yaml", "metrics.jsonl", "eval.json"))
+
+
+def _changed_settings(cfg: CompareConfig, run: Run, out: Path, problems: int) -> list[str]:
+    """``"field: was -> now"`` for every setting of a done run that differs from what this compare would use."""
+    from kpo.train.config import TRAJECTORY_FIELDS, TrainConfig, parse_args
+
+    saved, now = TrainConfig.from_yaml(out / "config.yaml"), parse_args(train_argv(cfg, run, out))
+    # output_dir says where the run is (spelled as --out was), not how it ran; max_steps ends its trajectory.
+    # dump_ratios_every changes no trajectory, but the report analyzes the dumps at the period it records.
+    fields = [k for k in TRAJECTORY_FIELDS if k != "output_dir"] + ["max_steps", "dump_ratios_every"]
+    changed = [
+        f"{k}: {getattr(saved, k)!r} -> {getattr(now, k)!r}"
+        for k in fields
+        if getattr(saved, k) != getattr(now, k)
+    ]
+    results = json.loads((out / "eval.json").read_text())
+    evaluated = sum(b["problems"] for b in results["benchmarks"].values())
+    if results["params"]["n"] != cfg.eval_n:
+        changed.append(f"eval_n: {results['params']['n']} -> {cfg.eval_n}")
+    if evaluated != problems:
+        changed.append(f"held-out problems: {evaluated} -> {problems} (--eval-limit)")
+    return changed
+
+
+def _stale_run_errors(cfg: CompareConfig, runs: list[Run], out: Path) -> list[str]:
+    """One error per done run whose settings differ from this compare's, then how to proceed."""
+    problems = held_out_problems(cfg, cfg.eval_limit)
+    errors = []
+    for run in runs:
+        folder = out / "runs" / run.name
+        if _done(folder) and (changed := _changed_settings(cfg, run, folder, problems)):
+            errors.append(f"run {run.name} ({folder}) was made with other settings: {'; '.join(changed)}")
+    if errors:
+        errors.append(
+            f"a compare reuses finished runs only with the same settings: use a new --out, or delete the run "
+            f"directories above (under {out / 'runs'}) to retrain them, or rerun with their settings"
+        )
+    return errors
+
+
+def _steps_logged(out: Path) -> int:
+    path = out / "metrics.jsonl"
+    return sum(1 for _ in path.open()) if path.exists() else 0
+
+
+def _warm_start(cfg: CompareConfig, seed: int) -> None:
+    """Worker: build one seed's cached warm start, before that seed's parallel runs could race to build it, and
+    evaluate it (the Table 1 row every run starts from) unless that is done."""
+    import torch
+
+    from kpo.train.config import parse_args
+    from kpo.train.run import model_path
+
+    torch.set_num_threads(1)
+    config = parse_args(["--seed", str(seed), "--progress", "false", *cfg.train_args])
+    path = model_path(config)
+    folder = warm_start_dir(Path(cfg.out), seed)
+    if not (folder / "eval.json").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        _evaluate(cfg, config, path, folder / "eval.json")
+
+
+def _clear_unfinished(folder: Path) -> None:
+    """Remove what an unfinished run left that would outlive its retraining: its partial metrics.jsonl (the
+    progress bar would count its steps until the worker's --overwrite removed it) and an eval.json of an
+    older model (with the new run's metrics it would make a run that fails after training look done)."""
+    for name in ("metrics.jsonl", "eval.json"):
+        (folder / name).unlink(missing_ok=True)
+
+
+def _log_size(folder: Path) -> int:
+    path = folder / "log.txt"
+    return path.stat().st_size if path.exists() else -1
+
+
+def _failure(run: Run, err: BaseException, log: Path) -> str:
+    return f"{run.name}: {type(err).__name__}: {err} (traceback in its log: {log})"
+
+
+def _broken_pool_failures(broken: list[Run], started: list[Run], out: Path) -> list[str]:
+    """What to say about the runs whose futures ended with BrokenProcessPool: a worker process died without an
+    exception (a signal, out of memory, os._exit), and the pool stopped every other run with it. ``started``:
+    those of them that had begun (their worker wrote to their log)."""
+    lines = []
+    if started:
+        logs = ", ".join(str(out / "runs" / r.name / "log.txt") for r in started)
+        who = (
+            f"{started[0].name}: its worker process died"
+            if len(started) == 1
+            else f"{', '.join(r.name for r in started)}: the worker process of one of them died and the pool "
+            "stopped the others"
+        )
+        lines.append(f"{who} (killed by a signal, out of memory, or os._exit; logs: {logs})")
+    not_run = [r.name for r in broken if r not in started]
+    if not_run:
+        lines.append(
+            f"not run, as the pool stopped when that worker died: {', '.join(not_run)} (rerun kpo compare to "
+            "run them; finished runs are reused)"
+        )
+    return lines
+
+
+def _train_runs(cfg: CompareConfig, todo: list[Run], out: Path) -> None:
+    """Train and evaluate the runs ``todo`` in parallel worker processes with a progress bar; RuntimeError
+    listing every failed run (after the others ended) when any failed."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    from tqdm.auto import tqdm
+
+    folders = {r: out / "runs" / r.name for r in todo}
+    for folder in folders.values():
+        _clear_unfinished(folder)
+    log_sizes = {
+        r: _log_size(f) for r, f in folders.items()
+    }  # a run's worker adds a line to its log at start
+    jobs = cfg.jobs if cfg.jobs is not None else os.cpu_count() or 1
+    steps = cfg.steps
+    failures, broken = [], []
+    with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=get_context("spawn")) as pool:
+        seeds = sorted({r.seed for r in todo})
+        print(
+            f"warm starts of seeds {seeds} (cached after the first compare) and their evaluation", flush=True
+        )
+        for fut in [pool.submit(_warm_start, cfg, s) for s in seeds]:
+            fut.result()
+        bar = tqdm(total=steps * len(todo), desc="compare (optimizer steps)", unit="step")
+        pending = {pool.submit(_execute, cfg, r, folders[r]): r for r in todo}
+        while pending:
+            finished, _ = wait(pending, timeout=5, return_when=FIRST_COMPLETED)
+            bar.n = sum(min(_steps_logged(f), steps) for f in folders.values())
+            bar.refresh()
+            for fut in finished:
+                run = pending.pop(fut)
+                try:
+                    info = fut.result()
+                except BrokenProcessPool:
+                    broken.append(run)
+                    continue
+                # SystemExit too: a run calling sys.exit is a failed run, not the end of kpo compare.
+                except (Exception, SystemExit) as e:  # noqa: BLE001 - report every failed run, then stop
+                    failures.append(_failure(run, e, folders[run] / "log.txt"))
+                    continue
+                macro = ", ".join(f"{k} {v:.3f}" for k, v in info["macro"].items() if "@" in k)
+                bar.write(f"done {run.name} in {info['seconds'] / 60:.1f} min: {macro}")
+    bar.close()
+    broken.sort(key=todo.index)  # in plan order, not in the order the pool gave up on them
+    started = [r for r in broken if _log_size(folders[r]) > log_sizes[r]]
+    failures += _broken_pool_failures(broken, started, out)
+    if failures:
+        raise RuntimeError("kpo compare: runs failed:\n  " + "\n  ".join(failures))
+
+
+def run_compare(cfg: CompareConfig) -> Path:
+    """Run every missing (method, seed), then write the report; returns the report's path.
+
+    Raises :class:`CompareError` before anything trains when a setting is invalid or a done run in ``cfg.out``
+    was made with other settings.
+    """
+    cfg.validate()
+    out = Path(cfg.out)
+    runs = plan_runs(cfg)
+    stale = _stale_run_errors(cfg, runs, out)
+    if stale:
+        raise CompareError(stale)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
+    todo = [r for r in runs if not _done(out / "runs" / r.name)]
+    print(f"kpo compare: {len(runs)} runs, {len(runs) - len(todo)} already done; report in {out}", flush=True)
+    if todo:
+        _train_runs(cfg, todo, out)
+    return write_report(cfg, runs, out)
