@@ -14,6 +14,9 @@ from kpo.evaluation import evaluate
 from kpo.evaluation import runner as runner_mod
 from kpo.evaluation.cli import build_parser
 from kpo.evaluation.cli import main as cli_main
+from kpo.evaluation.config import DEFAULT_MATH_MAX_NEW_TOKENS
+
+from .tiny_model import save_tiny_model
 
 NO_OUTPUT_WARNING = "no --output: results are printed only and an interrupted run cannot resume"
 
@@ -23,6 +26,7 @@ class _EmptyBackend:
 
     name = "empty"
     dtype = "float32"
+    context_length = None  # an engine that does not say: budgets are not capped
 
     def __init__(self):
         from transformers import PreTrainedTokenizerBase
@@ -42,13 +46,13 @@ def no_load(monkeypatch):
     def refuse(*args):
         raise AssertionError("the model was loaded before the settings were checked")
 
-    monkeypatch.setattr(runner_mod, "_make_backend", refuse)
+    monkeypatch.setattr(runner_mod, "make_backend", refuse)
 
 
 @pytest.fixture
 def empty_backend(monkeypatch):
     backend = _EmptyBackend()
-    monkeypatch.setattr(runner_mod, "_make_backend", lambda *a: backend)
+    monkeypatch.setattr(runner_mod, "make_backend", lambda *a: backend)
     return backend
 
 
@@ -142,7 +146,7 @@ def test_results_record_the_budget_used(tmp_path, empty_backend):
     bench = tmp_path / "toy.jsonl"
     bench.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
     res = evaluate("m", ["synthetic", bench], n=1, ks=(1,), limit=1, show_progress=False)
-    budgets = {"synthetic": synthetic_budget, "toy": runner_mod.DEFAULT_MATH_MAX_NEW_TOKENS}
+    budgets = {"synthetic": synthetic_budget, "toy": DEFAULT_MATH_MAX_NEW_TOKENS}
     assert res["params"]["max_new_tokens"] == budgets
     assert (
         evaluate("m", bench, n=1, ks=(1,), max_new_tokens=7, show_progress=False)["params"]["max_new_tokens"]
@@ -176,3 +180,42 @@ def test_an_output_path_blocked_by_a_file_is_a_clean_error(
     err = _error(capsys)
     assert message.format(file=file, tmp=tmp_path) in err
     assert err.count("is a file") <= 1  # the default cache beside the output is not reported again
+
+
+@pytest.fixture(scope="module")
+def short_context_model(tmp_path_factory):
+    """The eval tests' tiny model with 64 positions: a 12-character prompt leaves 52 tokens to generate."""
+    return save_tiny_model(tmp_path_factory.mktemp("short") / "model", context=64)
+
+
+def _short_eval(model, tmp_path, prompt, *extra):
+    data = tmp_path / "one.jsonl"
+    data.write_text(json.dumps({"problem": prompt, "answer": "2"}) + "\n")
+    argv = ["--model", str(model), "--data", str(data), "--n", "1", "--k", "1", "--no-progress",
+            "--prompt-template", "{problem}", "--chat-template", "off", "--temperature", "0",
+            "--output", str(tmp_path / "eval.json"), *extra]  # fmt: skip
+    return cli_main(argv)
+
+
+def test_the_default_budget_is_capped_to_the_context_with_a_warning(short_context_model, tmp_path, capsys):
+    # 64 positions - 12 prompt tokens ("What is 1+1?", one per character) = 52 tokens left, not 4096
+    assert _short_eval(short_context_model, tmp_path, "What is 1+1?") == 0
+    err = capsys.readouterr().err
+    assert "longest prompt (row 0) has 12 tokens and the model's context is 64" in err
+    assert "capped at 52 tokens (default 4096)" in err
+    results = json.loads((tmp_path / "eval.json").read_text())
+    assert results["params"]["max_new_tokens"] == 52 and results["benchmarks"]["one"]["max_new_tokens"] == 52
+
+
+def test_an_asked_budget_beyond_the_context_is_an_error(short_context_model, tmp_path, capsys):
+    assert _short_eval(short_context_model, tmp_path, "What is 1+1?", "--max-new-tokens", "53") == 2
+    err = capsys.readouterr().err
+    assert "max_new_tokens=53:" in err and "leaves 52 tokens; give --max-new-tokens 52 or less" in err
+    assert not (tmp_path / "eval.json").exists()
+    assert _short_eval(short_context_model, tmp_path, "What is 1+1?", "--max-new-tokens", "52") == 0
+
+
+def test_a_prompt_that_fills_the_context_is_an_error(short_context_model, tmp_path, capsys):
+    assert _short_eval(short_context_model, tmp_path, "x" * 64) == 2
+    err = capsys.readouterr().err
+    assert "has 64 tokens and the model's context is 64, which leaves no room to generate" in err

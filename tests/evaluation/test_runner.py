@@ -6,8 +6,10 @@ import math
 import pytest
 
 from kpo.evaluation import GenerationCache, evaluate, sample_seed
+from kpo.evaluation import backends as backends_mod
 from kpo.evaluation import runner as runner_mod
 from kpo.evaluation.cli import main as cli_main
+from kpo.evaluation.config import DEFAULT_PROMPT_TEMPLATE
 
 from .tiny_model import save_tiny_model
 
@@ -26,14 +28,14 @@ def test_sampler_draws_from_the_nucleus_distribution():
     rows = 4000
     gens = [torch.Generator().manual_seed(sample_seed(0, "t", str(i), 0)) for i in range(rows)]
     scores = probs.log().expand(rows, 4)
-    picks = runner_mod._SeededSampler(gens, temperature=1.0, top_p=0.8)(None, scores).argmax(-1)
+    picks = backends_mod._SeededSampler(gens, temperature=1.0, top_p=0.8)(None, scores).argmax(-1)
     freq = torch.bincount(picks, minlength=4).double() / rows
     assert freq[2] == 0 and freq[3] == 0
     # binomial sd at p=0.625, n=4000: sqrt(.625*.375/4000) = 0.0077; 4 sd tolerance
     assert abs(freq[0].item() - 0.625) < 0.031
     # Temperature 2 flattens: p^(1/2) normalised = (0.3992, 0.3092, 0.2186, 0.0730).
     gens = [torch.Generator().manual_seed(sample_seed(1, "t", str(i), 0)) for i in range(rows)]
-    picks = runner_mod._SeededSampler(gens, temperature=2.0, top_p=1.0)(None, scores).argmax(-1)
+    picks = backends_mod._SeededSampler(gens, temperature=2.0, top_p=1.0)(None, scores).argmax(-1)
     freq = torch.bincount(picks, minlength=4).double() / rows
     expected = probs.sqrt() / probs.sqrt().sum()
     assert torch.allclose(freq, expected.double(), atol=0.031)
@@ -116,6 +118,7 @@ class _FakeBackend:
 
     name = "fake"
     dtype = "float32"
+    context_length = None
 
     def __init__(self, answers, chat_template=None):
         from transformers import PreTrainedTokenizerBase
@@ -140,7 +143,7 @@ def test_math_pipeline_grades_and_scores(tmp_path, monkeypatch, capsys):
     data = tmp_path / "toy.jsonl"
     data.write_text("".join(json.dumps({"problem": p, "answer": a}) + "\n" for p, a in problems.items()))
     fake = _FakeBackend(problems)
-    monkeypatch.setattr(runner_mod, "_make_backend", lambda *a: fake)
+    monkeypatch.setattr(runner_mod, "make_backend", lambda *a: fake)
     res = evaluate("fake-model", data, n=8, ks=(1, 8), show_progress=False)
     per = {p["id"]: p["correct"] for p in res["benchmarks"]["toy"]["per_problem"]}
     seeds = {pid: [sample_seed(0, "toy", pid, j) % 2 == 0 for j in range(8)] for pid in ("0", "1", "2")}
@@ -221,13 +224,13 @@ def test_train_and_eval_build_the_same_prompt(tiny_model, tmp_path):
     config = TrainConfig(dataset=str(data))
     tok = AutoTokenizer.from_pretrained(tiny_model)
     train_prompt = _load_data(config, tok)[0][0]["prompt"]
-    assert train_prompt == runner_mod._build_prompt(row, tok, runner_mod.DEFAULT_PROMPT_TEMPLATE, False)
+    assert train_prompt == runner_mod._build_prompt(row, tok, DEFAULT_PROMPT_TEMPLATE, False)
     # With a chat template both wrap the same user turn (TRL renders train's message list the same way).
     tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
     messages = _load_data(config, tok)[0][0]["prompt"]
     assert messages == [{"role": "user", "content": train_prompt}]
     assert tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == (
-        runner_mod._build_prompt(row, tok, runner_mod.DEFAULT_PROMPT_TEMPLATE, True)
+        runner_mod._build_prompt(row, tok, DEFAULT_PROMPT_TEMPLATE, True)
     )
     # An empty template means plain text to both (train used to take any non-None template as chat).
     tok.chat_template = ""
@@ -278,6 +281,7 @@ def test_vllm_gets_the_token_ids_the_transformers_backend_uses(tiny_model, monke
     class LLM:
         def __init__(self, model, dtype):
             seen["init"] = (model, dtype)
+            self.llm_engine = types.SimpleNamespace(model_config=types.SimpleNamespace(max_model_len=64))
 
         def get_tokenizer(self):
             return tokenizer
@@ -292,9 +296,10 @@ def test_vllm_gets_the_token_ids_the_transformers_backend_uses(tiny_model, monke
             self.seed = seed
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
-    backend = runner_mod.VLLMBackend(tiny_model)
+    backend = backends_mod.VLLMBackend(tiny_model)
     out = backend.generate(["1+2=", "3+4="], [5, 6], temperature=1.0, top_p=1.0, max_new_tokens=4)
     assert out == [("7", 2, True), ("7", 2, True)] and seen["seeds"] == [5, 6]
     assert seen["init"] == (str(tiny_model), "auto") and backend.dtype == "auto"
+    assert backend.context_length == 64  # vLLM's max_model_len bounds prompt + budget
     want = [tokenizer(p, add_special_tokens=False).input_ids for p in ("1+2=", "3+4=")]
     assert [p["prompt_token_ids"] for p in seen["prompts"]] == want

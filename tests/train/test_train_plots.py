@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from kpo.plots import _figure, load_metrics, plot_training_dynamics, seed_band
+from kpo.train.plots import _figure, load_metrics, plot_training_dynamics, seed_band
 
 
 def _run(offset: float, n: int = 6) -> list[dict]:

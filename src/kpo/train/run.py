@@ -185,7 +185,7 @@ def run_training(config: TrainConfig) -> Path:
 
     from trl import GRPOConfig
 
-    from kpo.plots import plot_training_dynamics
+    from kpo.train.plots import plot_training_dynamics
     from kpo.train.progress import checkpointing_arg, library_bars, use_quiet_progress
     from kpo.train.trainer import KPOTrainer
 

@@ -92,15 +92,16 @@ def context_length(task: TaskConfig, completion_slack: int = COMPLETION_SLACK) -
     return -(-(task.max_sequence_tokens() + completion_slack) // 16) * 16
 
 
-def build_tokenizer():
-    """One token per character of the task alphabet plus ``<pad>``, ``<eos>``, ``<unk>``.
+def build_tokenizer(alphabet: str = ALPHABET):
+    """One token per character of ``alphabet`` (default: the synthetic task's) plus ``<pad>``, ``<eos>``,
+    ``<unk>``; the evaluation tests pass ``string.printable`` to read math prompts.
 
     Returns a ``PreTrainedTokenizerFast`` (``save_pretrained``/``AutoTokenizer.from_pretrained`` round-trip).
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate([PAD, EOS, UNK, *ALPHABET])}
+    vocab = {tok: i for i, tok in enumerate([PAD, EOS, UNK, *dict.fromkeys(alphabet)])}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     # Fuse joins the characters back without the spaces WordLevel would insert.

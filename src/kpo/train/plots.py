@@ -24,7 +24,7 @@ PANELS = (
     ("pg_loss", "policy-gradient loss"),
 )
 
-Run = Sequence[Mapping[str, float]]
+MetricRows = Sequence[Mapping[str, float]]
 
 
 def load_metrics(path: str | Path) -> list[dict]:
@@ -43,7 +43,7 @@ def load_metrics(path: str | Path) -> list[dict]:
     return rows
 
 
-def _as_runs(value) -> list[Run]:
+def _as_runs(value) -> list[MetricRows]:
     """One run (rows, a path) or several runs of one method -> list of runs."""
     if isinstance(value, (str, Path)):
         return [load_metrics(value)]
@@ -53,7 +53,7 @@ def _as_runs(value) -> list[Run]:
     return [load_metrics(v) if isinstance(v, (str, Path)) else list(v) for v in value]
 
 
-def _series(run: Run, key: str) -> dict[int, float]:
+def _series(run: MetricRows, key: str) -> dict[int, float]:
     out = {}
     for row in run:
         value = row.get(key)
@@ -74,7 +74,7 @@ def _trailing_mean(ys: np.ndarray, window: int) -> np.ndarray:
     return np.where(den > 0, num / np.maximum(den, 1), np.nan)
 
 
-def seed_band(group: Sequence[Run], key: str, smooth: int = 1) -> tuple[np.ndarray, ...]:
+def seed_band(group: Sequence[MetricRows], key: str, smooth: int = 1) -> tuple[np.ndarray, ...]:
     """One metric of several runs (seeds) as the figure draws it: ``(steps, mean, lo, hi)``, each [S] over the
     S steps any run logged ``key`` at (all empty when none did).
 
@@ -95,7 +95,7 @@ def seed_band(group: Sequence[Run], key: str, smooth: int = 1) -> tuple[np.ndarr
     return np.array(steps, dtype=int), mean, lo, hi
 
 
-def _figure(groups: Mapping[str, list[Run]], smooth: int) -> Figure:
+def _figure(groups: Mapping[str, list[MetricRows]], smooth: int) -> Figure:
     """The four panels, one labelled line (and min-max band over several runs) per group, with a legend even
     for one line: a figure must say what it shows, one method or one Q/V included."""
     fig = Figure(figsize=(14, 3.4), layout="constrained")
