@@ -90,7 +90,9 @@ def test_synthetic_dump_is_seeded_padded_and_holed(tmp_path):
     written = load_dump(write_synthetic(tmp_path, seed=3, samples=40, length=100))
     np.testing.assert_array_equal(written.log_ratio, a["log_ratio"])
     assert written.meta["q"] == "1e-06" and written.meta["mask_mode"] == "skip"
-    ref = kalman_filter(torch.from_numpy(a["log_ratio"].astype(np.float64)), torch.from_numpy(m), q=1e-6, v=1.0)
+    ref = kalman_filter(
+        torch.from_numpy(a["log_ratio"].astype(np.float64)), torch.from_numpy(m), q=1e-6, v=1.0
+    )
     np.testing.assert_allclose(written.filtered, ref.numpy(), rtol=1e-6, atol=1e-9)
 
 
@@ -243,7 +245,9 @@ def test_on_policy_flag_in_metadata_beats_the_exact_zero_guess(tmp_path):
     m = np.ones((3, 10), dtype=bool)
     base = {"q": np.array("1e-4"), "v": np.array("1.0")}
     for flag, want in (("1", 3), ("0", 0)):
-        np.savez(tmp_path / f"d{flag}.npz", log_ratio=z, mask=m.astype(np.uint8), on_policy=np.array(flag), **base)
+        np.savez(
+            tmp_path / f"d{flag}.npz", log_ratio=z, mask=m.astype(np.uint8), on_policy=np.array(flag), **base
+        )
         res = compute([load_dump(tmp_path / f"d{flag}.npz")], AnalyzeConfig(sweep_q=(1e-3,))).results
         assert res["inputs"]["on_policy_rows"] == want
     # an off-policy step whose row happens to have all log-ratios exactly 0 stays off-policy
@@ -277,7 +281,7 @@ def test_dumps_of_different_lengths_are_pooled(tmp_path):
 
 @pytest.mark.parametrize("sub", ["", "sub"])
 def test_an_output_folder_blocked_by_a_file_is_a_clean_error(tmp_path, capsys, sub):
-    # A file at --out (or above it) used to end in a FileExistsError / NotADirectoryError traceback.
+    # A file at --out (or above it) is one clear error, not a FileExistsError / NotADirectoryError traceback.
     file = tmp_path / "existing_file"
     file.write_text("")
     out = file / sub if sub else file

@@ -278,7 +278,7 @@ def test_torch_float32_input_matches_float64():
     ],
 )
 def test_window_sizes_must_be_integers(fn, bad, message):
-    # A float window sizes a reshape: 50.0 used to pass the check and crash inside numpy.
+    # A float window sizes a reshape: 50.0 must fail the check, not crash inside numpy.
     with pytest.raises(TypeError, match=message):
         fn(np.zeros((2, 120)), None, **bad)
 

@@ -83,7 +83,11 @@ def test_math_reward_cases(completion, answer, expected):
 @pytest.mark.parametrize(
     "answer, error, message",
     [
-        (None, TypeError, r"answer must be a str, a real number or a list of them, got NoneType None; the data row"),
+        (
+            None,
+            TypeError,
+            r"answer must be a str, a real number or a list of them, got NoneType None; the data row",
+        ),
         ([], ValueError, "answer is an empty list"),
         ("  ", ValueError, "answer is a blank string"),
         (["5", None], TypeError, r"answer\[1\] must be a str or a real number, got NoneType"),
@@ -94,14 +98,14 @@ def test_math_reward_cases(completion, answer, expected):
     ],
 )
 def test_a_malformed_reference_answer_raises(answer, error, message):
-    # A bad data row used to grade every completion 0.0: a run would train on nothing and not know it.
+    # A bad data row must not grade every completion 0.0: a run would train on nothing and not know it.
     with pytest.raises(error, match=message):
         math_reward("\\boxed{5}", answer)
 
 
 @pytest.mark.parametrize("timeout_s", [0, -1, math.nan, math.inf])
 def test_timeout_must_be_finite_and_positive(timeout_s):
-    # 0 used to disable the bound in the main thread and time out at once in other threads; < 0, NaN gave 0.0.
+    # 0 would disable the bound in the main thread and time out at once in other threads; < 0, NaN give 0.0.
     with pytest.raises(ValueError, match="timeout_s must be a finite number of seconds > 0"):
         math_reward("\\boxed{5}", "5", timeout_s=timeout_s)
     with pytest.raises(ValueError, match="timeout_s must be"):
@@ -219,8 +223,10 @@ def _reference_pairs(name: str) -> list[tuple[str, str]]:
         return [(r["solution"], row["answer"]) for r, row in zip(raw, rows)]
     # OlympiadBench solutions are prose without a box; the reference answer is appended the way the eval
     # prompt asks a model to write it, so the check covers the answers' own formats (tuples, sets, intervals).
-    return [(r["solution"][0] + f"\n\nThe final answer is $\\boxed{{{row['answer']}}}$.", row["answer"])
-            for r, row in zip(raw, rows)]  # fmt: skip
+    return [
+        (r["solution"][0] + f"\n\nThe final answer is $\\boxed{{{row['answer']}}}$.", row["answer"])
+        for r, row in zip(raw, rows)
+    ]
 
 
 @needs_shared

@@ -15,10 +15,29 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The train tests' toy (tests/train/conftest.py): a 1-layer model warm-started to a reward of about 0.6 on
 # sums of two numbers up to 4, so advantages are not all zero and lr 1e-2 moves the ratios visibly.
 TOY_TRAIN = (
-    "--task", "chain", "--n-terms", "2", "--max-value", "4", "--tiny-hidden-size", "32", "--tiny-layers", "1", "--tiny-heads", "2",
-    "--sft-examples", "12", "--sft-epochs", "300", "--prompts-per-step", "8", "--num-generations", "4",
-    "--learning-rate", "1e-2",
-)  # fmt: skip
+    "--task",
+    "chain",
+    "--n-terms",
+    "2",
+    "--max-value",
+    "4",
+    "--tiny-hidden-size",
+    "32",
+    "--tiny-layers",
+    "1",
+    "--tiny-heads",
+    "2",
+    "--sft-examples",
+    "12",
+    "--sft-epochs",
+    "300",
+    "--prompts-per-step",
+    "8",
+    "--num-generations",
+    "4",
+    "--learning-rate",
+    "1e-2",
+)
 
 
 @pytest.fixture
@@ -27,9 +46,21 @@ def compare_config(tmp_path):
     memory sweep) in tmp_path."""
 
     def make(**overrides) -> CompareConfig:
-        base = dict(out=str(tmp_path / "cmp"), methods=("vanilla", "kpo"), seeds=1, steps=4, minibatches=2,
-                    matched=False, sweep_memory=("paper", "2"), sweep_seeds=1, eval_n=2, eval_limit=2, dump_every=1, jobs=2,
-                    train_args=(*TOY_TRAIN, "--cache-dir", str(tmp_path / "cache")))  # fmt: skip
+        base = dict(
+            out=str(tmp_path / "cmp"),
+            methods=("vanilla", "kpo"),
+            seeds=1,
+            steps=4,
+            minibatches=2,
+            matched=False,
+            sweep_memory=("paper", "2"),
+            sweep_seeds=1,
+            eval_n=2,
+            eval_limit=2,
+            dump_every=1,
+            jobs=2,
+            train_args=(*TOY_TRAIN, "--cache-dir", str(tmp_path / "cache")),
+        )
         return CompareConfig(**{**base, **overrides})
 
     return make

@@ -37,8 +37,16 @@ def test_compare_writes_every_section_and_resumes(compare_config, tmp_path, caps
     cfg = compare_config()
     report = run_compare(cfg)
     text = report.read_text()
-    for section in ("## Claims", "## Figure 3 analog", "## Table 1 analog", "## Figure 4 analog",
-                    "## Table 2 analog", "**Table 1:", "**Figure 3:", "**Figure 4:"):  # fmt: skip
+    for section in (
+        "## Claims",
+        "## Figure 3 analog",
+        "## Table 1 analog",
+        "## Figure 4 analog",
+        "## Table 2 analog",
+        "**Table 1:",
+        "**Figure 3:",
+        "**Figure 4:",
+    ):
         assert section in text, section
     for png in ("figure3_dynamics.png", "figure4_memory_sweep.png"):
         assert (report.parent / png).stat().st_size > 1000

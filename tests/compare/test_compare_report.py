@@ -107,17 +107,27 @@ def _entropy_rows(first: float, final: float) -> list[dict]:
 @pytest.mark.parametrize(
     "vanilla_final, kpo_final, verdict",
     [
-        (0.05, 0.5, "holds: vanilla's final entropy fell to at most 0.1 of its first in 1/1 seeds, kpo's stayed "
-                    "above that in 1/1"),
+        (
+            0.05,
+            0.5,
+            "holds: vanilla's final entropy fell to at most 0.1 of its first in 1/1 seeds, kpo's stayed "
+            "above that in 1/1",
+        ),
         # 0.1 of the first is a collapse (the rule is <=); kpo collapsing too breaks the claim
-        (0.1, 0.1, "does not hold: vanilla's final entropy fell to at most 0.1 of its first in 1/1 seeds, kpo's "
-                   "stayed above that in 0/1"),
+        (
+            0.1,
+            0.1,
+            "does not hold: vanilla's final entropy fell to at most 0.1 of its first in 1/1 seeds, kpo's "
+            "stayed above that in 0/1",
+        ),
         (0.2, 0.5, "does not hold: vanilla's final entropy fell to at most 0.1 of its first in 0/1 seeds"),
     ],
 )
 def test_entropy_collapse_claim(vanilla_final, kpo_final, verdict):
-    groups = {m: [{"summary": reward_summary(_entropy_rows(1.0, final)), "n": 2, "counts": [1, 1]}]
-              for m, final in (("vanilla", vanilla_final), ("kpo", kpo_final))}
+    groups = {
+        m: [{"summary": reward_summary(_entropy_rows(1.0, final)), "n": 2, "counts": [1, 1]}]
+        for m, final in (("vanilla", vanilla_final), ("kpo", kpo_final))
+    }
     table1 = {"eval_keys": ["avg@2"], "avg_key": "avg@2"}
     line = _claims(["vanilla", "kpo"], groups, table1, {}, {}, [])[2]
     assert line.startswith("- **Figure 3: GRPO's entropy collapses while KPO's does not** — " + verdict), line
@@ -131,12 +141,21 @@ def test_warm_start_row_and_its_difference_are_reported(compare_config, fake_don
     warm = Path(cfg.out) / "runs" / "warm_start-seed0"
     warm.mkdir(parents=True)
     # the warm start gets 0 of 2 samples right on both problems; every fake run gets 1 of 2
-    (warm / "eval.json").write_text(json.dumps({
-        "params": {"n": 2}, "macro": {"avg@2": 0.0, "pass@2": 0.0, "mean_response_tokens": 3.0},
-        "benchmarks": {"synthetic": {"problems": 2, "per_problem": [{"id": "a", "correct": 0}] * 2}}}))
+    (warm / "eval.json").write_text(
+        json.dumps(
+            {
+                "params": {"n": 2},
+                "macro": {"avg@2": 0.0, "pass@2": 0.0, "mean_response_tokens": 3.0},
+                "benchmarks": {"synthetic": {"problems": 2, "per_problem": [{"id": "a", "correct": 0}] * 2}},
+            }
+        )
+    )
     text = write_report(cfg, runs, cfg.out).read_text()
     table = _section(text, "Table 1 analog")
-    assert "| warm start (no RL) | 1 | 0.0 (1 seed) | 0.0 (1 seed) | [0.0, 0.0] | 3.0 (1 seed) | - | - |" in table
+    assert (
+        "| warm start (no RL) | 1 | 0.0 (1 seed) | 0.0 (1 seed) | [0.0, 0.0] | 3.0 (1 seed) | - | - |"
+        in table
+    )
     [claim] = [line for line in _section(text, "Claims").splitlines() if line.startswith("- **Table 1:")]
     # kpo 50% against the warm start's 0%, on every problem: +50 points whatever the bootstrap draws
     assert "warm start +50.0 [+50.0, +50.0]" in claim, claim

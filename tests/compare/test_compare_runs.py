@@ -82,7 +82,9 @@ def fake_workers(monkeypatch):
     """Workers forked from this process (so they run `fake_execute`), with the run modes ``modes``."""
 
     def use(modes: dict[str, str]) -> None:
-        monkeypatch.setattr(kpo.compare.run, "get_context", lambda method: multiprocessing.get_context("fork"))
+        monkeypatch.setattr(
+            kpo.compare.run, "get_context", lambda method: multiprocessing.get_context("fork")
+        )
         monkeypatch.setattr(kpo.compare.run, "_execute", fake_execute)
         monkeypatch.setattr(kpo.compare.run, "_warm_start", no_warm_start)
         for name, mode in modes.items():

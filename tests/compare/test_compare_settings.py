@@ -21,12 +21,19 @@ def test_a_bad_sweep_memory_is_a_usage_error(text, capsys):
         config_from_args(["--sweep-memory", text])
     assert e.value.code == 2
     assert "give memories in tokens (> 0), 'matched' or 'paper', comma-separated" in capsys.readouterr().err
-    assert config_from_args(["--sweep-memory", "8, matched,8,paper"]).sweep_memory == ("8", "matched", "paper")
+    assert config_from_args(["--sweep-memory", "8, matched,8,paper"]).sweep_memory == (
+        "8",
+        "matched",
+        "paper",
+    )
 
 
 def test_quick_mode_shrinks_only_what_is_not_set():
-    assert (CompareConfig(quick=True).steps, CompareConfig().steps, CompareConfig(quick=True, steps=8).steps) == (
-        40, 200, 8)
+    assert (
+        CompareConfig(quick=True).steps,
+        CompareConfig().steps,
+        CompareConfig(quick=True, steps=8).steps,
+    ) == (40, 200, 8)
     assert CompareConfig(quick=True).eval_n == 4
     assert CompareConfig().eval_n == 8
     assert CompareConfig(quick=True, eval_n=8).eval_n == 8
@@ -41,7 +48,6 @@ def test_quick_mode_shrinks_only_what_is_not_set():
         (["--jobs", "-1"], "--jobs=-1: must be an integer >= 1 (or omit it for one per CPU)"),
         (["--jobs", "0"], "--jobs=0: must be an integer >= 1 (or omit it for one per CPU)"),
         (["--sweep-seeds", "0"], "--sweep-seeds=0: must be an integer in 1..3 (or omit it for all seeds)"),
-
         (["--seeds", "2", "--sweep-seeds", "3"], "--sweep-seeds=3: must be an integer in 1..2"),
         (["--steps", "0"], "--steps=0: must be an integer >= 1 (or omit it for 200 steps)"),
         # The chain task (sums of two numbers up to 19) has 40 test problems.
@@ -190,7 +196,11 @@ def test_a_finished_run_with_other_settings_is_refused(
 
 
 def _table1(means: dict[str, float]) -> dict:
-    return {"eval_keys": ["avg@4"], "avg_key": "avg@4", "rows": {m: {"avg@4": (v, 0.0)} for m, v in means.items()}}
+    return {
+        "eval_keys": ["avg@4"],
+        "avg_key": "avg@4",
+        "rows": {m: {"avg@4": (v, 0.0)} for m, v in means.items()},
+    }
 
 
 def _groups(methods, right: dict[str, int] | None = None) -> dict:
@@ -198,8 +208,10 @@ def _groups(methods, right: dict[str, int] | None = None) -> dict:
     ``right[m]`` problems (default 100) all 4 right, the others none."""
     summary = {"first": 0.5, "peak": 0.5, "final": 0.5, "entropy_first": 1.0, "entropy_final": 1.0}
     right = right or {}
-    return {m: [{"summary": summary, "n": 4, "counts": [4] * right.get(m, 100) + [0] * (200 - right.get(m, 100))}]
-            for m in methods}
+    return {
+        m: [{"summary": summary, "n": 4, "counts": [4] * right.get(m, 100) + [0] * (200 - right.get(m, 100))}]
+        for m in methods
+    }
 
 
 @pytest.mark.parametrize(
@@ -215,7 +227,9 @@ def _groups(methods, right: dict[str, int] | None = None) -> dict:
 )
 def test_table1_verdict_comes_from_intervals_and_not_from_method_order(right, verdict):
     lines = {
-        _claims(list(order), _groups(right, right), _table1({m: r / 200 for m, r in right.items()}), {}, {}, [])[0]
+        _claims(
+            list(order), _groups(right, right), _table1({m: r / 200 for m, r in right.items()}), {}, {}, []
+        )[0]
         for order in itertools.permutations(right)
     }
     assert len(lines) == 1, lines
@@ -237,7 +251,11 @@ def test_table1_verdict_comes_from_intervals_and_not_from_method_order(right, ve
             "Table 1",
             "not tested: --methods has no kpo (add it: --methods vanilla,gspo,kpo)",
         ),
-        (["kpo"], "Table 1", "not tested: no baseline without a filter in --methods (add e.g. vanilla,gspo,gmpo)"),
+        (
+            ["kpo"],
+            "Table 1",
+            "not tested: no baseline without a filter in --methods (add e.g. vanilla,gspo,gmpo)",
+        ),
         (["kpo"], "Figure 3", "not tested: --methods has no vanilla (add it: --methods kpo,vanilla)"),
         (["kpo"], "Table 2", "not tested: no method has off-policy ratio dumps (Table 2 says why)"),
         (["kpo"], "Figure 4", "not tested: no memory sweep (--sweep-memory '')"),
@@ -260,7 +278,9 @@ def test_a_claim_that_cannot_be_tested_says_why(methods, claim, reason):
 def test_a_sweep_of_one_q_is_not_tested():
     sweep = {"paper": {"memory": 1000.0, "final": (0.5, 0.0)}}
     lines = _claims(["kpo"], _groups(["kpo"]), _table1({"kpo": 0.5}), {}, sweep, [])
-    assert lines[-1].startswith("- **Figure 4:") and "not tested: --sweep-memory has one point" in lines[-1], lines
+    assert (
+        lines[-1].startswith("- **Figure 4:") and "not tested: --sweep-memory has one point" in lines[-1]
+    ), lines
 
 
 def test_sweep_values_that_would_share_a_run_directory_are_refused(compare_config, tmp_path, no_training):

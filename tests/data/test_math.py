@@ -91,7 +91,10 @@ def _jsonl(tmp_path: Path, rows: list, name: str = "bench.jsonl") -> Path:
         ),
         ([{"problem": "p", "answer": "1"}, [1, 2]], r"row 1 .*expected a JSON object"),
         # a NaN answer would read as the text "nan" and grade every response 0
-        ([{"problem": "p", "answer": 1.0}, {"problem": "q", "answer": float("nan")}], r"row 1 .*must be finite"),
+        (
+            [{"problem": "p", "answer": 1.0}, {"problem": "q", "answer": float("nan")}],
+            r"row 1 .*must be finite",
+        ),
         ([{"question": "q", "final_answer": "2"}], r"row 0 .*'final_answer' must be a non-empty list"),
         ([{"problem": "p", "solution": "so it is 5"}], r"row 0 .*no complete \\boxed"),
         ([{"question": "q", "answer": "#### 1\n#### 2"}], r"row 0 .*exactly one '#### N'"),
@@ -142,11 +145,20 @@ def test_verl_parquet_and_json_list(tmp_path):
     import pyarrow.parquet as pq
 
     rows = [
-        {"prompt": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "What is $1+1$?"}],
-         "reward_model": {"ground_truth": "2", "style": "rule"}, "extra_info": {"index": 5}},
-        {"prompt": [{"role": "user", "content": "What is $2+2$?"}],
-         "reward_model": {"ground_truth": "4", "style": "rule"}, "extra_info": {"index": 6}},
-    ]  # fmt: skip
+        {
+            "prompt": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "What is $1+1$?"},
+            ],
+            "reward_model": {"ground_truth": "2", "style": "rule"},
+            "extra_info": {"index": 5},
+        },
+        {
+            "prompt": [{"role": "user", "content": "What is $2+2$?"}],
+            "reward_model": {"ground_truth": "4", "style": "rule"},
+            "extra_info": {"index": 6},
+        },
+    ]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
     assert load_problems(tmp_path / "train.parquet") == [
         {"id": "5", "problem": "What is $1+1$?", "answer": "2"},

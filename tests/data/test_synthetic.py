@@ -55,8 +55,11 @@ def test_grade_is_strict_and_never_raises():
 def test_bad_task_and_split_report_every_problem():
     with pytest.raises(ValueError, match="n_terms=1.*max_value=0"):
         TaskConfig(kind="chain", n_terms=1, max_value=0)
-    with pytest.raises(ValueError, match=r"\(running\): n_terms=0: must be an integer >= 1; max_value=10: must be an "
-                                         r"integer in 1..9"):
+    with pytest.raises(
+        ValueError,
+        match=r"\(running\): n_terms=0: must be an integer >= 1; max_value=10: must be an "
+        r"integer in 1..9",
+    ):
         TaskConfig(n_terms=0, max_value=10)
     with pytest.raises(ValueError, match="kind='sum': must be one of"):
         TaskConfig(kind="sum")
@@ -90,8 +93,11 @@ def test_too_many_problems_states_the_true_maximum():
 def test_a_split_with_too_few_problems_is_a_value_error_saying_how_many_there_are():
     # 16 problems of which none hashes into the test split: the expected share (3) said one could be drawn
     assert TaskConfig(kind="chain", max_value=3).max_problems("test") == 1
-    with pytest.raises(ValueError, match=r"has 16 distinct problems, 0 of them in the test split, too few for 1 "
-                                         r"distinct test problems: raise max_value or n_terms$"):
+    with pytest.raises(
+        ValueError,
+        match=r"has 16 distinct problems, 0 of them in the test split, too few for 1 "
+        r"distinct test problems: raise max_value or n_terms$",
+    ):
         load_split("test", kind="chain", max_value=3)
     chain = TaskConfig(kind="chain")
     assert chain.max_problems("train") == 200 and chain.max_problems("test") == 40
@@ -124,7 +130,8 @@ def test_running_task_is_long_large_and_disjoint():
         assert row["prompt"] == row["problem"] + "=" and task.grade(row["solution"], row["answer"]) == 1.0
     # the running kind draws its own stream: its rows are not the chain task's
     assert load_split("train", n=3, kind="running", n_terms=2, max_value=9) != load_split(
-        "train", n=3, kind="chain", n_terms=2, max_value=9)
+        "train", n=3, kind="chain", n_terms=2, max_value=9
+    )
 
 
 def test_running_grade_needs_every_step():
@@ -153,5 +160,7 @@ def test_running_noisy_teacher_carries_its_errors():
     # at 1% per step a 128-step response is all right with probability 0.99**128 = 0.276
     rng = random.Random(2)
     rows = load_split("train", n=400, seed=5)
-    right = sum(noisy_solve(TaskConfig().terms(r["problem"]), rng, 0.01, "running") == r["solution"] for r in rows)
+    right = sum(
+        noisy_solve(TaskConfig().terms(r["problem"]), rng, 0.01, "running") == r["solution"] for r in rows
+    )
     assert 0.2 < right / 400 < 0.36  # 3.5 binomial standard deviations (0.022) either side

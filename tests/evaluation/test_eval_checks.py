@@ -191,9 +191,26 @@ def short_context_model(tmp_path_factory):
 def _short_eval(model, tmp_path, prompt, *extra):
     data = tmp_path / "one.jsonl"
     data.write_text(json.dumps({"problem": prompt, "answer": "2"}) + "\n")
-    argv = ["--model", str(model), "--data", str(data), "--n", "1", "--k", "1", "--no-progress",
-            "--prompt-template", "{problem}", "--chat-template", "off", "--temperature", "0",
-            "--output", str(tmp_path / "eval.json"), *extra]  # fmt: skip
+    argv = [
+        "--model",
+        str(model),
+        "--data",
+        str(data),
+        "--n",
+        "1",
+        "--k",
+        "1",
+        "--no-progress",
+        "--prompt-template",
+        "{problem}",
+        "--chat-template",
+        "off",
+        "--temperature",
+        "0",
+        "--output",
+        str(tmp_path / "eval.json"),
+        *extra,
+    ]
     return cli_main(argv)
 
 

@@ -19,9 +19,29 @@ TOTAL = 16 * 4
 
 
 def _cli(model, cache, output=None):
-    cmd = [sys.executable, "-m", "kpo.cli", "eval", "--model", str(model), "--data", "synthetic", "--n", "4",
-           "--k", "1,4", "--limit", "16", "--batch-size", "4", "--max-new-tokens", "16", "--no-progress",
-           "--cache", str(cache)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "kpo.cli",
+        "eval",
+        "--model",
+        str(model),
+        "--data",
+        "synthetic",
+        "--n",
+        "4",
+        "--k",
+        "1,4",
+        "--limit",
+        "16",
+        "--batch-size",
+        "4",
+        "--max-new-tokens",
+        "16",
+        "--no-progress",
+        "--cache",
+        str(cache),
+    ]
     return cmd + (["--output", str(output)] if output else [])
 
 

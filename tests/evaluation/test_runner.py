@@ -232,7 +232,7 @@ def test_train_and_eval_build_the_same_prompt(tiny_model, tmp_path):
     assert tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == (
         runner_mod._build_prompt(row, tok, DEFAULT_PROMPT_TEMPLATE, True)
     )
-    # An empty template means plain text to both (train used to take any non-None template as chat).
+    # An empty template means plain text to both: train must not take any non-None template as chat.
     tok.chat_template = ""
     assert _load_data(config, tok)[0][0]["prompt"] == train_prompt
     assert runner_mod._use_chat_template(tok, "auto") is False
@@ -243,7 +243,10 @@ def test_train_and_eval_build_the_same_prompt(tiny_model, tmp_path):
     [
         (["--limit", "0"], "limit=0: must be a positive integer"),
         (["--limit", "-1"], "limit=-1: must be a positive integer"),
-        (["--task", "nterms=3"], "unknown task field(s) ['nterms']; valid fields: ['kind', 'n_terms', 'max_value']"),
+        (
+            ["--task", "nterms=3"],
+            "unknown task field(s) ['nterms']; valid fields: ['kind', 'n_terms', 'max_value']",
+        ),
         (["--task", "n_terms=0"], "n_terms=0: must be an integer >= 1"),
         (["--task", "max_value=10"], "max_value=10: must be an integer in 1..9"),
         (["--data", "{bench}", "--task", "n_terms=3"], "only applies to data 'synthetic'"),
@@ -263,7 +266,6 @@ def test_cli_reports_bad_arguments_without_a_traceback(tiny_model, tmp_path, cap
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "res.md").exists()
-
 
 
 def test_vllm_gets_the_token_ids_the_transformers_backend_uses(tiny_model, monkeypatch):

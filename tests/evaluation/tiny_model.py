@@ -9,10 +9,14 @@ from pathlib import Path
 
 from kpo.train.tiny import TinyModelConfig, build_model, build_tokenizer
 
-SHAPE = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position_embeddings=512)
+SHAPE = TinyModelConfig(
+    hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position_embeddings=512
+)
 
 
-def save_tiny_model(path: Path, *, chat_template: str | None = None, seed: int = 0, context: int = 512) -> Path:
+def save_tiny_model(
+    path: Path, *, chat_template: str | None = None, seed: int = 0, context: int = 512
+) -> Path:
     """Save the model (``context`` positions) and its tokenizer to ``path``; returns ``path``."""
     from dataclasses import replace
 

@@ -32,7 +32,9 @@ def _unmet(dist: str, extras: tuple[str, ...] = ()) -> list[str]:
 
 
 def test_verl_and_kpo_extras_requirements_all_met():
-    unmet = [f"verl needs {r}" for r in _unmet("verl")] + [f"kpo needs {r}" for r in _unmet("kpo", KPO_EXTRAS)]
+    unmet = [f"verl needs {r}" for r in _unmet("verl")] + [
+        f"kpo needs {r}" for r in _unmet("kpo", KPO_EXTRAS)
+    ]
     assert not unmet, (
         "verl is installed here, but not as pip resolves verl 0.9.1 + kpo's extras (e.g. verl added with "
         "--no-deps); run the verl tests in .venv-verl, which `make test` builds (`rm -rf .venv-verl` to rebuild "

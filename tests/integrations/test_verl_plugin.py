@@ -35,9 +35,19 @@ from kpo.losses import get_loss_spec, list_losses, policy_loss  # noqa: E402
 
 MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum")
 VERL_BUILTINS = (
-    "vanilla", "dppo_tv", "dppo_kl", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "dro", "cispo",
+    "vanilla",
+    "dppo_tv",
+    "dppo_kl",
+    "gspo",
+    "sapo",
+    "gpg",
+    "clip_cov",
+    "kl_cov",
+    "geo_mean",
+    "dro",
+    "cispo",
     "bypass_mode",
-)  # fmt: skip
+)
 
 # Per registered loss: KPOActorConfig fields, and the kpo.policy_loss keywords they must become. verl's own
 # actor fields (clip_ratio 0.2, clip_ratio_low 0.2, clip_ratio_high 0.2, clip_ratio_c 3.0 by default) are
@@ -152,11 +162,18 @@ def test_verl_call_is_exactly_kpo_policy_loss(name, mode):
     (grad,) = torch.autograd.grad(loss, new)
 
     expected, expected_metrics = policy_loss(
-        name, new, old, adv, mask,
+        name,
+        new,
+        old,
+        adv,
+        mask,
         loss_agg_mode="seq-mean" if name == "holder" else mode,
-        rollout_is_weights=weights, dp_size=2, global_num_tokens=50, global_num_seqs=12,
+        rollout_is_weights=weights,
+        dp_size=2,
+        global_num_tokens=50,
+        global_num_seqs=12,
         **hparams,
-    )  # fmt: skip
+    )
     (expected_grad,) = torch.autograd.grad(expected, new)
     assert torch.equal(loss, expected)
     assert torch.equal(grad, expected_grad)
@@ -283,8 +300,9 @@ def test_config_subclass_through_verl_hydra_instantiation():
 
     new, old, adv, mask, weights = make_batch(seed=4)
     loss, _ = verl_call(get_policy_loss_fn("kpo"), new, old, adv, mask, actor.loss_agg_mode, actor, None)
-    expected, _ = policy_loss("kpo", new, old, adv, mask, clip_ratio=0.2, clip_ratio_low=3e-4,
-                              clip_ratio_high=4e-4, q=1e-6, v=1.0)  # fmt: skip
+    expected, _ = policy_loss(
+        "kpo", new, old, adv, mask, clip_ratio=0.2, clip_ratio_low=3e-4, clip_ratio_high=4e-4, q=1e-6, v=1.0
+    )
     assert torch.equal(loss, expected)
 
     # Without the subclass verl's own FSDPActorConfig refuses the extra keys: why KPOActorConfig exists.
@@ -378,9 +396,19 @@ def test_verl_actor_loss_function_calls_kpo():
     loss, metrics = losses.ppo_loss(config, {"log_probs": flat}, data)
     (grad,) = torch.autograd.grad(loss, new)
     expected, expected_metrics = policy_loss(
-        "kpo", new, old, adv, mask, loss_agg_mode="seq-mean-token-mean", rollout_is_weights=weights,
-        dp_size=2, global_num_tokens=50, global_num_seqs=12, **CLIP, q=1e-3,
-    )  # fmt: skip
+        "kpo",
+        new,
+        old,
+        adv,
+        mask,
+        loss_agg_mode="seq-mean-token-mean",
+        rollout_is_weights=weights,
+        dp_size=2,
+        global_num_tokens=50,
+        global_num_seqs=12,
+        **CLIP,
+        q=1e-3,
+    )
     (expected_grad,) = torch.autograd.grad(expected, new)
     assert torch.equal(loss, expected)
     assert torch.equal(grad, expected_grad)

@@ -43,7 +43,17 @@ def test_filter_settings_resolve_q_per_loss():
     assert filter_settings("kpo", {})["q"] == 1e-6
     assert filter_settings("kpo_unclipped", {})["q"] == 1e-4
     assert filter_settings("kpo", {"memory": 12.0, "v": 2.0}) == {
-        "q": q_for_memory(12.0, 2.0), "v": 2.0, "p0": 0.0, "x0": 0.0, "mask_mode": "skip"}
+        "q": q_for_memory(12.0, 2.0),
+        "v": 2.0,
+        "p0": 0.0,
+        "x0": 0.0,
+        "mask_mode": "skip",
+    }
     # a loss without a filter: KPO's paper settings, whatever its own kwargs
     assert filter_settings("gspo", {"clip_ratio_low": 3e-4}) == {
-        "q": 1e-6, "v": 1.0, "p0": 0.0, "x0": 0.0, "mask_mode": "skip"}
+        "q": 1e-6,
+        "v": 1.0,
+        "p0": 0.0,
+        "x0": 0.0,
+        "mask_mode": "skip",
+    }

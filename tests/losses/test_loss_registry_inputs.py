@@ -11,9 +11,22 @@ import kpo
 from kpo.losses import get_loss_spec, list_losses, policy_loss, register_loss
 
 EXPECTED = {
-    "vanilla", "grpo", "ppo", "gspo", "gspo_token", "gmpo", "geo_mean", "holder", "sapo", "cispo", "aspo",
-    "ctpo", "vespo", "kpo", "kpo_unclipped",
-}  # fmt: skip
+    "vanilla",
+    "grpo",
+    "ppo",
+    "gspo",
+    "gspo_token",
+    "gmpo",
+    "geo_mean",
+    "holder",
+    "sapo",
+    "cispo",
+    "aspo",
+    "ctpo",
+    "vespo",
+    "kpo",
+    "kpo_unclipped",
+}
 
 
 def _batch(B=3, T=4, requires_grad=True):
@@ -42,7 +55,8 @@ def test_unknown_name_lists_valid_names():
 def test_unknown_hparam_lists_accepted_ones():
     lp, old, adv, mask = _batch()
     with pytest.raises(
-        ValueError, match=r"'kpo' does not accept 'clip_ratio_hgih'.*clip_ratio_high=None.*q=None, memory=None"
+        ValueError,
+        match=r"'kpo' does not accept 'clip_ratio_hgih'.*clip_ratio_high=None.*q=None, memory=None",
     ):
         policy_loss("kpo", lp, old, adv, mask, clip_ratio_hgih=0.1)
     with pytest.raises(ValueError, match="'kpo_unclipped' does not accept 'clip_ratio'"):
@@ -71,13 +85,17 @@ def test_bad_hparam_values():
         policy_loss("vanilla", lp, old, adv, mask, loss_agg_mode="mean")
     with pytest.raises(ValueError, match="'gmpo' aggregates with seq-mean"):
         policy_loss("gmpo", lp, old, adv, mask, loss_agg_mode="token-mean")
-    # values that used to slip through: NaN/inf or out-of-range hyperparameters of the soft and
-    # position-adaptive losses (each turned the loss into NaN, 0, or silently dropped rows)
+    # values that would otherwise slip through: NaN/inf or out-of-range hyperparameters of the soft and
+    # position-adaptive losses (each would turn the loss into NaN, 0, or silently drop rows)
     bad = [
         ("vespo", {"k_pos": math.nan}, "k_pos must be a finite number > 0"),
         ("vespo", {"lambda_neg": -1.0}, "lambda_neg must be a finite number > 0"),
         ("sapo", {"tau_neg": math.inf}, "tau_neg must be a finite number > 0"),
-        ("aspo", {"high_entropy_clip_ratio_low": -0.1}, "high_entropy_clip_ratio_low must be a finite number >= 0"),
+        (
+            "aspo",
+            {"high_entropy_clip_ratio_low": -0.1},
+            "high_entropy_clip_ratio_low must be a finite number >= 0",
+        ),
         ("aspo", {"high_entropy_clip_ratio_high": math.nan}, "high_entropy_clip_ratio_high must be a finite"),
         ("ctpo", {"clip_ratio_la_power": math.nan}, "clip_ratio_la_power must be a finite number"),
         ("vanilla", {"clip_ratio_high": math.inf}, "clip_ratio_high must be a finite number >= 0"),

@@ -104,11 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         base = Path(args.paths[0]) if Path(args.paths[0]).is_dir() else Path(args.paths[0]).parent
         out = args.out or ((base.parent if base.name == "ratios" else base) / "analysis")
-    # Checked before any work: a file in the way used to end in a FileExistsError/NotADirectoryError traceback.
+    # Checked before any work, so a file in the way is one clear line, not a traceback after the analysis.
     existing = file_in_the_way(out)
     if existing is not None:
-        print(f"kpo analyze: error: output folder {str(out)!r}: {str(existing)!r} is a file, not a folder; "
-              "give another --out", file=sys.stderr)  # fmt: skip
+        print(
+            f"kpo analyze: error: output folder {str(out)!r}: {str(existing)!r} is a file, not a folder; "
+            "give another --out",
+            file=sys.stderr,
+        )
         return 2
     try:
         if args.synthetic:

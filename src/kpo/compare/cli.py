@@ -106,12 +106,21 @@ def config_from_args(argv: list[str] | None = None) -> CompareConfig:
     args = build_parser().parse_args(argv)
     extra = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     return CompareConfig(
-        out=args.out, methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), seeds=args.seeds,
-        steps=args.steps, minibatches=args.minibatches, matched=not args.no_matched, sweep_memory=args.sweep_memory,
+        out=args.out,
+        methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
+        seeds=args.seeds,
+        steps=args.steps,
+        minibatches=args.minibatches,
+        matched=not args.no_matched,
+        sweep_memory=args.sweep_memory,
         sweep_seeds=args.sweep_seeds,
-        eval_n=args.eval_n, eval_limit=args.eval_limit, dump_every=args.dump_every, jobs=args.jobs,
-        train_args=tuple(extra), quick=args.quick,
-    )  # fmt: skip
+        eval_n=args.eval_n,
+        eval_limit=args.eval_limit,
+        dump_every=args.dump_every,
+        jobs=args.jobs,
+        train_args=tuple(extra),
+        quick=args.quick,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,10 +16,17 @@ QUICK = {"steps": 40, "eval_n": 4}  # what --quick sets where the option is not 
 WARM_START = "warm_start"  # the Table 1 row of the models every run starts from
 # `kpo train` fields that kpo compare sets from its own options (or its run plan); a `--` flag for one of them
 # would override compare's value after compare.json recorded it.
-COMPARE_OWNED = {"loss": "--methods", "seed": "--seeds", "output_dir": "--out", "max_steps": "--steps",
-                 "minibatches": "--minibatches", "dump_ratios_every": "--dump-every",
-                 "loss_kwargs": "nothing (each method runs its paper hyperparameters; --sweep-memory sets KPO's memory)",
-                 "resume": "nothing (finished runs are reused)", "overwrite": "nothing (unfinished runs restart)"}  # fmt: skip
+COMPARE_OWNED = {
+    "loss": "--methods",
+    "seed": "--seeds",
+    "output_dir": "--out",
+    "max_steps": "--steps",
+    "minibatches": "--minibatches",
+    "dump_ratios_every": "--dump-every",
+    "loss_kwargs": "nothing (each method runs its paper hyperparameters; --sweep-memory sets KPO's memory)",
+    "resume": "nothing (finished runs are reused)",
+    "overwrite": "nothing (unfinished runs restart)",
+}
 
 
 class CompareError(ValueError):
@@ -163,8 +170,12 @@ def _sweep_name_errors(cfg: CompareConfig) -> list[str]:
 def _range_errors(cfg: CompareConfig) -> list[str]:
     """Integer settings outside their allowed range (None = the default, always allowed)."""
     upper = {"sweep_seeds": max(cfg.seeds, 1)}
-    default = {"steps": f"{STEPS} steps", "eval_limit": "the whole test split", "jobs": "one per CPU",
-               "sweep_seeds": "all seeds"}  # fmt: skip
+    default = {
+        "steps": f"{STEPS} steps",
+        "eval_limit": "the whole test split",
+        "jobs": "one per CPU",
+        "sweep_seeds": "all seeds",
+    }
     errors = []
     names = ("seeds", "steps", "minibatches", "sweep_seeds", "eval_n", "eval_limit", "dump_every", "jobs")
     for name in names:
@@ -262,17 +273,40 @@ def _eval_limit_errors(cfg: CompareConfig) -> list[str]:
     try:
         held_out_problems(cfg, cfg.eval_limit)
     except ValueError:
-        return [f"--eval-limit={cfg.eval_limit}: more problems than the task's test split can supply; use "
-                f"1..{size} (the default split) or omit it"]  # fmt: skip
+        return [
+            f"--eval-limit={cfg.eval_limit}: more problems than the task's test split can supply; use "
+            f"1..{size} (the default split) or omit it"
+        ]
     return []
 
 
 def train_argv(cfg: CompareConfig, run: Run, out: Path) -> list[str]:
-    argv = ["--loss", run.method, "--seed", str(run.seed), "--output-dir", str(out), "--minibatches",
-            str(cfg.minibatches), "--dump-ratios-every", str(cfg.dump_every), "--report-to", "none",
-            "--progress", "false", "--num-threads", "1", "--overwrite", "--max-steps", str(cfg.steps)]  # fmt: skip
+    argv = [
+        "--loss",
+        run.method,
+        "--seed",
+        str(run.seed),
+        "--output-dir",
+        str(out),
+        "--minibatches",
+        str(cfg.minibatches),
+        "--dump-ratios-every",
+        str(cfg.dump_every),
+        "--report-to",
+        "none",
+        "--progress",
+        "false",
+        "--num-threads",
+        "1",
+        "--overwrite",
+        "--max-steps",
+        str(cfg.steps),
+    ]
     if run.loss_kwargs:
-        argv += ["--loss-kwargs", *(f"{k}={v!r}" if isinstance(v, float) else f"{k}={v}" for k, v in run.loss_kwargs)]
+        argv += [
+            "--loss-kwargs",
+            *(f"{k}={v!r}" if isinstance(v, float) else f"{k}={v}" for k, v in run.loss_kwargs),
+        ]
     return argv + list(cfg.train_args)
 
 

@@ -94,8 +94,13 @@ def _load_run(run, out: Path) -> dict:
     """A finished run: its metrics rows, held-out results and reward summary."""
     folder = out / "runs" / run.name
     rows = load_metrics(folder / "metrics.jsonl")
-    return {"run": run, "dir": folder, "rows": rows, "summary": reward_summary(rows),
-            **_load_eval(folder / "eval.json")}  # fmt: skip
+    return {
+        "run": run,
+        "dir": folder,
+        "rows": rows,
+        "summary": reward_summary(rows),
+        **_load_eval(folder / "eval.json"),
+    }
 
 
 def _table1(labels, groups, warm: list[dict]) -> tuple[str, dict]:
@@ -103,8 +108,15 @@ def _table1(labels, groups, warm: list[dict]) -> tuple[str, dict]:
     (over seeds and problems) of avg@n, pass@k, response length, training reward."""
     eval_keys = [k for k in next(iter(groups[labels[0]]))["eval"] if "@" in k]
     avg_key = next(k for k in eval_keys if k.startswith("avg@"))
-    header = ["method", "seeds", *eval_keys, f"{avg_key} 95% CI", "mean len (tok)", "train reward first",
-              "train reward final"]  # fmt: skip
+    header = [
+        "method",
+        "seeds",
+        *eval_keys,
+        f"{avg_key} 95% CI",
+        "mean len (tok)",
+        "train reward first",
+        "train reward final",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     stats = {}
     rows = [(WARM_START_LABEL, warm)] if warm else []
@@ -196,30 +208,44 @@ def _table1_claims(labels, groups, table1, warm: list[dict]) -> list[str]:
     if not kpo_arms:
         return [_claim(title, _missing_methods(labels, ("kpo",)))]
     if not baselines:
-        return [_claim(title, "not tested: no baseline without a filter in --methods (add e.g. vanilla,gspo,gmpo)")]
+        return [
+            _claim(
+                title, "not tested: no baseline without a filter in --methods (add e.g. vanilla,gspo,gmpo)"
+            )
+        ]
     level = CLAIM_RULES["ci_level"]
     claims = []
     for arm in kpo_arms:
         parts, above = [], []
         # the baselines decide; the other filtered arms are listed beside them
-        for base in [*baselines, *sorted(label for label in labels if label not in baselines and label != arm)]:
-            mean, low, high = bootstrap_diff_ci([e["counts"] for e in groups[arm]],
-                                                [e["counts"] for e in groups[base]], groups[arm][0]["n"], level=level)
+        for base in [
+            *baselines,
+            *sorted(label for label in labels if label not in baselines and label != arm),
+        ]:
+            mean, low, high = bootstrap_diff_ci(
+                [e["counts"] for e in groups[arm]],
+                [e["counts"] for e in groups[base]],
+                groups[arm][0]["n"],
+                level=level,
+            )
             if base in baselines:
                 above.append(low > 0)
             parts.append(f"{base} {100 * mean:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]")
         if warm:
-            mean, low, high = bootstrap_diff_ci([e["counts"] for e in groups[arm]], [e["counts"] for e in warm],
-                                                warm[0]["n"], level=level)
+            mean, low, high = bootstrap_diff_ci(
+                [e["counts"] for e in groups[arm]], [e["counts"] for e in warm], warm[0]["n"], level=level
+            )
             parts.append(f"warm start {100 * mean:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]")
         seeds = len(groups[arm])
         verdict = "holds" if all(above) else "does not hold"
         one = " (one seed: the interval covers the problems only)" if seeds == 1 else ""
-        claims.append(_claim(
-            f"{title}: {arm}",
-            f"{verdict}: {arm} minus each, avg@n points with {int(100 * level)}% bootstrap interval over problems "
-            f"and seeds: {'; '.join(parts)}; above 0 for {sum(above)}/{len(above)} baselines{one}.",
-        ))
+        claims.append(
+            _claim(
+                f"{title}: {arm}",
+                f"{verdict}: {arm} minus each, avg@n points with {int(100 * level)}% bootstrap interval over problems "
+                f"and seeds: {'; '.join(parts)}; above 0 for {sum(above)}/{len(above)} baselines{one}.",
+            )
+        )
     return claims
 
 
@@ -304,7 +330,9 @@ def _figure4_claim(sweep) -> str:
     if not sweep:
         return _claim(title, "not tested: no memory sweep (--sweep-memory '')")
     if len(sweep) == 1:
-        return _claim(title, "not tested: --sweep-memory has one point (give two or more, e.g. 8,matched,paper)")
+        return _claim(
+            title, "not tested: --sweep-memory has one point (give two or more, e.g. 8,matched,paper)"
+        )
     points = sorted(sweep, key=lambda p: sweep[p]["memory"])
     finals = [sweep[p]["final"][0] for p in points]
     # Non-decreasing in memory, and not flat: the longest memory must beat the shortest.
@@ -331,8 +359,10 @@ def _sweep_table(cfg, members, loaded, key) -> tuple[str, dict]:
     from kpo.losses.kpo import filter_settings
     from kpo.train.config import TrainConfig
 
-    lines = ["| point | memory (tokens) | Q/V | seeds | train reward final | held-out " + key + " |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| point | memory (tokens) | Q/V | seeds | train reward final | held-out " + key + " |",
+        "|---|---|---|---|---|---|",
+    ]
     sweep = {}
     for point, rs in members.items():
         entries = [loaded[r] for r in rs]
@@ -347,8 +377,10 @@ def _sweep_table(cfg, members, loaded, key) -> tuple[str, dict]:
         }
     for point in sorted(sweep, key=lambda p: sweep[p]["memory"]):
         row = sweep[point]
-        lines.append(f"| {point} | {row['memory']:.4g} | {row['q']:.3g} | {len(members[point])} | "
-                     f"{_fmt(*row['final'], digits=3)} | {_fmt(*row[key], scale=100)} |")
+        lines.append(
+            f"| {point} | {row['memory']:.4g} | {row['q']:.3g} | {len(members[point])} | "
+            f"{_fmt(*row['final'], digits=3)} | {_fmt(*row[key], scale=100)} |"
+        )
     return "\n".join(lines), sweep
 
 
@@ -360,8 +392,11 @@ def write_report(cfg, runs, out: Path) -> Path:
     loaded = {run: _load_run(run, out) for run in runs}
     labels = [Run(method, 0, kw).arm for method, kw in arms(cfg)]
     groups = {label: [loaded[r] for r in runs if r.arm == label and r.seed < cfg.seeds] for label in labels}
-    warm = [_load_eval(warm_start_dir(out, s) / "eval.json") for s in range(cfg.seeds)
-            if (warm_start_dir(out, s) / "eval.json").exists()]
+    warm = [
+        _load_eval(warm_start_dir(out, s) / "eval.json")
+        for s in range(cfg.seeds)
+        if (warm_start_dir(out, s) / "eval.json").exists()
+    ]
     fig3 = plot_training_dynamics(
         {label: [e["rows"] for e in groups[label]] for label in labels},
         out / "figure3_dynamics.png",
@@ -382,8 +417,11 @@ def write_report(cfg, runs, out: Path) -> Path:
 
     first = groups[labels[0]][0]
     train_cfg = (first["dir"] / "config.yaml").read_text()
-    warm_text = (" The warm-start row is each seed's starting model on the same problems and sample seeds."
-                 if warm else "")
+    warm_text = (
+        " The warm-start row is each seed's starting model on the same problems and sample seeds."
+        if warm
+        else ""
+    )
     md = [
         "# kpo compare report",
         "",
@@ -440,6 +478,10 @@ def write_report(cfg, runs, out: Path) -> Path:
     ]
     path = out / "report.md"
     path.write_text("\n".join(md))
-    (out / "report.json").write_text(json.dumps(
-        {"table1": table1, "table2": table2, "sweep": sweep, "claims": claims}, indent=2, default=float) + "\n")  # fmt: skip
+    (out / "report.json").write_text(
+        json.dumps(
+            {"table1": table1, "table2": table2, "sweep": sweep, "claims": claims}, indent=2, default=float
+        )
+        + "\n"
+    )
     return path

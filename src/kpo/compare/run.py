@@ -75,10 +75,17 @@ def _evaluate(cfg: CompareConfig, config, model: Path, output: Path) -> dict:
     # transformers, not "auto": on a GPU machine with vLLM installed, "auto" would start one vLLM engine per
     # parallel worker, each claiming most of the GPU's memory, for a tiny model.
     return evaluate(
-        model, "synthetic", n=cfg.eval_n, ks=sorted({1, cfg.eval_n}), limit=cfg.eval_limit, output=output,
-        show_progress=False, backend="transformers", batch_size=64,
+        model,
+        "synthetic",
+        n=cfg.eval_n,
+        ks=sorted({1, cfg.eval_n}),
+        limit=cfg.eval_limit,
+        output=output,
+        show_progress=False,
+        backend="transformers",
+        batch_size=64,
         synthetic_kw={"kind": task.kind, "n_terms": task.n_terms, "max_value": task.max_value},
-    )  # fmt: skip
+    )
 
 
 def _done(out: Path) -> bool:

@@ -51,15 +51,33 @@ _ID_KEYS = ("id", "idx", "index", "unique_id")
 _SWALLOWED = {
     "\x0c": ("frac", "forall", "fbox"),
     "\x08": ("beta", "binom", "boxed", "bar", "big", "bigg", "begin", "bmod", "bot", "bullet"),
-    "\t": ("triangle", "times", "theta", "text", "textbf", "textit", "textrm", "tfrac", "tbinom", "tilde",
-           "therefore"),
-}  # fmt: skip
+    "\t": (
+        "triangle",
+        "times",
+        "theta",
+        "text",
+        "textbf",
+        "textit",
+        "textrm",
+        "tfrac",
+        "tbinom",
+        "tilde",
+        "therefore",
+    ),
+}
 # One pattern per control character: it, followed by a command name minus its first letter, then a non-letter.
 _SWALLOWED_RE = [
-    (re.compile(char + "(?=(?:" + "|".join(sorted((n[1:] for n in names), key=len, reverse=True)) + ")(?![a-zA-Z]))"),
-     "\\" + names[0][0])
+    (
+        re.compile(
+            char
+            + "(?=(?:"
+            + "|".join(sorted((n[1:] for n in names), key=len, reverse=True))
+            + ")(?![a-zA-Z]))"
+        ),
+        "\\" + names[0][0],
+    )
     for char, names in _SWALLOWED.items()
-]  # fmt: skip
+]
 
 
 class _RowError(ValueError):

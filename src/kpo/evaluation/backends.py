@@ -32,22 +32,28 @@ def _resolve_device(device: str) -> str:
 
 
 def check_engine(backend: str, device: str, dtype: str | None) -> list[str]:
-    """Problems with backend/device/dtype, found before anything loads (they used to fail inside the load)."""
+    """Problems with backend/device/dtype, found before anything loads, not as a failure deep inside it."""
     import importlib.util
 
     if backend not in BACKENDS:
         return [f"backend={backend!r} (--backend): must be one of {BACKENDS}"]
     errors = []
     if dtype is not None and dtype not in DTYPES:
-        errors.append(f"dtype={dtype!r} (--dtype): must be one of {DTYPES}; leave it unset for the default "
-                      "(bfloat16 on GPU, float32 on CPU)")  # fmt: skip
+        errors.append(
+            f"dtype={dtype!r} (--dtype): must be one of {DTYPES}; leave it unset for the default "
+            "(bfloat16 on GPU, float32 on CPU)"
+        )
     if backend == "vllm":
         if importlib.util.find_spec("vllm") is None:
-            errors.append("backend='vllm' (--backend): vllm is not installed; pip install vllm, or use "
-                          "--backend transformers")  # fmt: skip
+            errors.append(
+                "backend='vllm' (--backend): vllm is not installed; pip install vllm, or use "
+                "--backend transformers"
+            )
         if device not in _VLLM_DEVICES:
-            errors.append(f"device={device!r} (--device): vLLM places the model itself (choose its GPUs with "
-                          "CUDA_VISIBLE_DEVICES); drop --device or use --backend transformers")  # fmt: skip
+            errors.append(
+                f"device={device!r} (--device): vLLM places the model itself (choose its GPUs with "
+                "CUDA_VISIBLE_DEVICES); drop --device or use --backend transformers"
+            )
         return errors
     return errors + _check_device(device)
 
@@ -62,12 +68,16 @@ def _check_device(device: str) -> list[str]:
     if kind != "cuda" or (colon and not index.isdigit()):
         return [f"device={device!r} (--device): must be auto, cpu, cuda or cuda:N"]
     if not torch.cuda.is_available():
-        return [f"device={device!r} (--device): no CUDA device is available (torch.cuda.is_available() is "
-                "False); use --device cpu or --device auto"]  # fmt: skip
+        return [
+            f"device={device!r} (--device): no CUDA device is available (torch.cuda.is_available() is "
+            "False); use --device cpu or --device auto"
+        ]
     count = torch.cuda.device_count()
     if colon and int(index) >= count:
-        return [f"device={device!r} (--device): this machine has {count} CUDA device(s), cuda:0 to "
-                f"cuda:{count - 1}"]  # fmt: skip
+        return [
+            f"device={device!r} (--device): this machine has {count} CUDA device(s), cuda:0 to "
+            f"cuda:{count - 1}"
+        ]
     return []
 
 
@@ -184,7 +194,9 @@ class VLLMBackend:
         self.llm = LLM(model=str(model_path), dtype=self.dtype)
         self.tokenizer = self.llm.get_tokenizer()
         # vLLM's own limit (the model's positions, or --max-model-len); engines that hide it: None
-        self.context_length = getattr(getattr(self.llm.llm_engine, "model_config", None), "max_model_len", None)
+        self.context_length = getattr(
+            getattr(self.llm.llm_engine, "model_config", None), "max_model_len", None
+        )
 
     def generate(
         self, prompts: list[str], seeds: list[int], *, temperature: float, top_p: float, max_new_tokens: int
@@ -209,11 +221,14 @@ def _require_model_dir(model: str | Path) -> None:
     """Both backends load a local checkpoint; say so instead of a Hugging Face Hub lookup's traceback."""
     path = Path(model)
     if not path.is_dir():
-        raise ValueError(f"model={str(model)!r}: no such directory; give a Hugging Face model directory "
-                         "(config.json, weights and tokenizer files)")  # fmt: skip
+        raise ValueError(
+            f"model={str(model)!r}: no such directory; give a Hugging Face model directory "
+            "(config.json, weights and tokenizer files)"
+        )
     if not (path / "config.json").is_file():
-        raise ValueError(f"model={str(model)!r}: no config.json in this directory; give a Hugging Face model "
-                         "directory")  # fmt: skip
+        raise ValueError(
+            f"model={str(model)!r}: no config.json in this directory; give a Hugging Face model directory"
+        )
 
 
 def make_backend(name: str, model_path: str | Path, device: str, dtype: str | None):

@@ -112,7 +112,9 @@ class EvalConfig:
             errors.append(f"chat_template={self.chat_template!r}: must be one of {CHAT_MODES}")
         limit = self.limit
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-            errors.append(f"limit={limit!r}: must be a positive integer (the first `limit` problems), or None for all")
+            errors.append(
+                f"limit={limit!r}: must be a positive integer (the first `limit` problems), or None for all"
+            )
         errors += _check_task(self.synthetic_kw, specs(data)) + _check_outputs(*self.paths())
         errors += check_engine(self.backend, self.device, self.dtype)
         if errors:
@@ -133,8 +135,10 @@ def _check_task(synthetic_kw: dict | None, specs: list[str | Path]) -> list[str]
     if not synthetic_kw:
         return []
     if SYNTHETIC not in (str(s) for s in specs):
-        return [f"synthetic_kw={synthetic_kw} (CLI --task) only applies to data 'synthetic', which is not among "
-                f"{[str(s) for s in specs]}: drop it or add 'synthetic'"]  # fmt: skip
+        return [
+            f"synthetic_kw={synthetic_kw} (CLI --task) only applies to data 'synthetic', which is not among "
+            f"{[str(s) for s in specs]}: drop it or add 'synthetic'"
+        ]
     valid = [f.name for f in dataclasses.fields(TaskConfig)]
     unknown = sorted(set(synthetic_kw) - set(valid))
     if unknown:
@@ -148,8 +152,10 @@ def _check_task(synthetic_kw: dict | None, specs: list[str | Path]) -> list[str]
 
 def _check_outputs(output: Path | None, table: Path | None, cache: Path | None) -> list[str]:
     if output is not None and output == table:
-        return [f"output={str(output)!r} ends in .md, the name of the markdown table written beside the results "
-                f"JSON: give a .json path, e.g. {str(output.with_suffix('.json'))!r}"]  # fmt: skip
+        return [
+            f"output={str(output)!r} ends in .md, the name of the markdown table written beside the results "
+            f"JSON: give a .json path, e.g. {str(output.with_suffix('.json'))!r}"
+        ]
     if cache is not None and cache in (output, table):
         return [f"cache={str(cache)!r} is also the results file; give the cache another name"]
     errors = _path_errors("output", output) if output is not None else []
@@ -165,6 +171,8 @@ def _path_errors(name: str, path: Path) -> list[str]:
         return [f"{name}={str(path)!r} (--{name}) is a directory; give a file path"]
     existing = file_in_the_way(path.parent)
     if existing is not None:
-        return [f"{name}={str(path)!r} (--{name}): {str(existing)!r} is a file, not a directory; choose "
-                "another path"]  # fmt: skip
+        return [
+            f"{name}={str(path)!r} (--{name}): {str(existing)!r} is a file, not a directory; choose "
+            "another path"
+        ]
     return []

@@ -69,8 +69,9 @@ def benchmark_metrics(correct: Sequence[Sequence[float]], ks: Sequence[int]) -> 
     return out
 
 
-def bootstrap_avg_ci(counts: Sequence[Sequence[int]], n: int, *, level: float = 0.95, draws: int = 4000,
-                     seed: int = 0) -> tuple[float, float]:
+def bootstrap_avg_ci(
+    counts: Sequence[Sequence[int]], n: int, *, level: float = 0.95, draws: int = 4000, seed: int = 0
+) -> tuple[float, float]:
     """Percentile bootstrap interval of avg@n (a fraction) over problems and seeds.
 
     counts: one sequence per seed (run) of per-problem correct counts out of ``n``, every run on the same
@@ -88,8 +89,15 @@ def bootstrap_avg_ci(counts: Sequence[Sequence[int]], n: int, *, level: float = 
     return _percentiles(_drawn_means(acc, r, p), level)
 
 
-def bootstrap_diff_ci(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]], n: int, *, level: float = 0.95,
-                      draws: int = 4000, seed: int = 0) -> tuple[float, float, float]:
+def bootstrap_diff_ci(
+    a: Sequence[Sequence[int]],
+    b: Sequence[Sequence[int]],
+    n: int,
+    *,
+    level: float = 0.95,
+    draws: int = 4000,
+    seed: int = 0,
+) -> tuple[float, float, float]:
     """(mean, low, high) of avg@n(a) - avg@n(b), fractions, with a percentile bootstrap over seeds and problems.
 
     a, b: per-seed lists of per-problem correct counts (as :func:`bootstrap_avg_ci`), all on the same problems.
@@ -100,7 +108,9 @@ def bootstrap_diff_ci(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]], n:
 
     acc_a, acc_b = _accuracies(a, n), _accuracies(b, n)
     if acc_a.shape[1] != acc_b.shape[1]:
-        raise ValueError(f"a has {acc_a.shape[1]} problems and b {acc_b.shape[1]}: compare on the same problems")
+        raise ValueError(
+            f"a has {acc_a.shape[1]} problems and b {acc_b.shape[1]}: compare on the same problems"
+        )
     rng = np.random.default_rng(seed)
     problems = acc_a.shape[1]
     p = rng.integers(0, problems, size=(draws, problems))
@@ -120,7 +130,9 @@ def _accuracies(counts: Sequence[Sequence[int]], n: int):
 
     acc = np.asarray(counts, dtype=np.float64)
     if acc.ndim != 2 or acc.size == 0:
-        raise ValueError("counts: give one non-empty list of per-problem correct counts per run, all the same length")
+        raise ValueError(
+            "counts: give one non-empty list of per-problem correct counts per run, all the same length"
+        )
     if ((acc < 0) | (acc > n)).any():
         raise ValueError(f"counts must lie in [0, n={n}]")
     return acc / n

@@ -64,18 +64,32 @@ def evaluate(
     budgets = {}
     for name, (rows, grader) in benchmarks.items():
         prompts = [_build_prompt(row, engine.tokenizer, cfg.template, use_chat) for row in rows]
-        budget = _fit_budget(name, engine, prompts, cfg.max_new_tokens, _default_budget(name, cfg.synthetic_kw))
+        budget = _fit_budget(
+            name, engine, prompts, cfg.max_new_tokens, _default_budget(name, cfg.synthetic_kw)
+        )
         budgets[name] = budget
         # everything that changes a sample keys the cache (the dtype too: bf16 and fp32 sample differently)
-        params = {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": budget, "seed": cfg.seed,
-                  "backend": engine.name, "dtype": engine.dtype}  # fmt: skip
+        params = {
+            "temperature": cfg.temperature,
+            "top_p": cfg.top_p,
+            "max_new_tokens": budget,
+            "seed": cfg.seed,
+            "backend": engine.name,
+            "dtype": engine.dtype,
+        }
         params_key = json.dumps(params, sort_keys=True)
         records: dict[tuple[int, int], dict] = {}
         todo = []
         for i, (row, prompt) in enumerate(zip(rows, prompts)):
             for j in range(cfg.n):
-                rec = {"model": model_id, "dataset": name, "id": row["id"], "sample": j, "params": params_key,
-                       "prompt_sha": prompt_hash(prompt)}  # fmt: skip
+                rec = {
+                    "model": model_id,
+                    "dataset": name,
+                    "id": row["id"],
+                    "sample": j,
+                    "params": params_key,
+                    "prompt_sha": prompt_hash(prompt),
+                }
                 hit = store.get(GenerationCache.key(rec)) if store is not None else None
                 if hit is not None:
                     records[i, j] = hit
@@ -88,9 +102,16 @@ def evaluate(
     # The budgets used, not the setting (None means a per-benchmark default); a mapping when they differ.
     used = next(iter(budgets.values())) if len(set(budgets.values())) == 1 else budgets
     results["params"] = {
-        "n": cfg.n, "ks": ks, "temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": used,
-        "seed": cfg.seed, "prompt_template": cfg.template, "chat_template": use_chat, "backend": engine.name,
-    }  # fmt: skip
+        "n": cfg.n,
+        "ks": ks,
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "max_new_tokens": used,
+        "seed": cfg.seed,
+        "prompt_template": cfg.template,
+        "chat_template": use_chat,
+        "backend": engine.name,
+    }
     metric_keys = [k for k in next(iter(results["benchmarks"].values())) if "@" in k or k.startswith("mean_")]
     results["macro"] = {
         k: sum(b[k] for b in results["benchmarks"].values()) / len(results["benchmarks"]) for k in metric_keys
@@ -118,13 +139,19 @@ def _fit_budget(name: str, engine, prompts: list[str], asked: int | None, defaul
         return budget
     where = f"{name}: the longest prompt (row {longest}) has {len(ids[longest])} tokens and the model's context is {context}"
     if room < 1:
-        raise ValueError(f"{where}, which leaves no room to generate; use a model with a longer context, or "
-                         "fewer or shorter prompts (--limit, --prompt-template, --chat-template off)")  # fmt: skip
+        raise ValueError(
+            f"{where}, which leaves no room to generate; use a model with a longer context, or "
+            "fewer or shorter prompts (--limit, --prompt-template, --chat-template off)"
+        )
     if asked is not None:
-        raise ValueError(f"max_new_tokens={asked}: {where}, which leaves {room} tokens; give --max-new-tokens "
-                         f"{room} or less")  # fmt: skip
-    print(f"kpo eval: warning: {where}: the generation budget is capped at {room} tokens (default {default})",
-          file=sys.stderr)  # fmt: skip
+        raise ValueError(
+            f"max_new_tokens={asked}: {where}, which leaves {room} tokens; give --max-new-tokens "
+            f"{room} or less"
+        )
+    print(
+        f"kpo eval: warning: {where}: the generation budget is capped at {room} tokens (default {default})",
+        file=sys.stderr,
+    )
     return room
 
 

@@ -51,7 +51,12 @@ class LossTerms:
     extra: dict[str, torch.Tensor | float] = field(default_factory=dict)
 
 
-_CONDITIONS = {"finite": lambda v: True, ">= 0": lambda v: v >= 0, "> 0": lambda v: v > 0, "> 1": lambda v: v > 1}
+_CONDITIONS = {
+    "finite": lambda v: True,
+    ">= 0": lambda v: v >= 0,
+    "> 0": lambda v: v > 0,
+    "> 1": lambda v: v > 1,
+}
 
 
 def check_hparams(condition: str, **values) -> None:
