@@ -16,6 +16,7 @@ from kpo.analysis import (
     compute,
     find_dumps,
     load_dump,
+    plots,
     synthetic_dump,
     write_synthetic,
 )
@@ -289,3 +290,45 @@ def test_an_output_folder_blocked_by_a_file_is_a_clean_error(tmp_path, capsys, s
     err = capsys.readouterr().err
     assert f"kpo analyze: error: output folder {str(out)!r}: {str(file)!r} is a file, not a folder" in err
     assert "Traceback" not in err and file.read_text() == ""
+
+
+def test_figure1_draws_the_on_band_it_names():
+    z = np.array([[0.01, -0.02, 0.0, 0.03]])
+    m = np.ones_like(z, dtype=bool)
+    fig = plots.traces(z, 0.1 * z, m, eps_low=3e-4, eps_high=4e-4, title="t")
+    (band,) = fig.axes[1].patches  # the zoom panel's on band [1 - eps_low, 1 + eps_high]: asymmetric
+    assert band.get_y() == pytest.approx(1 - 3e-4) and band.get_y() + band.get_height() == pytest.approx(
+        1 + 4e-4
+    )
+    assert [ax.get_ylabel() for ax in fig.axes] == ["importance ratio", "importance ratio (zoom)"]
+
+
+def test_figure1_frequency_band_is_one_std_clipped_to_0_1():
+    # two windows: mean 0.5 with std 0.1, and mean 0.9 with std 0.3 (the band would reach 1.2: clipped to 1)
+    w = {"mean": np.array([0.5, 0.9]), "var": np.array([0.01, 0.09]), "count": np.array([3, 3])}
+    empty = {"mean": np.array([]), "var": np.array([]), "count": np.array([])}
+    runs = {"up": np.array([1, 2, 2, 3]), "down": np.array([1]), "on": np.array([4, 4])}
+    fig = plots.dynamics(window_before=w, window_after=empty, runs_before=runs, runs_after=runs,
+                         switch_before=np.array([0.2]), switch_after=np.array([0.1]), window=50)  # fmt: skip
+    (band,) = fig.axes[0].collections
+    ys = np.round(band.get_paths()[0].vertices[:, 1], 9)
+    assert set(ys) == {0.4, 0.6, 1.0}  # 0.5 -+ 0.1 and clip(0.9 -+ 0.3, 0, 1) = 0.6, 1.0
+    # run lengths 1..4: integer ticks on a linear axis, not a log axis labelled "1" only
+    assert fig.axes[1].get_xscale() == "linear"
+    assert fig.axes[0].get_ylabel() == "off-policy share of the window's tokens"
+
+
+def test_figure4_writes_q_over_v_in_one_notation_and_says_what_is_undefined():
+    stats = dict.fromkeys(STAT_KEYS, 0.5)
+    rows = [{"q_over_v": q, **stats} for q in (1e-6, 1e-4, 1.024e-3)]
+    rows[1]["runlen_up"] = float("nan")  # no up run after filtering at 1e-4
+    fig = plots.sweep({**stats, "lfr": float("nan")}, rows)
+    panels = {ax.get_title(): ax for ax in fig.axes}
+    assert [t.get_text() for t in panels["mean run length up"].get_xticklabels()] == [
+        "1e-6",
+        "1e-4",
+        "1.024e-3",
+    ]
+    assert [t.get_text() for t in panels["mean run length up"].texts] == ["undefined at Q/V = 1e-4"]
+    assert [t.get_text() for t in panels["low-frequency ratio"].texts] == ["before KF: undefined"]
+    assert panels["mean run length up"].get_ylabel() == "tokens"

@@ -5,7 +5,14 @@ import json
 import numpy as np
 import pytest
 
-from kpo.train.plots import _figure, load_metrics, plot_training_dynamics, seed_band
+from kpo.train.plots import (
+    _figure,
+    auto_window,
+    load_metrics,
+    plot_training_dynamics,
+    seed_band,
+    training_figure,
+)
 
 
 def _run(offset: float, n: int = 6) -> list[dict]:
@@ -21,17 +28,60 @@ def _run(offset: float, n: int = 6) -> list[dict]:
     ]
 
 
+def _ys(line) -> np.ndarray:
+    return np.asarray(line.get_ydata(), dtype=float)
+
+
 def test_one_run_from_a_run_dir(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _run(0.0)))
     assert load_metrics(tmp_path)[2]["pg_loss"] is None  # missing values are skipped when drawing
-    out = plot_training_dynamics(tmp_path, tmp_path / "fig.png", title="one run")
-    assert out.stat().st_size > 10_000
+    fig = training_figure(tmp_path, title="one run", smooth=1)
+    reward, entropy, clip, loss = fig.axes
+    # one run, raw: each panel's line is the logged values, step by step (pg_loss has no step 3)
+    np.testing.assert_allclose(_ys(reward.lines[0]), [0.1 * s for s in range(1, 7)])
+    np.testing.assert_allclose(loss.lines[0].get_xdata(), [1, 2, 4, 5, 6])
+    assert [ax.get_ylabel() for ax in fig.axes] == [
+        "mean reward per completion",
+        "policy entropy (nats per token)",
+        "share of valid tokens clipped",
+        "loss per optimizer step (no unit)",
+    ]
+    assert clip.get_ylim()[0] == 0.0 and not reward.collections  # a floor at 0; no band for one run
+    assert plot_training_dynamics(tmp_path, tmp_path / "fig.png").stat().st_size > 10_000
 
 
-def test_several_methods_with_seed_bands(tmp_path):
-    runs = {"kpo": [_run(0.0), _run(0.1), _run(0.2)], "vanilla": _run(-0.1)}
-    out = plot_training_dynamics(runs, tmp_path / "cmp" / "fig.png", smooth=2)
-    assert out.exists() and out.stat().st_size > 10_000
+def test_several_methods_with_seed_bands():
+    runs = {"kpo": [_run(0.0), _run(0.1), _run(0.2)], "vanilla": [_run(-0.1)]}
+    fig = training_figure(runs, smooth=2)
+    reward = fig.axes[0]
+    (band,) = reward.collections  # kpo's three seeds; vanilla has one run, so no band
+    _, mean, lo, hi = seed_band(runs["kpo"], "reward_mean", smooth=2)
+    band_ys = band.get_paths()[0].vertices[:, 1]
+    # the band spans exactly the smoothed seeds' min..max at every step
+    assert (
+        np.isin(np.round(lo, 9), np.round(band_ys, 9)).all()
+        and np.isin(np.round(hi, 9), np.round(band_ys, 9)).all()
+    )
+    assert band_ys.min() == pytest.approx(lo.min()) and band_ys.max() == pytest.approx(hi.max())
+    smoothed, faint = reward.lines[:2]
+    np.testing.assert_allclose(_ys(smoothed), mean)
+    np.testing.assert_allclose(_ys(faint), seed_band(runs["kpo"], "reward_mean")[1])  # the raw mean, faint
+    assert faint.get_alpha() < 0.5 and smoothed.get_label() == "kpo"
+    assert "trailing mean over 2 steps" in fig.get_supxlabel()
+
+
+def test_a_metric_nobody_logged_and_a_constant_line_are_said_in_the_panel():
+    rows = [{"step": s, "reward_mean": 0.5, "clip_frac": 0.0} for s in range(1, 5)]
+    fig = training_figure({"kpo": [rows]}, smooth=1)
+    texts = {ax.get_title(): [t.get_text() for t in ax.texts] for ax in fig.axes}
+    assert texts["entropy"] == ["not logged: kpo"]
+    assert texts["reward mean"] == ["every value is 0.5"] and texts["clip fraction"] == ["every value is 0"]
+
+
+def test_the_default_window_is_a_twentieth_of_the_run():
+    assert [auto_window(n) for n in (1, 20, 60, 200)] == [1, 1, 3, 10]
+    fig = training_figure([{"step": s, "reward_mean": float(s)} for s in range(1, 61)])
+    assert "trailing mean over 3 steps" in fig.get_supxlabel()
 
 
 # Two seeds: A logs reward at steps 1, 2, 4 (step 3 missing, NaN counts as missing), B at steps 1, 2, 3.

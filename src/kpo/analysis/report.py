@@ -49,7 +49,7 @@ def analyze(dumps: list[Dump], cfg: AnalyzeConfig, out: str | Path) -> dict:
     table2 = {k: v for k, v in results.items() if k != "sweep"}
     (out / "table2.json").write_text(json.dumps(jsonable(table2), indent=2) + "\n")
     sweep_rows = [("Before KF (exact on)", before)] + [
-        (f"Q/V = {r['q_over_v']:g} (Q={r['q']:g}, V={v_sweep:g})", r) for r in sweep
+        (f"Q/V = {plots.qv_label(r['q_over_v'])} (Q={r['q']:g}, V={v_sweep:g})", r) for r in sweep
     ]
     (out / "sweep.md").write_text(markdown_table(sweep_rows))
     sweep_json = {
@@ -70,7 +70,6 @@ def analyze(dumps: list[Dump], cfg: AnalyzeConfig, out: str | Path) -> dict:
             eps_low=cfg.eps_low,
             eps_high=cfg.eps_high,
             title=after_label,
-            path=out / "figure1_traces.png",
         ),
         "figure1_dynamics.png": plots.dynamics(
             window_before=window_stats(z, m, window=cfg.window, max_windows=cfg.max_windows),
@@ -87,10 +86,11 @@ def analyze(dumps: list[Dump], cfg: AnalyzeConfig, out: str | Path) -> dict:
             switch_before=a.per_before["switch_freq"],
             switch_after=a.per_after["switch_freq"],
             window=cfg.window,
-            path=out / "figure1_dynamics.png",
         ),
-        "figure4_sweep.png": plots.sweep(before, sweep, path=out / "figure4_sweep.png"),
+        "figure4_sweep.png": plots.sweep(before, sweep),
     }
+    for name, fig in figures.items():
+        fig.savefig(out / name, dpi=110)
     (out / "report.md").write_text(_report(results, table, markdown_table(sweep_rows), figures, cfg))
     return results
 
