@@ -291,3 +291,20 @@ def test_sweep_values_that_would_share_a_run_directory_are_refused(compare_confi
         "seeds'); give memories that differ within 6 significant digits"
     ]
     assert not (tmp_path / "cmp").exists()
+
+
+@pytest.mark.parametrize(
+    ("finals", "verdict"),
+    [
+        ((0.2, 0.3, 0.4), "holds"),  # rising in memory
+        ((0.3, 0.3, 0.3), "does not hold"),  # flat: the longest memory must beat the shortest
+        ((0.2, 0.4, 0.3), "does not hold"),  # not monotone
+        ((0.2, 0.2, 0.3), "holds"),  # non-decreasing and not flat
+    ],
+)
+def test_figure4_claim_needs_a_rise_in_memory_that_is_not_flat(finals, verdict):
+    memories = {"8": 8.0, "matched": 31.25, "paper": 1000.0}
+    sweep = {p: {"memory": m, "final": (f, 0.0)} for (p, m), f in zip(memories.items(), finals)}
+    sweep = dict(reversed(sweep.items()))  # given out of memory order: the rule sorts by memory
+    line = _claims(["kpo"], _groups(["kpo"]), _table1({"kpo": 0.5}), {}, sweep, [])[-1]
+    assert line.startswith("- **Figure 4:") and f"** — {verdict}: final training reward memory 8 (8)" in line

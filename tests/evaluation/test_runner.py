@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from kpo.data.synthetic import TaskConfig, load_split
 from kpo.evaluation import GenerationCache, evaluate, sample_seed
 from kpo.evaluation import backends as backends_mod
 from kpo.evaluation import runner as runner_mod
@@ -64,9 +65,21 @@ def test_outputs_and_cache_reuse(tiny_model, tmp_path):
     saved = json.loads(out.read_text())
     assert saved["benchmarks"]["synthetic"]["problems"] == 4 and saved["params"]["n"] == 2
     b = saved["benchmarks"]["synthetic"]
-    assert set(b) >= {"avg@2", "pass@1", "pass@2", "mean_response_tokens", "truncated_frac", "per_problem"}
-    assert 1 <= b["mean_response_tokens"] <= 8
-    assert "| synthetic | 4 |" in out.with_suffix(".md").read_text()
+    # every number recomputed from the cached records: lengths, truncation (no eos within 8 tokens), grades
+    records = [json.loads(line) for line in cache.read_text().splitlines()]
+    task, answers = TaskConfig(), {row["id"]: row["answer"] for row in load_split("test", n=4)}
+    lengths = [r["n_tokens"] for r in records]
+    truncated = sum(not r["stopped"] for r in records) / 8
+    assert truncated > 0 and b["truncated_frac"] == pytest.approx(truncated)
+    assert b["mean_response_tokens"] == pytest.approx(sum(lengths) / 8) and max(lengths) <= 8
+    correct = {
+        pid: sum(task.grade(r["completion"], answers[pid]) for r in records if r["id"] == pid)
+        for pid in answers
+    }
+    assert {p["id"]: p["correct"] for p in b["per_problem"]} == correct
+    assert b["avg@2"] == pytest.approx(sum(correct.values()) / 8)
+    row = f"| synthetic | 4 | {100 * b['avg@2']:.1f} | {100 * b['pass@1']:.1f} | {100 * b['pass@2']:.1f} | "
+    assert row + f"{sum(lengths) / 8:.0f} | {100 * truncated:.1f}% |" in out.with_suffix(".md").read_text()
     # Rerun: everything comes from the cache; same results, nothing appended.
     assert evaluate(tiny_model, "synthetic", **kw) == first
     assert len(cache.read_text().splitlines()) == 8
@@ -162,7 +175,13 @@ def test_math_pipeline_grades_and_scores(tmp_path, monkeypatch, capsys):
         cli_main(["--model", "fake-model", "--data", str(data), "--n", "2", "--k", "1,2", "--no-progress"])
         == 0
     )
-    assert "| toy | 3 |" in capsys.readouterr().out
+    # percentages with one decimal: 2 samples of 3 problems, grades from the seeds' parity
+    two = {pid: [sample_seed(0, "toy", pid, j) % 2 == 0 for j in range(2)] for pid in ("0", "1", "2")}
+    avg, p2 = sum(map(sum, two.values())) / 6, sum(map(any, two.values())) / 3
+    table = capsys.readouterr().out
+    assert (
+        f"| toy | 3 | {100 * avg:.1f} | {100 * avg:.1f} | {100 * p2:.1f} | " in table and "| 0.0% |" in table
+    )
     assert cli_main(["--model", "m", "--data", str(data), "--n", "2", "--k", "1,4"]) == 2
     assert "ks=[1, 4]: [4] outside [1, n=2]" in capsys.readouterr().err
 
