@@ -18,6 +18,7 @@ from kpo.analysis import (
     load_dump,
     plots,
     synthetic_dump,
+    write_dump,
     write_synthetic,
 )
 from kpo.analysis.cli import main
@@ -332,3 +333,23 @@ def test_figure4_writes_q_over_v_in_one_notation_and_says_what_is_undefined():
     assert [t.get_text() for t in panels["mean run length up"].texts] == ["undefined at Q/V = 1e-4"]
     assert [t.get_text() for t in panels["low-frequency ratio"].texts] == ["before KF: undefined"]
     assert panels["mean run length up"].get_ylabel() == "tokens"
+
+
+def test_write_dump_round_trips_through_load_dump(tmp_path):
+    z = np.array([[0.1, -0.2, 0.0, 0.3], [0.05, 0.0, 0.0, 0.0]])
+    m = np.array([[1, 1, 0, 1], [1, 0, 0, 0]], dtype=bool)  # a hole in row 0, padding in row 1
+    settings = {"q": 1e-3, "v": 2.0, "p0": 0.5, "x0": 0.1, "mask_mode": "advance"}
+    path = write_dump(tmp_path / "r" / "step_000007.safetensors", np.where(m, z, 0.0), m, step=7,
+                      settings=settings, loss="kpo", on_policy=False)  # fmt: skip
+    dump = load_dump(path)
+    assert dump.meta == {"step": "7", "mask_mode": "advance", "q": "0.001", "v": "2.0", "p0": "0.5", "x0": "0.1",
+                         "loss": "kpo", "on_policy": "0"}  # fmt: skip
+    np.testing.assert_array_equal(dump.mask, m)
+    np.testing.assert_allclose(dump.log_ratio, np.where(m, z, 0.0).astype(np.float32))
+    ref = kalman_filter(torch.from_numpy(np.where(m, z, 0.0).astype(np.float32).astype(np.float64)),
+                        torch.from_numpy(m), **settings)  # fmt: skip
+    np.testing.assert_allclose(dump.filtered[m], ref.numpy()[m], rtol=1e-6)
+    with pytest.raises(ValueError, match=r"settings lack \['mask_mode'\]"):
+        write_dump(tmp_path / "x.safetensors", z, m, step=1, settings={"q": 1, "v": 1, "p0": 0, "x0": 0})
+    with pytest.raises(ValueError, match=r"log_ratio \(2, 4\) and mask \(1, 4\) must both be \[B, T\]"):
+        write_dump(tmp_path / "x.safetensors", z, m[:1], step=1, settings=settings)

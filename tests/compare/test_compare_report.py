@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from safetensors.torch import save_file
 
+from kpo.analysis import write_dump
 from kpo.compare import plan_runs
 from kpo.compare.report import _claims, reward_summary, write_report
+from kpo.losses.kpo import filter_settings
 
 
 def _section(text: str, title: str) -> str:
@@ -39,14 +39,14 @@ def test_table2_with_only_on_policy_dumps_says_why(compare_config, fake_done_run
     text_dir = cfg.out
     runs = plan_runs(cfg)
     for run in runs:
-        ratios = fake_done_run(cfg, run) / "ratios"
-        ratios.mkdir()
-        z = torch.tensor(np.full((2, 3), 0.01, dtype=np.float32))
-        meta = {"step": "1", "loss": "kpo", "mask_mode": "skip", "on_policy": "1"}
-        save_file(
-            {"log_ratio": z, "mask": torch.ones(2, 3, dtype=torch.uint8)},
-            str(ratios / "step_000001.safetensors"),
-            metadata=meta,
+        write_dump(
+            fake_done_run(cfg, run) / "ratios" / "step_000001.safetensors",
+            np.full((2, 3), 0.01),
+            np.ones((2, 3), dtype=bool),
+            step=1,
+            settings=filter_settings("kpo", {}),
+            loss="kpo",
+            on_policy=True,
         )
     table = _section(write_report(cfg, runs, text_dir).read_text(), "Table 2 analog")
     assert (
