@@ -64,11 +64,21 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.main(rest) or 0)
     except KeyboardInterrupt as e:
         message = str(e) or f"interrupted; {KEPT_ON_INTERRUPT.get(name, 'nothing kept')}"
+        _close_bars()
         print(f"kpo {name}: {message}", file=sys.stderr, flush=True)
         return INTERRUPTED
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _close_bars() -> None:
+    """Close the progress bars an interrupt left open, so the interrupt's line is not written onto a bar and no
+    bar is redrawn after it."""
+    tqdm = sys.modules.get("tqdm")
+    if tqdm is not None:
+        for bar in list(tqdm.tqdm._instances):
+            bar.close()
 
 
 def _terminate(signum, frame) -> None:
