@@ -105,7 +105,9 @@ class InterruptGuard:
 def rng_state() -> dict:
     """The random-number generator states a transformers checkpoint carries (python, numpy, torch CPU and every
     CUDA device), to rewind to with :func:`restore_rng`."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
+    # numpy's legacy global generator: the one transformers saves and restores
+    state = {"python": random.getstate(), "numpy": np.random.get_state(),  # noqa: NPY002
+             "cpu": torch.random.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.random.get_rng_state_all()
     return state
@@ -114,7 +116,7 @@ def rng_state() -> dict:
 def restore_rng(state: dict) -> None:
     """Set the generators to a :func:`rng_state` snapshot."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    np.random.set_state(state["numpy"])  # noqa: NPY002
     torch.random.set_rng_state(state["cpu"])
     if "cuda" in state:
         torch.cuda.random.set_rng_state_all(state["cuda"])
