@@ -2,12 +2,18 @@
 
 Every command module exposes ``main(argv: list[str]) -> int``; modules are imported only when their
 command runs, so ``kpo bench`` never imports TRL and ``kpo --help`` is instant.
+
+Ctrl-C (SIGINT) and SIGTERM end every command the same way: one line on stderr, exit status 130, no traceback.
+``kpo train`` first writes a checkpoint and its line says how to resume (``kpo.train.interrupt``); the others
+say what they keep.
 """
 
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
+import threading
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("kpo.train.cli", "train a policy with KPO or any baseline loss (TRL engine)"),
@@ -17,6 +23,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "summary": ("kpo.train.summary", "one run's summary.json: warm start vs final avg@k with 95% intervals"),
     "compare": ("kpo.compare.cli", "train, evaluate and analyze several methods and seeds into one report"),
 }
+
+# What an interrupted command keeps, for the commands whose interrupt has no message of its own.
+KEPT_ON_INTERRUPT = {
+    "train": "stopped before training began; nothing to resume",
+    "eval": "with --output (or --cache), the generations finished so far are cached: rerun the same command to "
+            "continue",
+    "compare": "finished runs are kept: rerun the same command to continue with the others",
+}
+INTERRUPTED = 130  # 128 + SIGINT, the shell's status for a command ended by Ctrl-C
 
 
 def _usage() -> str:
@@ -42,8 +57,33 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kpo: unknown command {name!r}; valid commands: {', '.join(COMMANDS)}\n", file=sys.stderr)
         print(_usage(), file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() \
+        else None
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+        return int(module.main(rest) or 0)
+    except KeyboardInterrupt as e:
+        message = str(e) or f"interrupted; {KEPT_ON_INTERRUPT.get(name, 'nothing kept')}"
+        _close_bars()
+        print(f"kpo {name}: {message}", file=sys.stderr, flush=True)
+        return INTERRUPTED
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _close_bars() -> None:
+    """Close the progress bars an interrupt left open, so the interrupt's line is not written onto a bar and no
+    bar is redrawn after it."""
+    tqdm = sys.modules.get("tqdm")
+    if tqdm is not None:
+        for bar in list(tqdm.tqdm._instances):
+            bar.close()
+
+
+def _terminate(signum, frame) -> None:
+    """SIGTERM (a scheduler's stop, ``kill``) ends a command as Ctrl-C does, instead of killing it mid-write."""
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,17 +14,17 @@ def tiny_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("kpo-cache")
 
 
-@pytest.fixture
-def tiny_config(tiny_cache, tmp_path):
+def tiny_config_factory(cache, directory):
     """Factory of a seconds-long TrainConfig: a 1-layer, 32-wide model on sums of two numbers up to 4
     (warm-started to a reward of about 0.6, so advantages are not all zero), 8 prompts x 4 responses per
-    generation batch, 2 optimizer steps per batch (the second off-policy), lr 1e-2 so ratios move visibly."""
+    generation batch, 2 optimizer steps per batch (the second off-policy), lr 1e-2 so ratios move visibly.
+    Runs go to ``directory / name``, the warm start to ``cache``."""
     from kpo.train.config import TrainConfig
 
     def make(name: str = "run", **overrides) -> TrainConfig:
         fields = dict(
-            output_dir=str(tmp_path / name),
-            cache_dir=str(tiny_cache),
+            output_dir=str(directory / name),
+            cache_dir=str(cache),
             task="chain",
             n_terms=2,
             max_value=4,
@@ -45,3 +45,16 @@ def tiny_config(tiny_cache, tmp_path):
         return TrainConfig(**fields)
 
     return make
+
+
+@pytest.fixture
+def tiny_config(tiny_cache, tmp_path):
+    """:func:`tiny_config_factory` with runs in this test's tmp_path."""
+    return tiny_config_factory(tiny_cache, tmp_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_config_in(tiny_cache):
+    """``tiny_config_in(directory)``: :func:`tiny_config_factory` for runs in ``directory``, for fixtures shared
+    by several tests (a module's uninterrupted reference run)."""
+    return lambda directory: tiny_config_factory(tiny_cache, directory)

@@ -64,7 +64,8 @@ def use_quiet_progress(trainer, enabled: bool, stream: TextIO | None = None) -> 
 
     class LineProgress(TrainerCallback):
         """One line at the first logged step, then at the first log at or past each 1/LINES_PER_RUN of
-        max_steps, and at the end; from the step a resumed run starts at."""
+        max_steps, and at max_steps; from the step a resumed run starts at. None when training stops early
+        (an interrupt says itself where it stopped)."""
 
         def on_train_begin(self, args, state, control, **kwargs):
             self.start, self.first_step, self.next_step = time.monotonic(), state.global_step, state.global_step
@@ -79,7 +80,8 @@ def use_quiet_progress(trainer, enabled: bool, stream: TextIO | None = None) -> 
                 self.next_step = (state.global_step // self.every + 1) * self.every
 
         def on_train_end(self, args, state, control, **kwargs):
-            if state.is_world_process_zero and self.printed != state.global_step:
+            done = state.global_step >= state.max_steps
+            if state.is_world_process_zero and done and self.printed != state.global_step:
                 self.line(state)
 
         def line(self, state) -> None:

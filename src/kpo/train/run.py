@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
 
+from kpo.train.card import write_run_card
 from kpo.train.config import TRAJECTORY_FIELDS, ConfigError, TrainConfig
+from kpo.train.interrupt import AbandonBatch, InterruptGuard, StopNow, TrainingInterrupted
 from kpo.train.summary import EVAL_FILES
 
 __all__ = ["model_path", "notices", "run_training", "synthetic_reward", "math_reward_fn"]
@@ -181,7 +186,9 @@ def run_training(config: TrainConfig) -> Path:
         print(f"kpo train: the run in {out} is already complete ({ckpt.name}, max_steps={config.max_steps}); "
               f"nothing to do. Raise --max-steps to train further.", file=sys.stderr)
         return out
-    config.save_yaml(out / "config.yaml")
+    # resume/overwrite say what this command does to output_dir, not what the run is: kept out of config.yaml
+    # so that `kpo train --config RUN/config.yaml --resume` continues it
+    dataclasses.replace(config, resume=False, overwrite=False).save_yaml(out / "config.yaml")
 
     from trl import GRPOConfig
 
@@ -254,12 +261,49 @@ def run_training(config: TrainConfig) -> Path:
         metrics_path=out / "metrics.jsonl",
         dump_ratios_every=config.dump_ratios_every,
         ratios_dir=out / "ratios",
+        interrupts=InterruptGuard(),
+        run_card=lambda: write_run_card(config, out),
     )
     use_quiet_progress(trainer, config.progress)
-    trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
-    if trainer.accelerator.is_main_process:
-        trainer.save_model(str(out / "final"))
-        tokenizer.save_pretrained(out / "final")
-        plot_training_dynamics(out / "metrics.jsonl", out / "training_dynamics.png",
-                               title=f"{config.loss} (seed {config.seed})")
+    # several processes would each stop at their own batch boundary and wait for the others in a collective:
+    # signals are handled (the guard entered) in a single-process run only
+    with trainer.interrupts if world == 1 else contextlib.nullcontext():
+        _train(trainer, config, ckpt)
+        with trainer.interrupts.deferred():
+            if trainer.accelerator.is_main_process:
+                trainer.save_model(str(out / "final"))
+                tokenizer.save_pretrained(out / "final")
+                write_run_card(config, out)
+                plot_training_dynamics(out / "metrics.jsonl", out / "training_dynamics.png",
+                                       title=f"{config.loss} (seed {config.seed})")
     return out
+
+
+def _train(trainer, config: TrainConfig, ckpt: Path | None) -> None:
+    """``trainer.train()``, from ``ckpt`` if given. On SIGINT/SIGTERM (``kpo.train.interrupt``):
+    :class:`TrainingInterrupted` whose message says where the run stopped and the command that resumes it."""
+    out = Path(config.output_dir)
+    again = f"kpo train --config {shlex.quote(str(out / 'config.yaml'))}"
+    try:
+        trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
+        return
+    except AbandonBatch:
+        kept = trainer.checkpoint_abandoned_batch()
+        if kept is None:
+            line = (f"interrupted by {trainer.interrupts.received} in the first generation batch, before any "
+                    f"step: nothing to keep; start again with: {again}")
+        else:
+            line = (f"interrupted by {trainer.interrupts.received} at step {trainer.state.global_step}/"
+                    f"{config.max_steps}, checkpoint saved in {kept}; resume with: {again} --resume")
+    except StopNow:
+        kept = _last_checkpoint(out)
+        where = (f"resume from {kept.name} with: {again} --resume" if kept is not None
+                 else f"no checkpoint yet; start again with: {again} --overwrite")
+        line = (f"stopped by a second {trainer.interrupts.received} during step {trainer.state.global_step + 1}, "
+                f"without a checkpoint of it; {where}")
+    # what the end of training does besides saving: close the progress bar (the line must not land on it) and
+    # flush the loggers (TensorBoard)
+    trainer.callback_handler.on_train_end(trainer.args, trainer.state, trainer.control)
+    if trainer.accelerator.is_main_process:
+        write_run_card(config, out)
+    raise TrainingInterrupted(line, kept)

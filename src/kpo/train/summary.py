@@ -21,7 +21,7 @@ import math
 import sys
 from pathlib import Path
 
-__all__ = ["EVAL_FILES", "summarize_run", "main"]
+__all__ = ["EVAL_FILES", "summarize_run", "main", "window_mean"]
 
 # run-dir files of the two evaluations the summary compares
 EVAL_FILES = {"warm_start": "eval_warm_start.json", "final": "eval.json"}
@@ -63,7 +63,8 @@ def _kalman_block(rows: list[dict], minibatches: int) -> dict:
     }
 
 
-def _window_mean(values: list[float], last: bool) -> float | None:
+def window_mean(values: list[float | None], last: bool) -> float | None:
+    """Mean of the first or last 10% (at least one) of the non-None values; None when there are none."""
     values = [v for v in values if v is not None]
     if not values:
         return None
@@ -100,7 +101,7 @@ def summarize_run(run_dir: str | Path) -> dict:
         "loss": config.loss,
         "steps": len(rows),
         "response_length_mean": sum(lengths) / len(lengths) if lengths else math.nan,
-        "reward": {"first": _window_mean(rewards, last=False), "last": _window_mean(rewards, last=True)},
+        "reward": {"first": window_mean(rewards, last=False), "last": window_mean(rewards, last=True)},
         "warm_start": warm,
         "final": final,
         "final_minus_warm_start": {"mean": 100 * diff, "ci95": [100 * low, 100 * high]},

@@ -12,6 +12,13 @@ What is replaced (TRL has no loss plugin API, so this pins the TRL range it was 
 - ``log``: one row per optimizer step appended to ``metrics.jsonl`` with the paper's names; generation-batch
   statistics (reward, response length) are carried to every optimizer step trained on that batch.
 
+- ``create_model_card``: kpo's run card (``kpo.train.card``) instead of TRL's, which TRL writes to
+  ``output_dir/README.md`` at every checkpoint.
+
+With an :class:`~kpo.train.interrupt.InterruptGuard`, SIGINT/SIGTERM stop the run at a generation-batch boundary
+(see that module); without one, it trains through. If every group's rewards are equal for
+``FLAT_REWARD_BATCHES`` generation batches in a row, it says so once (nothing can be learned from them).
+
 Optionally every ``dump_ratios_every`` optimizer steps the per-token log-ratio, its Kalman-filtered version
 and the mask are saved to ``ratios/step_{N:06d}.safetensors`` for ``kpo analyze``.
 """
@@ -20,7 +27,9 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -31,6 +40,7 @@ from kpo.advantages import compute_advantages
 from kpo.filter import kalman_filter
 from kpo.losses import aggregate_entropy, get_loss_spec, policy_loss
 from kpo.losses.kpo import filter_settings
+from kpo.train.interrupt import InterruptGuard, restore_rng, rng_state
 
 TESTED_TRL = (Version("1.16"), Version("1.17"))
 if not TESTED_TRL[0] <= Version(trl.__version__) < TESTED_TRL[1]:
@@ -42,7 +52,10 @@ if not TESTED_TRL[0] <= Version(trl.__version__) < TESTED_TRL[1]:
 from trl import GRPOTrainer  # noqa: E402
 from trl.trainer.utils import RepeatSampler  # noqa: E402
 
-__all__ = ["KPOTrainer"]
+__all__ = ["FLAT_REWARD_BATCHES", "KPOTrainer"]
+# Generation batches in a row whose groups all have zero reward variance before the run says nothing can learn
+# (one such batch happens by chance when the reward is rare; several in a row rarely do).
+FLAT_REWARD_BATCHES = 3
 # Generation-batch statistics TRL logs once per generation; carried to the other optimizer steps.
 # The sampling/ keys are vLLM's train/inference mismatch (TRL's importance-sampling correction).
 _SAMPLING_KEYS = ("sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
@@ -86,6 +99,8 @@ class KPOTrainer(GRPOTrainer):
         advantage: estimator name for ``kpo.compute_advantages``.
         metrics_path: where to append one JSON row per optimizer step (None = do not write).
         dump_ratios_every / ratios_dir: ratio dumps for ``kpo analyze`` (0 = off).
+        interrupts: the guard that records SIGINT/SIGTERM (None = not stopped at a batch boundary).
+        run_card: writes the run's README.md in place of TRL's model card (None = TRL's card).
     """
 
     def __init__(
@@ -98,6 +113,8 @@ class KPOTrainer(GRPOTrainer):
         metrics_path: str | Path | None = None,
         dump_ratios_every: int = 0,
         ratios_dir: str | Path | None = None,
+        interrupts: InterruptGuard | None = None,
+        run_card: Callable[[], object] | None = None,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
@@ -115,6 +132,10 @@ class KPOTrainer(GRPOTrainer):
         self._step_loss_metrics: dict[str, list[tuple[float, float]]] = defaultdict(list)
         # this optimizer step's entropy pieces, one per micro-batch, each already a share of the whole step
         self._step_entropy: list[float] = []
+        self.interrupts = interrupts
+        self.run_card = run_card
+        self._batch_end_rng: dict | None = None  # RNG states where the last finished generation batch ended
+        self._flat_batches = 0  # generation batches in a row with zero reward variance in every group
         if self.beta != 0.0:
             raise ValueError("KPOTrainer follows the paper's protocol without a KL term: set beta=0")
 
@@ -129,6 +150,11 @@ class KPOTrainer(GRPOTrainer):
             seed=self.args.seed,
         )
 
+    @property
+    def steps_per_batch(self) -> int:
+        """Optimizer steps per generation batch (``minibatches``)."""
+        return self.args.steps_per_generation // self.args.gradient_accumulation_steps
+
     # ------------------------------------------------------------------ advantages
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
@@ -136,7 +162,11 @@ class KPOTrainer(GRPOTrainer):
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
+        if not self.model.training or self.interrupts is None:
+            output = super()._generate_and_score_completions(inputs)
+        else:
+            with self.interrupts.generation():
+                output = super()._generate_and_score_completions(inputs)
         if self.model.training:
             # TRL's rewards are gathered over processes in sampler order: each prompt's num_generations
             # responses are consecutive, so the group of response i is i // num_generations.
@@ -147,9 +177,63 @@ class KPOTrainer(GRPOTrainer):
             n_local = output["advantages"].shape[0]
             start = self.accelerator.process_index * n_local
             output["advantages"] = adv[start : start + n_local].to(output["advantages"].device)
+            self._watch_reward_variance(rewards.view(-1, self.num_generations))
             metrics = self._metrics["train"]
             self._generation_stats = {k: metrics[k][-1] for k in _GENERATION_KEYS if metrics.get(k)}
         return output
+
+    def _watch_reward_variance(self, grouped: torch.Tensor) -> None:
+        """Count generation batches in a row whose every group ([prompts, num_generations] rewards) scored all its
+        responses alike, and say once, at FLAT_REWARD_BATCHES, why nothing is learned and what to try."""
+        flat = bool((grouped == grouped[:, :1]).all())
+        self._flat_batches = self._flat_batches + 1 if flat else 0
+        if self._flat_batches != FLAT_REWARD_BATCHES or not self.accelerator.is_main_process:
+            return
+        values = sorted({float(v) for v in grouped.flatten().tolist()})
+        scored = f"every response scored {values[0]:g}" if len(values) == 1 else "every group scored its responses alike"
+        steps_per_batch = self.steps_per_batch
+        first = self.state.global_step - (FLAT_REWARD_BATCHES - 1) * steps_per_batch + 1
+        print(f"kpo train: warning: zero reward variance in every group for {FLAT_REWARD_BATCHES} generation batches "
+              f"in a row (steps {first}-{self.state.global_step + steps_per_batch}; {scored}): every advantage is 0, "
+              f"so the policy does not learn. Likely all responses are equally wrong or right: the completion length "
+              f"({self.max_completion_length} tokens) too short to reach an answer, the task too hard or too easy "
+              f"for the model, or a reward function that does not match the output format. Try a larger "
+              f"--max-completion-length, an easier or harder --dataset, or check a few generations against the "
+              f"reward function", file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------------------ interrupts and the run card
+    def _maybe_log_save_evaluate(self, *args, **kwargs):
+        super()._maybe_log_save_evaluate(*args, **kwargs)
+        if self.interrupts is not None and self.state.global_step % self.steps_per_batch == 0:
+            # where a save at this step took (or would have taken) the RNG states from
+            self._batch_end_rng = rng_state()
+
+    def _save_checkpoint(self, model, trial):
+        if self.interrupts is None:
+            return super()._save_checkpoint(model, trial)
+        with self.interrupts.deferred():
+            return super()._save_checkpoint(model, trial)
+
+    def checkpoint_abandoned_batch(self) -> Path | None:
+        """After :class:`~kpo.train.interrupt.AbandonBatch`: the checkpoint of the last finished generation batch,
+        written with the RNG states rewound to that batch's end unless a regular save (or the checkpoint this run
+        resumed from) already holds it; None when no batch has finished (nothing to keep)."""
+        step = self.state.global_step
+        if step == 0:
+            return None
+        folder = Path(self.args.output_dir) / f"checkpoint-{step}"
+        if not folder.is_dir():
+            restore_rng(self._batch_end_rng)
+            self._save_checkpoint(self.model_wrapped, trial=None)
+        return folder
+
+    def create_model_card(self, *args, **kwargs):
+        """kpo's run card (``run_card``) where TRL would write its boilerplate one (at every checkpoint and on
+        push_to_hub), so TRL never replaces it."""
+        if self.run_card is None:
+            return super().create_model_card(*args, **kwargs)
+        if self.accelerator.is_main_process:
+            self.run_card()
 
     # ------------------------------------------------------------------ global counts for accumulation
     def _prepare_inputs(self, generation_batch):
