@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,12 @@ def fake_execute(cfg, run, out) -> dict:
         sys.exit(3)
     if mode == "kill":
         os._exit(3)
+    if mode == "slow":  # trains until a signal stops it, as kpo train does
+        try:
+            time.sleep(120)
+        except KeyboardInterrupt:
+            (out / "interrupted").write_text("stopped by a signal")
+            raise
     write_fake_run(cfg, run)
     return {"run": run.name, "seconds": 0.0, "macro": {"avg@2": 0.5}}
 
@@ -125,3 +132,21 @@ def test_an_unfinished_run_restarts_without_its_stale_metrics(compare_config, fa
     (stale / "metrics.jsonl").write_text('{"step": 1}\n' * 99)  # an interrupted run (no eval.json)
     run_compare(cfg)
     assert len((stale / "metrics.jsonl").read_text().splitlines()) == cfg.steps
+
+
+def test_an_interrupt_of_kpo_compare_stops_its_workers(compare_config, fake_workers, monkeypatch):
+    # kpo compare alone is signalled (`kill PID`, `timeout`): its workers, in process groups of their own, must
+    # hear of it from kpo compare, once, and stop, instead of training on while the pool waits for them
+    fake_workers({"vanilla-seed0": "slow"})
+    cfg = compare_config(methods=("vanilla",), seeds=1, sweep_memory=(), jobs=1)
+    folder = Path(cfg.out) / "runs" / "vanilla-seed0"
+
+    def interrupted_wait(*args, **kwargs):
+        while not (folder / "log.txt").exists():  # the worker has started the run
+            time.sleep(0.05)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kpo.compare.run, "wait", interrupted_wait)
+    with pytest.raises(KeyboardInterrupt):
+        run_compare(cfg)
+    assert (folder / "interrupted").read_text() == "stopped by a signal"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -192,34 +193,34 @@ def _broken_pool_failures(broken: list[Run], started: list[Run], out: Path) -> l
     return lines
 
 
-def _train_runs(cfg: CompareConfig, todo: list[Run], out: Path) -> None:
-    """Train and evaluate the runs ``todo`` in parallel worker processes with a progress bar; RuntimeError
-    listing every failed run (after the others ended) when any failed."""
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """kpo compare was interrupted: pass one SIGINT to each live worker, so its kpo train checkpoints and stops,
+    cancel the runs not started, and return when every worker has ended."""
+    for process in list(pool._processes.values()):  # the pool has no public handle on its workers
+        if process.is_alive():
+            os.kill(process.pid, signal.SIGINT)
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _await_runs(
+    pool: ProcessPoolExecutor, cfg: CompareConfig, todo: list[Run], folders: dict
+) -> tuple[list, list]:
+    """Each seed's warm start, then every run of ``todo`` on ``pool`` with a progress bar of optimizer steps;
+    returns (failure lines, runs whose worker process died)."""
     from concurrent.futures.process import BrokenProcessPool
 
     from tqdm.auto import tqdm
 
-    folders = {r: out / "runs" / r.name for r in todo}
-    for folder in folders.values():
-        _clear_unfinished(folder)
-    log_sizes = {
-        r: _log_size(f) for r, f in folders.items()
-    }  # a run's worker adds a line to its log at start
-    jobs = cfg.jobs if cfg.jobs is not None else os.cpu_count() or 1
-    steps = cfg.steps
+    seeds = sorted({r.seed for r in todo})
+    print(f"warm starts of seeds {seeds} (cached after the first compare) and their evaluation", flush=True)
+    for fut in [pool.submit(_warm_start, cfg, s) for s in seeds]:
+        fut.result()
     failures, broken = [], []
-    with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=get_context("spawn")) as pool:
-        seeds = sorted({r.seed for r in todo})
-        print(
-            f"warm starts of seeds {seeds} (cached after the first compare) and their evaluation", flush=True
-        )
-        for fut in [pool.submit(_warm_start, cfg, s) for s in seeds]:
-            fut.result()
-        bar = tqdm(total=steps * len(todo), desc="compare (optimizer steps)", unit="step")
+    with tqdm(total=cfg.steps * len(todo), desc="compare (optimizer steps)", unit="step") as bar:
         pending = {pool.submit(_execute, cfg, r, folders[r]): r for r in todo}
         while pending:
             finished, _ = wait(pending, timeout=5, return_when=FIRST_COMPLETED)
-            bar.n = sum(min(_steps_logged(f), steps) for f in folders.values())
+            bar.n = sum(min(_steps_logged(f), cfg.steps) for f in folders.values())
             bar.refresh()
             for fut in finished:
                 run = pending.pop(fut)
@@ -234,7 +235,29 @@ def _train_runs(cfg: CompareConfig, todo: list[Run], out: Path) -> None:
                     continue
                 macro = ", ".join(f"{k} {v:.3f}" for k, v in info["macro"].items() if "@" in k)
                 bar.write(f"done {run.name} in {info['seconds'] / 60:.1f} min: {macro}")
-    bar.close()
+    return failures, broken
+
+
+def _train_runs(cfg: CompareConfig, todo: list[Run], out: Path) -> None:
+    """Train and evaluate the runs ``todo`` in parallel worker processes; RuntimeError listing every failed run
+    (after the others ended) when any failed. An interrupt is passed on to the workers (:func:`_stop_workers`)."""
+    folders = {r: out / "runs" / r.name for r in todo}
+    for folder in folders.values():
+        _clear_unfinished(folder)
+    # a run's worker adds a line to its log at start: which of the runs a dead worker stopped had begun
+    log_sizes = {r: _log_size(f) for r, f in folders.items()}
+    jobs = cfg.jobs if cfg.jobs is not None else os.cpu_count() or 1
+    # Workers run in process groups of their own, so a signal reaches them only through _stop_workers: once,
+    # whether it was a terminal's Ctrl-C (sent to the whole foreground group) or a signal to kpo compare alone.
+    pool = ProcessPoolExecutor(
+        max_workers=min(jobs, len(todo)), mp_context=get_context("spawn"), initializer=os.setpgrp
+    )
+    with pool:
+        try:
+            failures, broken = _await_runs(pool, cfg, todo, folders)
+        except KeyboardInterrupt:
+            _stop_workers(pool)
+            raise
     broken.sort(key=todo.index)  # in plan order, not in the order the pool gave up on them
     started = [r for r in broken if _log_size(folders[r]) > log_sizes[r]]
     failures += _broken_pool_failures(broken, started, out)
