@@ -252,15 +252,25 @@ def test_weights_load_in_float32_whatever_the_checkpoint_dtype(tiny_config, tmp_
     assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 
-def test_vllm_mismatch_metrics_reach_metrics_jsonl(tmp_path):
-    # TRL logs its importance-sampling correction once per generation batch under sampling/...; a row keeps them
-    from types import SimpleNamespace
+def test_vllm_mismatch_metrics_reach_metrics_jsonl(tiny_config, monkeypatch):
+    # TRL's vLLM path logs its importance-sampling correction once per generation batch under sampling/...:
+    # here TRL's generation logs it as that path does (0.9 for the first batch, 0.8 for the second), and the
+    # real logging path must write it to every optimizer step trained on that batch
+    from trl import GRPOTrainer
 
-    from kpo.train.trainer import KPOTrainer
+    from kpo.train import run_training
 
-    fake = SimpleNamespace(state=SimpleNamespace(global_step=3), metrics_path=tmp_path / "metrics.jsonl")
-    logs = {"reward": 0.5, "sampling/importance_sampling_ratio/mean": 0.9, "sampling/unknown": 1.0}
-    KPOTrainer._write_row(fake, logs)
-    row = json.loads(fake.metrics_path.read_text())
-    assert row["step"] == 3 and row["sampling/importance_sampling_ratio/mean"] == 0.9
-    assert "sampling/unknown" not in row
+    generate = GRPOTrainer._generate_and_score_completions
+    values = iter([0.9, 0.8])
+
+    def generate_with_vllm_metrics(self, inputs):
+        output = generate(self, inputs)
+        if self.model.training:
+            self._metrics["train"]["sampling/importance_sampling_ratio/mean"].append(next(values))
+            self._metrics["train"]["sampling/unknown"].append(1.0)  # not a metric kpo knows: left out
+        return output
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", generate_with_vllm_metrics)
+    rows = _rows(run_training(tiny_config(max_steps=4)))  # 2 optimizer steps per generation batch
+    assert [r["sampling/importance_sampling_ratio/mean"] for r in rows] == [0.9, 0.9, 0.8, 0.8]
+    assert all("sampling/unknown" not in r for r in rows)

@@ -194,7 +194,9 @@ def _has_analyzed_dump(steps: int, every: int, minibatches: int) -> bool:
     """Whether dumping every ``every`` optimizer steps of a ``steps``-step run dumps a step Table 2 analyzes: an
     off-policy one (not the first step of a generation batch of ``minibatches`` steps), or any step when
     ``minibatches`` = 1 (no step is off-policy; Table 2 then says so)."""
-    return any(minibatches == 1 or (s - 1) % minibatches for s in range(every, steps + 1, every))
+    from kpo.train.config import on_policy_step
+
+    return any(minibatches == 1 or not on_policy_step(s, minibatches) for s in range(every, steps + 1, every))
 
 
 def _dump_period_errors(cfg: CompareConfig) -> list[str]:

@@ -45,7 +45,7 @@ class ConfigError(ValueError):
         super().__init__("invalid training config:\n" + "\n".join(f"  - {e}" for e in self.errors))
 
 
-def _f(default: Any, help: str, **kw) -> Any:
+def _option(default: Any, help: str, **kw) -> Any:
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
     return field(default=default, metadata={"help": help}, **kw)
@@ -56,21 +56,21 @@ class TrainConfig:
     """Every knob of a ``kpo train`` run (help text of each field below = its documentation)."""
 
     # --- run ---
-    output_dir: str = _f("runs/kpo-tiny", "Directory for config.yaml, metrics.jsonl, checkpoints, final/, plots.")
-    seed: int = _f(0, "Seed of model init, data order, sampling and the synthetic task.")
-    max_steps: int = _f(
+    output_dir: str = _option("runs/kpo-tiny", "Directory for config.yaml, metrics.jsonl, checkpoints, final/, plots.")
+    seed: int = _option(0, "Seed of model init, data order, sampling and the synthetic task.")
+    max_steps: int = _option(
         1000, "Optimizer steps, a multiple of minibatches (each generation batch gives `minibatches` of them)."
     )
-    resume: bool = _f(
+    resume: bool = _option(
         False,
         "Continue from the last checkpoint in output_dir (same config required, except the fields that do not "
         "change the trajectory: output_dir, cache_dir, max_steps, checkpoint, dump, logging and thread settings).",
     )
-    overwrite: bool = _f(False, "Allow starting a fresh run in a non-empty output_dir (its files are replaced).")
+    overwrite: bool = _option(False, "Allow starting a fresh run in a non-empty output_dir (its files are replaced).")
 
     # --- loss ---
-    loss: str = _f("kpo", "Policy loss, one of kpo.list_losses().")
-    loss_kwargs: dict = _f(
+    loss: str = _option("kpo", "Policy loss, one of kpo.list_losses().")
+    loss_kwargs: dict = _option(
         {},
         "Loss hyperparameters (verl names); unset ones take the method's default. On the command line NAME=VALUE "
         "pairs (--loss-kwargs q=1e-4 v=1), in a YAML file a mapping (loss_kwargs: {q: 1.0e-4, v: 1}). KPO's "
@@ -78,102 +78,102 @@ class TrainConfig:
         "(1000 of 4096 tokens) at this run's response length (the embedded task's longest response, or "
         "max_completion_length).",
     )
-    loss_agg_mode: str | None = _f(
+    loss_agg_mode: str | None = _option(
         None,
         "Loss aggregation; None = the protocol's seq-mean-token-mean where the loss allows it, else the "
         "loss's own (GMPO/HolderPO: seq-mean).",
     )
-    advantage: str = _f("grpo", "Advantage estimator for kpo.compute_advantages: grpo, drgrpo, rloo, krpo.")
+    advantage: str = _option("grpo", "Advantage estimator for kpo.compute_advantages: grpo, drgrpo, rloo, krpo.")
 
     # --- protocol (paper: 32 prompts x 8, 4 optimizer steps per generation batch) ---
-    prompts_per_step: int = _f(
+    prompts_per_step: int = _option(
         16, "Prompts per generation batch (the paper: 32; 16 keeps the embedded testbed within its CPU budget)."
     )
-    num_generations: int = _f(8, "Responses per prompt (the GRPO group).")
-    minibatches: int = _f(
+    num_generations: int = _option(8, "Responses per prompt (the GRPO group).")
+    minibatches: int = _option(
         4, "Optimizer steps per generation batch; all but the first are off-policy (ratios != 1)."
     )
-    micro_batch_size: int | None = _f(
+    micro_batch_size: int | None = _option(
         None, "Sequences per forward/backward per device; None = a whole mini-batch (no accumulation)."
     )
-    learning_rate: float = _f(1e-4, "AdamW learning rate (constant, no warm-up).")
-    weight_decay: float = _f(0.0, "AdamW weight decay.")
-    max_grad_norm: float = _f(1.0, "Gradient clipping by global norm.")
-    temperature: float = _f(1.0, "Sampling temperature (also used for log-probs and entropy).")
-    max_completion_length: int | None = _f(
+    learning_rate: float = _option(1e-4, "AdamW learning rate (constant, no warm-up).")
+    weight_decay: float = _option(0.0, "AdamW weight decay.")
+    max_grad_norm: float = _option(1.0, "Gradient clipping by global norm.")
+    temperature: float = _option(1.0, "Sampling temperature (also used for log-probs and entropy).")
+    max_completion_length: int | None = _option(
         None, "Longest response in tokens; None = the synthetic task's longest solution + 4, or 1024 with --model."
     )
 
     # --- embedded task and tiny model (ignored with --model/--dataset where noted) ---
-    task: str = _f(
+    task: str = _option(
         "running",
         "Embedded task: running (running sum mod 10 of n_terms digits, one response token per digit: 128-token "
         "responses by default) or chain (chained additions, ~3-token responses by default).",
     )
-    n_terms: int | None = _f(None, "Embedded task: terms per problem; none = the task's (running 128, chain 2).")
-    max_value: int | None = _f(
+    n_terms: int | None = _option(None, "Embedded task: terms per problem; none = the task's (running 128, chain 2).")
+    max_value: int | None = _option(
         None, "Embedded task: largest term; none = the task's (running 9, at most 9; chain 19)."
     )
-    tiny_hidden_size: int = _f(128, "Tiny model width.")
-    tiny_layers: int | None = _f(None, "Tiny model decoder layers; none = the task's (running 2, chain 4).")
-    tiny_heads: int = _f(4, "Tiny model attention heads.")
-    sft_examples: int | None = _f(
+    tiny_hidden_size: int = _option(128, "Tiny model width.")
+    tiny_layers: int | None = _option(None, "Tiny model decoder layers; none = the task's (running 2, chain 4).")
+    tiny_heads: int = _option(4, "Tiny model attention heads.")
+    sft_examples: int | None = _option(
         None, "Warm start: distinct training problems; none = the task's (running 12800, chain 200)."
     )
-    sft_epochs: int | None = _f(
+    sft_epochs: int | None = _option(
         None, "Warm start: passes over them, fresh teacher noise each pass; none = the task's (running 1, chain 40)."
     )
-    sft_noise: float | None = _f(
+    sft_noise: float | None = _option(
         None,
         "Warm start: per-step error rate of the imitated teacher, which sets the start reward; none = the task's "
         "(running 0.01, chain 0.3).",
     )
-    sft_learning_rate: float = _f(3e-3, "Warm start: learning rate.")
-    cache_dir: str | None = _f(None, "Warm-start cache; None = $KPO_CACHE or ~/.cache/kpo.")
+    sft_learning_rate: float = _option(3e-3, "Warm start: learning rate.")
+    cache_dir: str | None = _option(None, "Warm-start cache; None = $KPO_CACHE or ~/.cache/kpo.")
 
     # --- real runs ---
-    model: str | None = _f(None, "Hugging Face checkpoint directory; None = the embedded tiny model.")
-    dataset: str | None = _f(
+    model: str | None = _option(None, "Hugging Face checkpoint directory; None = the embedded tiny model.")
+    dataset: str | None = _option(
         None, "Training problems: DAPO-Math-17k parquet, or jsonl/json/parquet with problem/answer fields."
     )
-    problem_key: str | None = _f(None, "Field holding the problem (default: detected by kpo.data.math).")
-    answer_key: str | None = _f(None, "Field holding the answer (default: detected by kpo.data.math).")
-    instruction: str = _f(
+    problem_key: str | None = _option(None, "Field holding the problem (default: detected by kpo.data.math).")
+    answer_key: str | None = _option(None, "Field holding the answer (default: detected by kpo.data.math).")
+    instruction: str = _option(
         DEFAULT_INSTRUCTION,
         "Follows each dataset problem on a new line (user turn of the chat template); kpo.data.math.format_prompt "
         "builds the text, as kpo eval does.",
     )
-    use_vllm: bool = _f(False, "Generate with vLLM (TRL use_vllm, colocate mode); needs vllm and a CUDA GPU.")
-    vllm_gpu_memory_utilization: float = _f(0.3, "With use_vllm: share of GPU memory vLLM takes (TRL's).")
-    vllm_importance_sampling_mode: str = _f(
+    use_vllm: bool = _option(False, "Generate with vLLM (TRL use_vllm, colocate mode); needs vllm and a CUDA GPU.")
+    vllm_gpu_memory_utilization: float = _option(0.3, "With use_vllm: share of GPU memory vLLM takes (TRL's).")
+    vllm_importance_sampling_mode: str = _option(
         "sequence_mask",
         "With use_vllm: TRL's train/inference mismatch correction, token_truncate, token_mask, sequence_truncate "
         "or sequence_mask (TRL's default: a response whose ratio exceeds the cap gets weight 0); logged as "
         "sampling/importance_sampling_ratio/* in metrics.jsonl.",
     )
-    vllm_importance_sampling_clip_max: float = _f(3.0, "With use_vllm: the correction's cap C_max (TRL's).")
-    bf16: bool | None = _f(
+    vllm_importance_sampling_clip_max: float = _option(3.0, "With use_vllm: the correction's cap C_max (TRL's).")
+    bf16: bool | None = _option(
         None,
         "bfloat16 mixed precision (autocast; weights and optimizer stay float32); None = on when CUDA supports "
         "it, off on CPU.",
     )
 
     # --- outputs ---
-    save_steps: int = _f(
+    save_steps: int = _option(
         0, "Checkpoint every N optimizer steps (a multiple of minibatches); 0 = one checkpoint at the end."
     )
-    save_total_limit: int = _f(2, "Checkpoints kept.")
-    dump_ratios_every: int = _f(
+    save_total_limit: int = _option(2, "Checkpoints kept.")
+    dump_ratios_every: int = _option(
         0, "Every N optimizer steps save ratios/step_000012.safetensors (the step, 6 digits; log-ratio, "
         "filtered, mask); 0 = never."
     )
-    report_to: str = _f(
+    report_to: str = _option(
         "tensorboard", "TRL/transformers report_to: none, all (every installed one) or one integration (wandb, ...)."
     )
-    num_threads: int | None = _f(
+    num_threads: int | None = _option(
         1, "torch CPU threads; 1 is fastest for the tiny model on a shared CPU; None = torch's default."
     )
-    progress: bool = _f(True, "Show progress bars.")
+    progress: bool = _option(True, "Show progress bars.")
 
     # ------------------------------------------------------------------ derived
     @property
@@ -546,6 +546,12 @@ _TYPE_NAMES = {bool: "true/false", int: "an integer", float: "a finite number", 
 
 
 @functools.cache
+def on_policy_step(step: int, minibatches: int) -> bool:
+    """Whether optimizer step ``step`` (1-based) is on-policy: the first of its generation batch's ``minibatches``
+    steps updates the policy that sampled the batch; the others are off-policy (the paper's protocol)."""
+    return (step - 1) % minibatches == 0
+
+
 def _field_kinds(name: str) -> tuple[type, ...]:
     """The types a TrainConfig field's annotation allows: (int,) for ``int``, (int, NoneType) for ``int | None``."""
     hint = typing.get_type_hints(TrainConfig)[name]

@@ -21,6 +21,8 @@ import math
 import sys
 from pathlib import Path
 
+from kpo.train.config import on_policy_step
+
 __all__ = ["EVAL_FILES", "summarize_run", "main", "window_mean"]
 
 # run-dir files of the two evaluations the summary compares
@@ -52,7 +54,7 @@ def _eval_block(path: Path) -> tuple[dict, list[int], int]:
 def _kalman_block(rows: list[dict], minibatches: int) -> dict:
     """Clip fraction and filtered-ratio excursion over the off-policy steps (all but the first of each
     generation batch)."""
-    off = [r for r in rows if (r["step"] - 1) % minibatches]
+    off = [r for r in rows if not on_policy_step(r["step"], minibatches)]
     devs = [max(r["filtered_ratio_max"] - 1, 1 - r["filtered_ratio_min"]) for r in off
             if r.get("filtered_ratio_max") is not None and r.get("filtered_ratio_min") is not None]
     clips = [r["clip_frac"] for r in off if r.get("clip_frac") is not None]

@@ -37,9 +37,10 @@ import trl
 from packaging.version import Version
 
 from kpo.advantages import compute_advantages
-from kpo.filter import kalman_filter
+from kpo.analysis.dumps import write_dump
 from kpo.losses import aggregate_entropy, get_loss_spec, policy_loss
 from kpo.losses.kpo import filter_settings
+from kpo.train.config import on_policy_step
 from kpo.train.interrupt import InterruptGuard, restore_rng, rng_state
 
 TESTED_TRL = (Version("1.16"), Version("1.17"))
@@ -329,23 +330,17 @@ class KPOTrainer(GRPOTrainer):
         pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
         log_ratio = torch.cat([pad(p["log_ratio"]) for p in parts])
         mask_u8 = torch.cat([pad(p["mask"]) for p in parts])
-        filt = filter_settings(self.loss_name, self.loss_kwargs)
-        filtered = kalman_filter(log_ratio.double(), mask_u8.bool(), **filt).float()
-        from safetensors.torch import save_file
-
-        self.ratios_dir.mkdir(parents=True, exist_ok=True)
         # the first optimizer step of a generation batch updates the policy that sampled it: on-policy, whatever
         # rounding makes of its log-ratios (kpo analyze --off-policy-only reads this)
         steps_per_batch = self.args.steps_per_generation // self.current_gradient_accumulation_steps
-        on_policy = (step - 1) % steps_per_batch == 0
-        save_file(
-            {"log_ratio": log_ratio.contiguous(), "filtered_log_ratio": filtered.contiguous(),
-             "mask": mask_u8.contiguous()},
-            str(self.ratios_dir / f"step_{step:06d}.safetensors"),
-            # every filter setting, so kpo analyze can re-filter exactly as the run did
-            metadata={"step": str(step), "loss": self.loss_name, "mask_mode": str(filt["mask_mode"]),
-                      "on_policy": str(int(on_policy)),
-                      **{k: repr(float(filt[k])) for k in ("q", "v", "p0", "x0")}},
+        write_dump(
+            self.ratios_dir / f"step_{step:06d}.safetensors",
+            log_ratio,
+            mask_u8,
+            step=step,
+            settings=filter_settings(self.loss_name, self.loss_kwargs),
+            loss=self.loss_name,
+            on_policy=on_policy_step(step, steps_per_batch),
         )
 
     # ------------------------------------------------------------------ logging
