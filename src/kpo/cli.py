@@ -18,7 +18,10 @@ import threading
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("kpo.train.cli", "train a policy with KPO or any baseline loss (TRL engine)"),
     "eval": ("kpo.evaluation.cli", "avg@k / pass@k on math benchmarks or the embedded task"),
-    "analyze": ("kpo.analysis.cli", "token-dynamics analysis of importance-ratio dumps (Table 2, Figures 1 and 4)"),
+    "analyze": (
+        "kpo.analysis.cli",
+        "token-dynamics analysis of importance-ratio dumps (Table 2, Figures 1 and 4)",
+    ),
     "bench": ("kpo.bench", "benchmarks printed as side-by-side ratios (e.g. `kpo bench filter`)"),
     "summary": ("kpo.train.summary", "one run's summary.json: warm start vs final avg@k with 95% intervals"),
     "compare": ("kpo.compare.cli", "train, evaluate and analyze several methods and seeds into one report"),
@@ -28,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 KEPT_ON_INTERRUPT = {
     "train": "stopped before training began; nothing to resume",
     "eval": "with --output (or --cache), the generations finished so far are cached: rerun the same command to "
-            "continue",
+    "continue",
     "compare": "finished runs are kept: rerun the same command to continue with the others",
 }
 INTERRUPTED = 130  # 128 + SIGINT, the shell's status for a command ended by Ctrl-C
@@ -57,8 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kpo: unknown command {name!r}; valid commands: {', '.join(COMMANDS)}\n", file=sys.stderr)
         print(_usage(), file=sys.stderr)
         return 2
-    previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() \
+    previous = (
+        signal.signal(signal.SIGTERM, _terminate)
+        if threading.current_thread() is threading.main_thread()
         else None
+    )
     try:
         module = importlib.import_module(COMMANDS[name][0])
         return int(module.main(rest) or 0)

@@ -121,7 +121,9 @@ def _require_math_verify() -> None:
 def _check_timeout(timeout_s: float) -> None:
     # 0 would disarm the main-thread alarm (no bound) yet time out at once in a subprocess; < 0 or NaN grade 0.0.
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real):
-        raise TypeError(f"timeout_s must be a number of seconds, got {type(timeout_s).__name__} {timeout_s!r}")
+        raise TypeError(
+            f"timeout_s must be a number of seconds, got {type(timeout_s).__name__} {timeout_s!r}"
+        )
     if not (math.isfinite(timeout_s) and timeout_s > 0):
         raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}")
 

@@ -32,11 +32,17 @@ def _sigterm(argv):
 
 
 @pytest.mark.parametrize("main", [_ctrl_c, _sigterm])
-@pytest.mark.parametrize("name, kept", [
-    ("eval", "with --output (or --cache), the generations finished so far are cached: rerun the same command to "
-                "continue"),
-    ("compare", "finished runs are kept: rerun the same command to continue with the others"),
-])
+@pytest.mark.parametrize(
+    "name, kept",
+    [
+        (
+            "eval",
+            "with --output (or --cache), the generations finished so far are cached: rerun the same command to "
+            "continue",
+        ),
+        ("compare", "finished runs are kept: rerun the same command to continue with the others"),
+    ],
+)
 def test_interrupt_prints_one_line_and_exits_130(monkeypatch, capsys, name, kept, main):
     _command(monkeypatch, name, main)
     before = signal.getsignal(signal.SIGTERM)
@@ -53,9 +59,12 @@ def test_an_interrupt_with_its_own_message_prints_that(monkeypatch, capsys):
     from kpo.train.interrupt import TrainingInterrupted
 
     def train(argv):
-        raise TrainingInterrupted("interrupted by SIGINT at step 4/8, ...; resume with: kpo train ... --resume")
+        raise TrainingInterrupted(
+            "interrupted by SIGINT at step 4/8, ...; resume with: kpo train ... --resume"
+        )
 
     _command(monkeypatch, "train", train)
     assert cli.main(["train"]) == 130
-    assert capsys.readouterr().err == ("kpo train: interrupted by SIGINT at step 4/8, ...; resume with: kpo train ... "
-                                       "--resume\n")
+    assert capsys.readouterr().err == (
+        "kpo train: interrupted by SIGINT at step 4/8, ...; resume with: kpo train ... --resume\n"
+    )

@@ -26,8 +26,11 @@ def test_an_example_longer_than_the_context_is_an_error():
     tokenizer = build_tokenizer()
     rows = [{"prompt": "12=", "completion": "3"}, {"prompt": "1234567=", "completion": "1368"}]
     _check_fits(rows[:1], tokenizer, 5)  # 3 + 1 + end = 5 tokens: fits exactly
-    with pytest.raises(ValueError, match=r"warm-start example 1 \('1234567='\.\.\.\) is 13 tokens with its end "
-                                         r"token, longer than the model's context of 12"):
+    with pytest.raises(
+        ValueError,
+        match=r"warm-start example 1 \('1234567='\.\.\.\) is 13 tokens with its end "
+        r"token, longer than the model's context of 12",
+    ):
         _check_fits(rows, tokenizer, 12)
 
 
@@ -37,5 +40,7 @@ def test_a_model_without_a_dataset_is_said_once(tmp_path):
     assert notices(TrainConfig()) == []
     assert notices(TrainConfig(model=str(tmp_path), dataset=str(tmp_path / "d.jsonl"))) == []
     [line] = notices(TrainConfig(model=str(tmp_path)))
-    assert line == (f"--model {tmp_path} without --dataset trains it on the embedded running task (n_terms=128, "
-                    "max_value=9), whose prompts are digits; pass --dataset FILE to train on a math dataset")
+    assert line == (
+        f"--model {tmp_path} without --dataset trains it on the embedded running task (n_terms=128, "
+        "max_value=9), whose prompts are digits; pass --dataset FILE to train on a math dataset"
+    )

@@ -19,7 +19,9 @@ def test_run_card_says_what_was_trained(tiny_config):
     from kpo.filter.memory import matched_memory, q_for_memory
     from kpo.train import run_training
 
-    config = tiny_config("card", loss="kpo", loss_kwargs={"memory": "matched"}, max_steps=4, seed=3, save_steps=2)
+    config = tiny_config(
+        "card", loss="kpo", loss_kwargs={"memory": "matched"}, max_steps=4, seed=3, save_steps=2
+    )
     out = run_training(config)
     card = (out / "README.md").read_text()
     memory = matched_memory(config.task_config().max_response_chars())
@@ -62,13 +64,19 @@ def test_a_crashed_run_keeps_kpos_card(tiny_config, monkeypatch):
         raise RuntimeError("reward server down")
 
     reward, calls = run_module.synthetic_reward, []
-    monkeypatch.setattr(run_module, "synthetic_reward",
-                        lambda *a, **kw: calls.append(1) or (crash(*a, **kw) if len(calls) == 2 else reward(*a, **kw)))
+    monkeypatch.setattr(
+        run_module,
+        "synthetic_reward",
+        lambda *a, **kw: calls.append(1) or (crash(*a, **kw) if len(calls) == 2 else reward(*a, **kw)),
+    )
     config = tiny_config("crash", max_steps=4, save_steps=2)
     with pytest.raises(RuntimeError, match="reward server down"):
         run_training(config)
     card = (Path(config.output_dir) / "README.md").read_text()
-    assert card.startswith("# crash: kpo on the embedded chain task") and "(mean over the last 1 of 2 steps)" in card
+    assert (
+        card.startswith("# crash: kpo on the embedded chain task")
+        and "(mean over the last 1 of 2 steps)" in card
+    )
 
 
 def test_run_card_of_a_stopped_run_says_how_to_continue(tiny_config, tmp_path):
@@ -77,12 +85,16 @@ def test_run_card_of_a_stopped_run_says_how_to_continue(tiny_config, tmp_path):
     config = tiny_config("part", max_steps=8, loss="vanilla", dump_ratios_every=2)
     out = tmp_path / "part"
     out.mkdir()
-    (out / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward_mean": s / 10}) + "\n"
-                                               for s in range(1, 5)))
+    (out / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "reward_mean": s / 10}) + "\n" for s in range(1, 5))
+    )
     card = run_card(config, out)
     assert "## Metrics so far (mean over the last 1 of 4 steps)" in card
     assert "| reward (mean over responses) | 0.4 |" in card and "| clip fraction (tokens) | n/a |" in card
-    assert f"The run stopped at step 4 of 8; `kpo train --config {out}/config.yaml --resume` continues it" in card
+    assert (
+        f"The run stopped at step 4 of 8; `kpo train --config {out}/config.yaml --resume` continues it"
+        in card
+    )
     assert "hyperparameters: none given" in card and "filter" not in card  # vanilla has no filter
     assert f"kpo analyze {out} --out {out}/analysis" in card
 
@@ -103,7 +115,8 @@ def test_zero_reward_variance_is_said_once(tiny_config, monkeypatch, capsys, val
     assert warnings[0].startswith(
         f"kpo train: warning: zero reward variance in every group for 3 generation batches in a row (steps 1-6; "
         f"{scored}): every advantage is 0, so the policy does not learn. Likely all responses are equally wrong or "
-        f"right: the completion length ({config.max_completion()} tokens) too short"), warnings[0]
+        f"right: the completion length ({config.max_completion()} tokens) too short"
+    ), warnings[0]
     assert "--max-completion-length" in warnings[0]
     rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     assert all(r["frac_reward_zero_std"] == 1.0 for r in rows)

@@ -24,7 +24,9 @@ def test_validator_reports_every_error_at_once(tmp_path):
     text = str(info.value)
     assert len(errors) >= 5, text
     assert "not divisible by minibatches=5" in text
-    assert "'qq'" in text and "q=None" in text and "memory=None" in text  # names the bad key and lists the accepted ones
+    assert (
+        "'qq'" in text and "q=None" in text and "memory=None" in text
+    )  # names the bad key and lists the accepted ones
     assert "sft_noise=1.5" in text
     assert "save_steps=3 must be a multiple of minibatches=5" in text
     assert "advantage='ppo'" in text
@@ -32,7 +34,9 @@ def test_validator_reports_every_error_at_once(tmp_path):
 
 def test_max_steps_must_end_a_generation_batch(tmp_path):
     # The last checkpoint is written at max_steps: mid-batch it could not resume (the batch's rest is lost).
-    with pytest.raises(ConfigError, match=r"max_steps=3 must be a multiple of minibatches=2 .*use max_steps=4"):
+    with pytest.raises(
+        ConfigError, match=r"max_steps=3 must be a multiple of minibatches=2 .*use max_steps=4"
+    ):
         TrainConfig(output_dir=str(tmp_path), minibatches=2, max_steps=3).validate()
     TrainConfig(output_dir=str(tmp_path), minibatches=2, max_steps=4, save_steps=2).validate()
 
@@ -40,8 +44,19 @@ def test_max_steps_must_end_a_generation_batch(tmp_path):
 def test_only_settings_that_keep_the_trajectory_may_change_on_resume():
     from kpo.train.config import TRAJECTORY_FIELDS
 
-    free = {"output_dir", "resume", "overwrite", "max_steps", "cache_dir", "save_steps", "save_total_limit",
-            "dump_ratios_every", "report_to", "num_threads", "progress"}
+    free = {
+        "output_dir",
+        "resume",
+        "overwrite",
+        "max_steps",
+        "cache_dir",
+        "save_steps",
+        "save_total_limit",
+        "dump_ratios_every",
+        "report_to",
+        "num_threads",
+        "progress",
+    }
     assert not free & set(TRAJECTORY_FIELDS)
     assert {"seed", "loss", "loss_kwargs", "minibatches", "learning_rate", "model", "instruction"} <= set(
         TRAJECTORY_FIELDS
@@ -124,7 +139,9 @@ def test_dataset_without_math_verify_is_refused_before_training(tmp_path, monkey
     )
     data = tmp_path / "train.jsonl"
     data.write_text('{"problem": "1+1", "answer": "2"}\n')
-    with pytest.raises(ConfigError, match="math-verify, which is not installed: pip install 'kpo\\[train\\]'"):
+    with pytest.raises(
+        ConfigError, match="math-verify, which is not installed: pip install 'kpo\\[train\\]'"
+    ):
         TrainConfig(output_dir=str(tmp_path / "out"), dataset=str(data)).validate()
 
 
@@ -168,8 +185,20 @@ def test_every_field_is_type_checked_against_its_annotation(tmp_path):
 
 
 def test_numeric_ranges_are_checked(tmp_path):
-    config = parse_args(["--weight-decay", "-1", "--seed", "-2", "--num-generations", "1", "--output-dir",
-                         str(tmp_path / "out"), "--learning-rate", "0"])
+    config = parse_args(
+        [
+            "--weight-decay",
+            "-1",
+            "--seed",
+            "-2",
+            "--num-generations",
+            "1",
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--learning-rate",
+            "0",
+        ]
+    )
     with pytest.raises(ConfigError) as info:
         config.validate()
     errors = info.value.errors
@@ -188,7 +217,9 @@ def test_synthetic_task_too_small_for_the_run_is_a_config_error(tmp_path):
         "problems for the warm start: lower --sft-examples to 180 or less, or raise --max-value / --n-terms"
     ]
     # 16 problems: 8 training prompts, fewer than a generation batch of 16 distinct prompts
-    with pytest.raises(ConfigError, match=r"prompts_per_step=16: .* gives 8 training prompts .*--prompts-per-step"):
+    with pytest.raises(
+        ConfigError, match=r"prompts_per_step=16: .* gives 8 training prompts .*--prompts-per-step"
+    ):
         TrainConfig(output_dir=str(tmp_path / "b"), task="chain", max_value=3, sft_examples=8).validate()
     TrainConfig(output_dir=str(tmp_path / "c"), task="chain", max_value=18, sft_examples=180).validate()
     # the running task's terms are digits; its 4^128 problems supply any warm start
@@ -202,9 +233,14 @@ def test_report_to_is_checked_before_training(tmp_path, monkeypatch):
 
     with pytest.raises(ConfigError, match="report_to='bogus': unknown; use none, all or one of .*wandb"):
         TrainConfig(output_dir=str(tmp_path), report_to="bogus").validate()
-    monkeypatch.setattr(transformers.integrations, "get_available_reporting_integrations", lambda: ["tensorboard"])
-    with pytest.raises(ConfigError, match="report_to='wandb': wandb is not installed.*--report-to none or one of"
-                                          " the installed tensorboard"):
+    monkeypatch.setattr(
+        transformers.integrations, "get_available_reporting_integrations", lambda: ["tensorboard"]
+    )
+    with pytest.raises(
+        ConfigError,
+        match="report_to='wandb': wandb is not installed.*--report-to none or one of"
+        " the installed tensorboard",
+    ):
         TrainConfig(output_dir=str(tmp_path), report_to="wandb").validate()
     TrainConfig(output_dir=str(tmp_path), report_to="none").validate()
 
@@ -221,8 +257,15 @@ def test_help_shows_each_default_and_flags_still_merge_with_yaml(tmp_path):
 
     text = " ".join(build_parser().format_help().split())
     assert re.search(r"--max_steps MAX_STEPS Optimizer steps[^-]*\(default: 1000\)", text)
-    for shown in ("(default: 1000)", "(default: runs/kpo-tiny)", "(default: none)", "(default: true)",
-                  "(default: {})", "(default: 0.0001)", "(default: tensorboard)"):
+    for shown in (
+        "(default: 1000)",
+        "(default: runs/kpo-tiny)",
+        "(default: none)",
+        "(default: true)",
+        "(default: {})",
+        "(default: 0.0001)",
+        "(default: tensorboard)",
+    ):
         assert shown in text, shown
     assert "--loss-kwargs q=1e-4 v=1" in text and "loss_kwargs: {q: 1.0e-4, v: 1}" in text
     assert "ratios/step_000012.safetensors" in text
@@ -238,15 +281,36 @@ def test_vllm_settings_are_checked_and_reach_trl(tmp_path, monkeypatch):
     from trl import GRPOConfig
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    config = parse_args(["--use-vllm", "--vllm-importance-sampling-mode", "seq_mask", "--vllm-gpu-memory-utilization",
-                         "1.5", "--output-dir", str(tmp_path / "out")])  # fmt: skip
+    config = parse_args(
+        [
+            "--use-vllm",
+            "--vllm-importance-sampling-mode",
+            "seq_mask",
+            "--vllm-gpu-memory-utilization",
+            "1.5",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ]
+    )
     with pytest.raises(ConfigError) as info:
         config.validate()
     errors = info.value.errors
     assert "use_vllm=True needs a CUDA GPU (vLLM generates on it); drop --use-vllm on this machine" in errors
-    assert any(e.startswith("vllm_importance_sampling_mode='seq_mask': must be one of token_truncate") for e in errors)
+    assert any(
+        e.startswith("vllm_importance_sampling_mode='seq_mask': must be one of token_truncate")
+        for e in errors
+    )
     assert "vllm_gpu_memory_utilization=1.5: must be in [0, 1] (a share of GPU memory)" in errors
     # run.py hands these fields to TRL under the same names: the pinned TRL must know them
-    names = ("vllm_gpu_memory_utilization", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max")
-    args = GRPOConfig(output_dir=str(tmp_path / "g"), use_cpu=True, **{n: getattr(TrainConfig(), n) for n in names})
-    assert (args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max) == ("sequence_mask", 3.0)
+    names = (
+        "vllm_gpu_memory_utilization",
+        "vllm_importance_sampling_mode",
+        "vllm_importance_sampling_clip_max",
+    )
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "g"), use_cpu=True, **{n: getattr(TrainConfig(), n) for n in names}
+    )
+    assert (args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max) == (
+        "sequence_mask",
+        3.0,
+    )

@@ -89,8 +89,10 @@ def test_signal_while_generating_abandons_the_batch(tiny_config, monkeypatch, un
     with pytest.raises(TrainingInterrupted) as caught:
         run_training(config)
     out = Path(config.output_dir)
-    assert str(caught.value) == (f"interrupted by SIGINT at step 4/{STEPS}, checkpoint saved in {out}/checkpoint-4; "
-                                 f"resume with: kpo train --config {out}/config.yaml --resume")
+    assert str(caught.value) == (
+        f"interrupted by SIGINT at step 4/{STEPS}, checkpoint saved in {out}/checkpoint-4; "
+        f"resume with: kpo train --config {out}/config.yaml --resume"
+    )
     assert caught.value.checkpoint == out / "checkpoint-4"
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4"]
     assert [r["step"] for r in _rows(out)] == [1, 2, 3, 4]
@@ -111,7 +113,9 @@ def test_signal_while_training_finishes_the_batch(tiny_config, monkeypatch, unin
 
     config = tiny_config("term", max_steps=STEPS)
     _signal_in_loss(monkeypatch, signal.SIGTERM, at_step=3)
-    with pytest.raises(TrainingInterrupted, match=rf"^interrupted by SIGTERM at step 4/{STEPS}, checkpoint saved"):
+    with pytest.raises(
+        TrainingInterrupted, match=rf"^interrupted by SIGTERM at step 4/{STEPS}, checkpoint saved"
+    ):
         run_training(config)
     out = Path(config.output_dir)
     assert [r["step"] for r in _rows(out)] == [1, 2, 3, 4]
@@ -134,8 +138,10 @@ def test_second_signal_stops_at_once_without_a_checkpoint(tiny_config, monkeypat
     with pytest.raises(TrainingInterrupted) as caught:
         run_training(config)
     out = Path(config.output_dir)
-    assert str(caught.value) == (f"stopped by a second SIGINT during step 3, without a checkpoint of it; no "
-                                 f"checkpoint yet; start again with: kpo train --config {out}/config.yaml --overwrite")
+    assert str(caught.value) == (
+        f"stopped by a second SIGINT during step 3, without a checkpoint of it; no "
+        f"checkpoint yet; start again with: kpo train --config {out}/config.yaml --overwrite"
+    )
     assert caught.value.checkpoint is None and not list(out.glob("checkpoint-*"))
     assert [r["step"] for r in _rows(out)] == [1, 2]
 
@@ -148,8 +154,11 @@ def test_signal_in_the_first_batch_keeps_nothing(tiny_config, monkeypatch):
 
     config = tiny_config("first", max_steps=STEPS, overwrite=True)
     _signal_in_reward(monkeypatch, signal.SIGTERM, at_batch=1)
-    with pytest.raises(TrainingInterrupted, match="in the first generation batch, before any step: nothing to keep; "
-                                                  r"start again with: kpo train --config \S+/config.yaml$"):
+    with pytest.raises(
+        TrainingInterrupted,
+        match="in the first generation batch, before any step: nothing to keep; "
+        r"start again with: kpo train --config \S+/config.yaml$",
+    ):
         run_training(config)
     out = Path(config.output_dir)
     assert not list(out.glob("checkpoint-*")) and not (out / "metrics.jsonl").exists()
@@ -161,9 +170,24 @@ def test_signal_in_the_first_batch_keeps_nothing(tiny_config, monkeypatch):
 def _command(config) -> list[str]:
     """`kpo train` with every field of ``config`` as a flag (progress on: the bars' threads must stay quiet)."""
     argv = [sys.executable, "-m", "kpo.cli", "train", "--progress", "true"]
-    for key in ("output_dir", "cache_dir", "task", "n_terms", "max_value", "tiny_hidden_size", "tiny_layers",
-                "tiny_heads", "sft_examples", "sft_epochs", "prompts_per_step", "num_generations", "minibatches",
-                "max_steps", "learning_rate", "report_to"):
+    for key in (
+        "output_dir",
+        "cache_dir",
+        "task",
+        "n_terms",
+        "max_value",
+        "tiny_hidden_size",
+        "tiny_layers",
+        "tiny_heads",
+        "sft_examples",
+        "sft_epochs",
+        "prompts_per_step",
+        "num_generations",
+        "minibatches",
+        "max_steps",
+        "learning_rate",
+        "report_to",
+    ):
         argv += [f"--{key.replace('_', '-')}", str(getattr(config, key))]
     return argv
 
@@ -171,8 +195,12 @@ def _command(config) -> list[str]:
 def _env() -> dict:
     """This checkout's kpo first on the path, offline, one thread."""
     src = str(Path(kpo.__file__).resolve().parents[1])
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
-            "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -182,7 +210,9 @@ def test_command_line_interrupt_and_resume(tiny_config, uninterrupted, sig):
     uninterrupted run's metrics."""
     config = tiny_config("cli", max_steps=STEPS, report_to="tensorboard")
     metrics = Path(config.output_dir) / "metrics.jsonl"
-    proc = subprocess.Popen(_command(config), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _command(config), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 300
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
@@ -194,15 +224,23 @@ def test_command_line_interrupt_and_resume(tiny_config, uninterrupted, sig):
     name = signal.Signals(sig).name
     lines = [line for line in stderr.splitlines() if name in line]
     assert len(lines) == 1 and stderr.rstrip().endswith(lines[0]), stderr
-    found = re.fullmatch(rf"kpo train: interrupted by {name} at step (\d+)/{STEPS}, checkpoint saved in "
-                         r"(\S+); resume with: (kpo train .*)", lines[0])
+    found = re.fullmatch(
+        rf"kpo train: interrupted by {name} at step (\d+)/{STEPS}, checkpoint saved in "
+        r"(\S+); resume with: (kpo train .*)",
+        lines[0],
+    )
     assert found, lines[0]
     step, checkpoint, command = int(found[1]), Path(found[2]), shlex.split(found[3])
     assert step % config.minibatches == 0 and step >= 2 and checkpoint.name == f"checkpoint-{step}"
     assert checkpoint.is_dir() and [r["step"] for r in _rows(config.output_dir)] == list(range(1, step + 1))
 
-    resumed = subprocess.run([sys.executable, "-m", "kpo.cli", *command[1:]], env=_env(), capture_output=True,
-                             text=True, timeout=300)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "kpo.cli", *command[1:]],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr
     rows = _rows(config.output_dir)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))

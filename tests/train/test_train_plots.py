@@ -85,8 +85,12 @@ def test_the_default_window_is_a_twentieth_of_the_run():
 
 
 # Two seeds: A logs reward at steps 1, 2, 4 (step 3 missing, NaN counts as missing), B at steps 1, 2, 3.
-SEED_A = [{"step": 1, "reward_mean": 1.0}, {"step": 2, "reward_mean": 2.0}, {"step": 3, "reward_mean": float("nan")},
-          {"step": 4, "reward_mean": 6.0}]  # fmt: skip
+SEED_A = [
+    {"step": 1, "reward_mean": 1.0},
+    {"step": 2, "reward_mean": 2.0},
+    {"step": 3, "reward_mean": float("nan")},
+    {"step": 4, "reward_mean": 6.0},
+]
 SEED_B = [{"step": 1, "reward_mean": 3.0}, {"step": 2, "reward_mean": 4.0}, {"step": 3, "reward_mean": 5.0}]
 
 

@@ -9,7 +9,9 @@ import warnings
 
 import pytest
 
-datasets = pytest.importorskip("datasets", reason="kpo train needs the train extra (pip install 'kpo[train]')")
+datasets = pytest.importorskip(
+    "datasets", reason="kpo train needs the train extra (pip install 'kpo[train]')"
+)
 from huggingface_hub.utils import are_progress_bars_disabled  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 from transformers.trainer_callback import (  # noqa: E402
@@ -57,7 +59,11 @@ def library_bars_restored():
 
 
 def _bars_on() -> tuple[bool, bool, bool]:
-    return hf_logging.is_progress_bar_enabled(), not are_progress_bars_disabled(), datasets.is_progress_bar_enabled()
+    return (
+        hf_logging.is_progress_bar_enabled(),
+        not are_progress_bars_disabled(),
+        datasets.is_progress_bar_enabled(),
+    )
 
 
 def test_progress_false_silences_every_bar_and_the_trainer(tmp_path, capfd):
@@ -117,8 +123,11 @@ def test_a_log_gets_a_line_every_5_percent_of_the_steps(max_steps, first_step, p
         r"\d+:\d\d elapsed, ~\d+:\d\d left",
         lines[0],
     ), lines[0]
-    assert re.fullmatch(rf"FakeTrainer step {max_steps}/{max_steps} \(100%\)  reward 1\.000  loss 0\.250  "
-                        r"\d+:\d\d elapsed", lines[-1]), lines[-1]  # fmt: skip
+    assert re.fullmatch(
+        rf"FakeTrainer step {max_steps}/{max_steps} \(100%\)  reward 1\.000  loss 0\.250  "
+        r"\d+:\d\d elapsed",
+        lines[-1],
+    ), lines[-1]
 
 
 def test_exactly_trls_deprecation_warnings_are_ignored():
@@ -131,9 +140,12 @@ def test_exactly_trls_deprecation_warnings_are_ignored():
         model.gradient_checkpointing_enable()
         model.gradient_checkpointing_disable()
         # the same words from another module still show: the filter is transformers.modeling_utils' only
-        warnings.warn("`gradient_checkpointing_enable` is deprecated (not transformers')", FutureWarning,
-                      stacklevel=1)
-    assert [str(w.message) for w in caught] == ["`gradient_checkpointing_enable` is deprecated (not transformers')"]
+        warnings.warn(
+            "`gradient_checkpointing_enable` is deprecated (not transformers')", FutureWarning, stacklevel=1
+        )
+    assert [str(w.message) for w in caught] == [
+        "`gradient_checkpointing_enable` is deprecated (not transformers')"
+    ]
 
 
 def test_checkpointing_arg_sets_checkpointing_without_a_deprecation_warning(tmp_path):

@@ -13,8 +13,17 @@ from kpo.losses import get_loss_spec, list_losses
 
 pytestmark = pytest.mark.slow
 
-REQUIRED = ("step", "reward_mean", "reward_std", "entropy", "clip_frac", "pg_loss", "ppo_kl",
-            "response_length", "step_time")
+REQUIRED = (
+    "step",
+    "reward_mean",
+    "reward_std",
+    "entropy",
+    "clip_frac",
+    "pg_loss",
+    "ppo_kl",
+    "response_length",
+    "step_time",
+)
 # One name per registered loss (aliases train the same function).
 LOSSES = sorted({get_loss_spec(name).name for name in list_losses()})
 
@@ -107,7 +116,12 @@ def test_resume_reproduces_uninterrupted_run(tiny_config, tiny_cache, tmp_path):
     moved = tmp_path / "moved"
     shutil.move(part.output_dir, moved)
     (tmp_path / "cache-link").symlink_to(tiny_cache)  # another cache_dir holding the same warm start
-    part.max_steps, part.resume, part.output_dir, part.cache_dir = 6, True, str(moved), str(tmp_path / "cache-link")
+    part.max_steps, part.resume, part.output_dir, part.cache_dir = (
+        6,
+        True,
+        str(moved),
+        str(tmp_path / "cache-link"),
+    )
     part.save_steps, part.save_total_limit, part.dump_ratios_every, part.report_to = 0, 1, 1, "tensorboard"
     resumed = _rows(run_training(part))
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
@@ -146,9 +160,25 @@ def test_cli_main(tiny_config, capsys):
 
     config = tiny_config("cli", max_steps=2, loss="kpo_unclipped")
     argv = ["--loss-kwargs", "q=1e-3"]
-    for key in ("output_dir", "cache_dir", "n_terms", "max_value", "tiny_hidden_size", "tiny_layers",
-                "tiny_heads", "sft_examples", "sft_epochs", "prompts_per_step", "num_generations",
-                "minibatches", "max_steps", "learning_rate", "progress", "report_to", "loss"):
+    for key in (
+        "output_dir",
+        "cache_dir",
+        "n_terms",
+        "max_value",
+        "tiny_hidden_size",
+        "tiny_layers",
+        "tiny_heads",
+        "sft_examples",
+        "sft_epochs",
+        "prompts_per_step",
+        "num_generations",
+        "minibatches",
+        "max_steps",
+        "learning_rate",
+        "progress",
+        "report_to",
+        "loss",
+    ):
         argv += [f"--{key.replace('_', '-')}", str(getattr(config, key))]
     assert main(argv) == 0
     assert "training_dynamics.png" in capsys.readouterr().out
@@ -165,13 +195,23 @@ def test_real_run_path_with_model_and_dataset(tiny_config, tmp_path):
     from kpo.train.run import math_reward_fn
 
     # math_reward on TRL's completion shapes: plain text and chat turns; answers arrive JSON-encoded
-    assert math_reward_fn(["so \\boxed{4}", [{"role": "assistant", "content": "\\boxed{5}"}]],
-                          answer=['"4"', '"4"']) == [1.0, 0.0]
+    assert math_reward_fn(
+        ["so \\boxed{4}", [{"role": "assistant", "content": "\\boxed{5}"}]], answer=['"4"', '"4"']
+    ) == [1.0, 0.0]
     warm = run_training(tiny_config("warm", max_steps=2)) / "final"
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(f'{{"problem": "{a}+{b}", "answer": "{a + b}"}}\n' for a in range(3) for b in range(3)))
-    config = tiny_config("real", model=str(warm), dataset=str(data), max_steps=2, prompts_per_step=4,
-                         max_completion_length=8, instruction="")
+    data.write_text(
+        "".join(f'{{"problem": "{a}+{b}", "answer": "{a + b}"}}\n' for a in range(3) for b in range(3))
+    )
+    config = tiny_config(
+        "real",
+        model=str(warm),
+        dataset=str(data),
+        max_steps=2,
+        prompts_per_step=4,
+        max_completion_length=8,
+        instruction="",
+    )
     rows = _rows(run_training(config))
     assert [r["step"] for r in rows] == [1, 2]
     assert all(math.isfinite(r["reward_mean"]) for r in rows)
@@ -206,7 +246,11 @@ def test_dr_grpo_divides_by_the_longest_allowed_response(tiny_config, monkeypatc
 
     monkeypatch.setattr(trainer_mod, "policy_loss", spy)
     config = tiny_config(
-        "drgrpo", loss="vanilla", loss_agg_mode="seq-mean-token-sum-norm", max_steps=2, max_completion_length=9
+        "drgrpo",
+        loss="vanilla",
+        loss_agg_mode="seq-mean-token-sum-norm",
+        max_steps=2,
+        max_completion_length=9,
     )
     run_training(config)
     assert seen and set(seen) == {9}
@@ -230,8 +274,11 @@ def test_resume_of_a_finished_run_changes_nothing(tiny_config, capsys):
     assert run_training(config) == out
     assert "already complete (checkpoint-4, max_steps=4)" in capsys.readouterr().err
     config.max_steps = 2
-    with pytest.raises(ConfigError, match=r"already trained 4 steps \(checkpoint-4\), past max_steps=2; to train "
-                                          r"further raise --max-steps above 4, or start a new --output-dir"):
+    with pytest.raises(
+        ConfigError,
+        match=r"already trained 4 steps \(checkpoint-4\), past max_steps=2; to train "
+        r"further raise --max-steps above 4, or start a new --output-dir",
+    ):
         run_training(config)
     assert main(["--config", str(out / "config.yaml"), "--resume"]) == 0
     assert f"the run in {out} is already complete" in capsys.readouterr().err

@@ -13,11 +13,21 @@ from kpo.train.summary import main, summarize_run
 def _eval(path, correct: list[int], n: int = 4) -> None:
     per_problem = [{"id": f"test-{i:06d}", "correct": c} for i, c in enumerate(correct)]
     avg = sum(correct) / (n * len(correct))
-    path.write_text(json.dumps({
-        "params": {"n": n, "ks": [1, n]},
-        "benchmarks": {"synthetic": {"problems": len(correct), f"avg@{n}": avg, f"pass@{n}": avg,
-                                     "per_problem": per_problem}},
-    }))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "params": {"n": n, "ks": [1, n]},
+                "benchmarks": {
+                    "synthetic": {
+                        "problems": len(correct),
+                        f"avg@{n}": avg,
+                        f"pass@{n}": avg,
+                        "per_problem": per_problem,
+                    }
+                },
+            }
+        )
+    )
 
 
 def _run(tmp_path, loss="kpo"):
@@ -28,10 +38,16 @@ def _run(tmp_path, loss="kpo"):
     for step in range(1, 9):
         # steps 1 and 5 start a generation batch (on-policy, nothing clipped, filtered ratio 1)
         on = (step - 1) % 4 == 0
-        rows.append({"step": step, "reward_mean": 0.1 * step, "response_length": 128.0 + step % 2,
-                     "clip_frac": 0.0 if on else 0.01 * step,
-                     "filtered_ratio_min": 1.0 if on else 1.0 - 0.001 * step,
-                     "filtered_ratio_max": 1.0 if on else 1.0 + 0.002 * step})  # fmt: skip
+        rows.append(
+            {
+                "step": step,
+                "reward_mean": 0.1 * step,
+                "response_length": 128.0 + step % 2,
+                "clip_frac": 0.0 if on else 0.01 * step,
+                "filtered_ratio_min": 1.0 if on else 1.0 - 0.001 * step,
+                "filtered_ratio_max": 1.0 if on else 1.0 + 0.002 * step,
+            }
+        )
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     # 100 problems, 4 samples: the warm start gets 1 of 4 right on every problem, the final model 2 of 4
     _eval(run / "eval_warm_start.json", [1] * 100)
@@ -44,7 +60,13 @@ def test_summary_numbers(tmp_path, capsys):
     s = summarize_run(run)
     assert json.loads((run / "summary.json").read_text()) == s
     assert s["response_length_mean"] == 128.5
-    assert s["warm_start"] == {"avg_at_k": 25.0, "pass_at_k": 25.0, "k": 4, "n_problems": 100, "ci95": [25.0, 25.0]}
+    assert s["warm_start"] == {
+        "avg_at_k": 25.0,
+        "pass_at_k": 25.0,
+        "k": 4,
+        "n_problems": 100,
+        "ci95": [25.0, 25.0],
+    }
     assert s["final"]["avg_at_k"] == 50.0 and s["final"]["ci95"] == [50.0, 50.0]
     # every problem gains 25 points: the paired interval cannot move
     assert s["final_minus_warm_start"] == {"mean": 25.0, "ci95": [25.0, 25.0]}

@@ -267,7 +267,9 @@ def _split_count(task: TaskConfig, split: str) -> int:
     from itertools import product
 
     values = range(task.max_value + 1)
-    return sum(_is_test(task.problem(list(t))) == (split == "test") for t in product(values, repeat=task.n_terms))
+    return sum(
+        _is_test(task.problem(list(t))) == (split == "test") for t in product(values, repeat=task.n_terms)
+    )
 
 
 def grade(completion: str, answer: str) -> float:

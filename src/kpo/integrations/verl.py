@@ -284,7 +284,9 @@ class KPOActorConfig(FSDPActorConfig):
         except (TypeError, ValueError) as err:
             raise ValueError(f"actor_rollout_ref.actor (loss_mode={loss_mode!r}): {err}") from err
         hp = loss_hparams(loss_mode, self)
-        clip = resolve_clip(hp.get("clip_ratio"), hp.get("clip_ratio_low"), hp.get("clip_ratio_high"), 3e-4, 4e-4)
+        clip = resolve_clip(
+            hp.get("clip_ratio"), hp.get("clip_ratio_low"), hp.get("clip_ratio_high"), 3e-4, 4e-4
+        )
         if loss_mode == "kpo" and clip == (0.2, 0.2):
             # verl's PPO defaults are 700x wider than KPO's: with them the filtered ratio is almost never clipped
             warnings.warn(

@@ -17,9 +17,13 @@ from kpo.train.summary import window_mean
 __all__ = ["CARD_METRICS", "run_card", "write_run_card"]
 
 # metrics.jsonl columns the card reports over the last 10% of steps: (column, how the card names it)
-CARD_METRICS = (("reward_mean", "reward (mean over responses)"), ("clip_frac", "clip fraction (tokens)"),
-                ("entropy", "entropy (nats/token)"), ("response_length", "response length (tokens)"),
-                ("grad_norm", "gradient norm (before clipping)"))
+CARD_METRICS = (
+    ("reward_mean", "reward (mean over responses)"),
+    ("clip_frac", "clip fraction (tokens)"),
+    ("entropy", "entropy (nats/token)"),
+    ("response_length", "response length (tokens)"),
+    ("grad_norm", "gradient norm (before clipping)"),
+)
 
 
 def write_run_card(config: TrainConfig, out: Path) -> Path:
@@ -33,15 +37,33 @@ def run_card(config: TrainConfig, out: Path) -> str:
     """The card's Markdown for the run ``config`` in ``out`` (its metrics read from ``out/metrics.jsonl``)."""
     rows = _rows(out / "metrics.jsonl")
     source = config.dataset if config.dataset is not None else f"the embedded {config.task} task"
-    lines = [f"# {out.name}: {config.loss} on {source}", "",
-             f"Trained with `kpo train` (kpo's RL trainer on TRL's GRPOTrainer), seed {config.seed}, "
-             f"{len(rows)} of {config.max_steps} optimizer steps.", "",
-             "## What was trained", "", "| | |", "|---|---|",
-             f"| model | {_model(config)} |", f"| task | {_task(config)} |", f"| loss | {_loss(config)} |",
-             f"| advantages | {config.advantage} |", "",
-             "## Protocol", "", *_protocol(config), "",
-             *_metrics(rows, config.max_steps), "",
-             "## Next", "", *_unfinished(config, out, len(rows)), *_commands(config, out), ""]
+    lines = [
+        f"# {out.name}: {config.loss} on {source}",
+        "",
+        f"Trained with `kpo train` (kpo's RL trainer on TRL's GRPOTrainer), seed {config.seed}, "
+        f"{len(rows)} of {config.max_steps} optimizer steps.",
+        "",
+        "## What was trained",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| model | {_model(config)} |",
+        f"| task | {_task(config)} |",
+        f"| loss | {_loss(config)} |",
+        f"| advantages | {config.advantage} |",
+        "",
+        "## Protocol",
+        "",
+        *_protocol(config),
+        "",
+        *_metrics(rows, config.max_steps),
+        "",
+        "## Next",
+        "",
+        *_unfinished(config, out, len(rows)),
+        *_commands(config, out),
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -55,20 +77,27 @@ def _model(config: TrainConfig) -> str:
     if config.model is not None:
         return f"`{config.model}`"
     shape, sft = config.tiny_shape(), config.sft_settings()
-    return (f"the embedded tiny Qwen3 (hidden size {shape.hidden_size}, {shape.num_layers} layers, "
-            f"{shape.num_heads} heads, context {shape.max_position_embeddings} tokens), warm-started by supervised "
-            f"fine-tuning ({sft.n_examples} problems, epochs={sft.epochs}, a teacher erring in {sft.noise:g} of "
-            f"steps; `warm_start/`)")
+    return (
+        f"the embedded tiny Qwen3 (hidden size {shape.hidden_size}, {shape.num_layers} layers, "
+        f"{shape.num_heads} heads, context {shape.max_position_embeddings} tokens), warm-started by supervised "
+        f"fine-tuning ({sft.n_examples} problems, epochs={sft.epochs}, a teacher erring in {sft.noise:g} of "
+        f"steps; `warm_start/`)"
+    )
 
 
 def _task(config: TrainConfig) -> str:
     if config.dataset is not None:
-        keys = "".join(f", {name} `{value}`" for name, value in
-                       (("problem key", config.problem_key), ("answer key", config.answer_key)) if value)
+        keys = "".join(
+            f", {name} `{value}`"
+            for name, value in (("problem key", config.problem_key), ("answer key", config.answer_key))
+            if value
+        )
         return f"`{config.dataset}`{keys}, graded by math-verify; instruction: {config.instruction!r}"
     task = config.task_config()
-    return (f"embedded `{task.kind}` task, n_terms={task.n_terms}, max_value={task.max_value}, "
-            f"responses up to {task.max_response_chars()} tokens, reward 1 for an exact answer")
+    return (
+        f"embedded `{task.kind}` task, n_terms={task.n_terms}, max_value={task.max_value}, "
+        f"responses up to {task.max_response_chars()} tokens, reward 1 for an exact answer"
+    )
 
 
 def _loss(config: TrainConfig) -> str:
@@ -79,15 +108,19 @@ def _loss(config: TrainConfig) -> str:
     kwargs = config.resolved_loss_kwargs()
     given = dict(config.loss_kwargs)
     # memory=matched resolves to a number of tokens; every other value is as given
-    parts = [f"{k}={given[k]} ({_value(v)} tokens)" if given[k] != v else f"{k}={_value(v)}"
-             for k, v in kwargs.items()]
+    parts = [
+        f"{k}={given[k]} ({_value(v)} tokens)" if given[k] != v else f"{k}={_value(v)}"
+        for k, v in kwargs.items()
+    ]
     if config.loss in KALMAN_LOSSES:
         settings = filter_settings(config.loss, kwargs)
         settings = {"q": settings.pop("q"), **settings}  # the setting memory resolves to, first
         parts.append("filter " + ", ".join(f"{k}={_value(v)}" for k, v in settings.items()))
     hparams = "; ".join(parts) if parts else "none given"
-    return (f"`{config.loss}`, aggregation {config.resolved_agg_mode()}; hyperparameters: {hparams} "
-            f"(the others at the method's defaults)")
+    return (
+        f"`{config.loss}`, aggregation {config.resolved_agg_mode()}; hyperparameters: {hparams} "
+        f"(the others at the method's defaults)"
+    )
 
 
 def _value(v) -> str:
@@ -114,8 +147,12 @@ def _metrics(rows: list[dict], max_steps: int) -> list[str]:
     if not rows:
         return [f"## {heading}", "", "No step finished yet."]
     width = max(1, len(rows) // 10)
-    lines = [f"## {heading} (mean over the last {width} of {len(rows)} steps)", "", "| metric | value |",
-             "|---|---|"]
+    lines = [
+        f"## {heading} (mean over the last {width} of {len(rows)} steps)",
+        "",
+        "| metric | value |",
+        "|---|---|",
+    ]
     for key, name in CARD_METRICS:
         value = window_mean([r.get(key) for r in rows], last=True)
         lines.append(f"| {name} | {'n/a' if value is None else f'{value:.4g}'} |")
@@ -128,23 +165,31 @@ def _metrics(rows: list[dict], max_steps: int) -> list[str]:
 def _unfinished(config: TrainConfig, out: Path, steps: int) -> list[str]:
     if steps >= config.max_steps:
         return []
-    return [f"The run stopped at step {steps} of {config.max_steps}; `kpo train --config "
-            f"{shlex.quote(str(out / 'config.yaml'))} --resume` continues it from its last checkpoint and writes "
-            "`final/` at the end.", ""]
+    return [
+        f"The run stopped at step {steps} of {config.max_steps}; `kpo train --config "
+        f"{shlex.quote(str(out / 'config.yaml'))} --resume` continues it from its last checkpoint and writes "
+        "`final/` at the end.",
+        "",
+    ]
 
 
 def _commands(config: TrainConfig, out: Path) -> list[str]:
     run = shlex.quote(str(out))
     if config.dataset is None:
         task = config.task_config()
-        data = (f"--data synthetic --task kind={task.kind} --task n_terms={task.n_terms} "
-                f"--task max_value={task.max_value} --n 8 --k 1,8")
+        data = (
+            f"--data synthetic --task kind={task.kind} --task n_terms={task.n_terms} "
+            f"--task max_value={task.max_value} --n 8 --k 1,8"
+        )
     else:
         data = f"--data BENCHMARK.jsonl --n 16 --k 1,16 --max-new-tokens {config.max_completion()}"
     start = f"{run}/warm_start" if config.model is None else shlex.quote(config.model)
-    lines = ["```bash", f"kpo eval --model {run}/final {data} --output {run}/eval.json",
-             f"kpo eval --model {start} {data} --output {run}/eval_warm_start.json   # the model it started from",
-             f"kpo summary {run}   # final vs start with 95% intervals"]
+    lines = [
+        "```bash",
+        f"kpo eval --model {run}/final {data} --output {run}/eval.json",
+        f"kpo eval --model {start} {data} --output {run}/eval_warm_start.json   # the model it started from",
+        f"kpo summary {run}   # final vs start with 95% intervals",
+    ]
     if config.dump_ratios_every:
         lines.append(f"kpo analyze {run} --out {run}/analysis   # token dynamics of the ratio dumps")
     lines.append("```")

@@ -18,6 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"kpo train: {e}", file=sys.stderr)
         return 2
-    print(f"kpo train: done. metrics: {out / 'metrics.jsonl'}  plot: {out / 'training_dynamics.png'}  "
-          f"model: {out / 'final'}")
+    print(
+        f"kpo train: done. metrics: {out / 'metrics.jsonl'}  plot: {out / 'training_dynamics.png'}  "
+        f"model: {out / 'final'}"
+    )
     return 0

@@ -32,8 +32,17 @@ __all__ = ["ConfigError", "TrainConfig", "parse_args", "TRAJECTORY_FIELDS"]
 # CPU threads. The warm start only sets the weights a fresh run starts from (a resume loads the checkpoint's),
 # and writing a checkpoint or a ratio dump draws no random numbers.
 TRAJECTORY_FIELDS_EXEMPT = (
-    "output_dir", "resume", "overwrite", "max_steps", "cache_dir", "save_steps", "save_total_limit",
-    "dump_ratios_every", "report_to", "num_threads", "progress",
+    "output_dir",
+    "resume",
+    "overwrite",
+    "max_steps",
+    "cache_dir",
+    "save_steps",
+    "save_total_limit",
+    "dump_ratios_every",
+    "report_to",
+    "num_threads",
+    "progress",
 )
 
 
@@ -56,17 +65,22 @@ class TrainConfig:
     """Every knob of a ``kpo train`` run (help text of each field below = its documentation)."""
 
     # --- run ---
-    output_dir: str = _option("runs/kpo-tiny", "Directory for config.yaml, metrics.jsonl, checkpoints, final/, plots.")
+    output_dir: str = _option(
+        "runs/kpo-tiny", "Directory for config.yaml, metrics.jsonl, checkpoints, final/, plots."
+    )
     seed: int = _option(0, "Seed of model init, data order, sampling and the synthetic task.")
     max_steps: int = _option(
-        1000, "Optimizer steps, a multiple of minibatches (each generation batch gives `minibatches` of them)."
+        1000,
+        "Optimizer steps, a multiple of minibatches (each generation batch gives `minibatches` of them).",
     )
     resume: bool = _option(
         False,
         "Continue from the last checkpoint in output_dir (same config required, except the fields that do not "
         "change the trajectory: output_dir, cache_dir, max_steps, checkpoint, dump, logging and thread settings).",
     )
-    overwrite: bool = _option(False, "Allow starting a fresh run in a non-empty output_dir (its files are replaced).")
+    overwrite: bool = _option(
+        False, "Allow starting a fresh run in a non-empty output_dir (its files are replaced)."
+    )
 
     # --- loss ---
     loss: str = _option("kpo", "Policy loss, one of kpo.list_losses().")
@@ -83,11 +97,14 @@ class TrainConfig:
         "Loss aggregation; None = the protocol's seq-mean-token-mean where the loss allows it, else the "
         "loss's own (GMPO/HolderPO: seq-mean).",
     )
-    advantage: str = _option("grpo", "Advantage estimator for kpo.compute_advantages: grpo, drgrpo, rloo, krpo.")
+    advantage: str = _option(
+        "grpo", "Advantage estimator for kpo.compute_advantages: grpo, drgrpo, rloo, krpo."
+    )
 
     # --- protocol (paper: 32 prompts x 8, 4 optimizer steps per generation batch) ---
     prompts_per_step: int = _option(
-        16, "Prompts per generation batch (the paper: 32; 16 keeps the embedded testbed within its CPU budget)."
+        16,
+        "Prompts per generation batch (the paper: 32; 16 keeps the embedded testbed within its CPU budget).",
     )
     num_generations: int = _option(8, "Responses per prompt (the GRPO group).")
     minibatches: int = _option(
@@ -101,7 +118,8 @@ class TrainConfig:
     max_grad_norm: float = _option(1.0, "Gradient clipping by global norm.")
     temperature: float = _option(1.0, "Sampling temperature (also used for log-probs and entropy).")
     max_completion_length: int | None = _option(
-        None, "Longest response in tokens; None = the synthetic task's longest solution + 4, or 1024 with --model."
+        None,
+        "Longest response in tokens; None = the synthetic task's longest solution + 4, or 1024 with --model.",
     )
 
     # --- embedded task and tiny model (ignored with --model/--dataset where noted) ---
@@ -110,18 +128,23 @@ class TrainConfig:
         "Embedded task: running (running sum mod 10 of n_terms digits, one response token per digit: 128-token "
         "responses by default) or chain (chained additions, ~3-token responses by default).",
     )
-    n_terms: int | None = _option(None, "Embedded task: terms per problem; none = the task's (running 128, chain 2).")
+    n_terms: int | None = _option(
+        None, "Embedded task: terms per problem; none = the task's (running 128, chain 2)."
+    )
     max_value: int | None = _option(
         None, "Embedded task: largest term; none = the task's (running 9, at most 9; chain 19)."
     )
     tiny_hidden_size: int = _option(128, "Tiny model width.")
-    tiny_layers: int | None = _option(None, "Tiny model decoder layers; none = the task's (running 2, chain 4).")
+    tiny_layers: int | None = _option(
+        None, "Tiny model decoder layers; none = the task's (running 2, chain 4)."
+    )
     tiny_heads: int = _option(4, "Tiny model attention heads.")
     sft_examples: int | None = _option(
         None, "Warm start: distinct training problems; none = the task's (running 12800, chain 200)."
     )
     sft_epochs: int | None = _option(
-        None, "Warm start: passes over them, fresh teacher noise each pass; none = the task's (running 1, chain 40)."
+        None,
+        "Warm start: passes over them, fresh teacher noise each pass; none = the task's (running 1, chain 40).",
     )
     sft_noise: float | None = _option(
         None,
@@ -143,15 +166,21 @@ class TrainConfig:
         "Follows each dataset problem on a new line (user turn of the chat template); kpo.data.math.format_prompt "
         "builds the text, as kpo eval does.",
     )
-    use_vllm: bool = _option(False, "Generate with vLLM (TRL use_vllm, colocate mode); needs vllm and a CUDA GPU.")
-    vllm_gpu_memory_utilization: float = _option(0.3, "With use_vllm: share of GPU memory vLLM takes (TRL's).")
+    use_vllm: bool = _option(
+        False, "Generate with vLLM (TRL use_vllm, colocate mode); needs vllm and a CUDA GPU."
+    )
+    vllm_gpu_memory_utilization: float = _option(
+        0.3, "With use_vllm: share of GPU memory vLLM takes (TRL's)."
+    )
     vllm_importance_sampling_mode: str = _option(
         "sequence_mask",
         "With use_vllm: TRL's train/inference mismatch correction, token_truncate, token_mask, sequence_truncate "
         "or sequence_mask (TRL's default: a response whose ratio exceeds the cap gets weight 0); logged as "
         "sampling/importance_sampling_ratio/* in metrics.jsonl.",
     )
-    vllm_importance_sampling_clip_max: float = _option(3.0, "With use_vllm: the correction's cap C_max (TRL's).")
+    vllm_importance_sampling_clip_max: float = _option(
+        3.0, "With use_vllm: the correction's cap C_max (TRL's)."
+    )
     bf16: bool | None = _option(
         None,
         "bfloat16 mixed precision (autocast; weights and optimizer stay float32); None = on when CUDA supports "
@@ -164,11 +193,13 @@ class TrainConfig:
     )
     save_total_limit: int = _option(2, "Checkpoints kept.")
     dump_ratios_every: int = _option(
-        0, "Every N optimizer steps save ratios/step_000012.safetensors (the step, 6 digits; log-ratio, "
-        "filtered, mask); 0 = never."
+        0,
+        "Every N optimizer steps save ratios/step_000012.safetensors (the step, 6 digits; log-ratio, "
+        "filtered, mask); 0 = never.",
     )
     report_to: str = _option(
-        "tensorboard", "TRL/transformers report_to: none, all (every installed one) or one integration (wandb, ...)."
+        "tensorboard",
+        "TRL/transformers report_to: none, all (every installed one) or one integration (wandb, ...).",
     )
     num_threads: int | None = _option(
         1, "torch CPU threads; 1 is fastest for the tiny model on a shared CPU; None = torch's default."
@@ -218,9 +249,15 @@ class TrainConfig:
         that are set on top."""
         from kpo.train.tiny import SFT_PRESETS
 
-        given = {"n_examples": self.sft_examples, "epochs": self.sft_epochs, "noise": self.sft_noise,
-                 "learning_rate": self.sft_learning_rate}
-        return dataclasses.replace(SFT_PRESETS[self.task], **{k: v for k, v in given.items() if v is not None})
+        given = {
+            "n_examples": self.sft_examples,
+            "epochs": self.sft_epochs,
+            "noise": self.sft_noise,
+            "learning_rate": self.sft_learning_rate,
+        }
+        return dataclasses.replace(
+            SFT_PRESETS[self.task], **{k: v for k, v in given.items() if v is not None}
+        )
 
     def resolved_agg_mode(self) -> str:
         from kpo.losses import get_loss_spec
@@ -261,10 +298,19 @@ class TrainConfig:
         def ok(*names: str) -> bool:
             return not bad.keys() & set(names)
 
-        if ok("prompts_per_step", "num_generations", "minibatches", "max_steps", "save_steps", "micro_batch_size"):
+        if ok(
+            "prompts_per_step",
+            "num_generations",
+            "minibatches",
+            "max_steps",
+            "save_steps",
+            "micro_batch_size",
+        ):
             errors += self._batch_errors(world_size)
         if ok("tiny_hidden_size", "tiny_heads") and self.tiny_hidden_size % self.tiny_heads:
-            errors.append(f"tiny_hidden_size={self.tiny_hidden_size} must be divisible by tiny_heads={self.tiny_heads}")
+            errors.append(
+                f"tiny_hidden_size={self.tiny_hidden_size} must be divisible by tiny_heads={self.tiny_heads}"
+            )
         if ok("loss", "loss_kwargs", "loss_agg_mode"):
             errors += self._validate_loss()
         if ok("advantage"):
@@ -351,7 +397,9 @@ class TrainConfig:
         if importlib.util.find_spec("vllm") is None:
             errors.append("use_vllm=True but vllm is not installed: pip install vllm, or drop --use-vllm")
         if not torch.cuda.is_available():
-            errors.append("use_vllm=True needs a CUDA GPU (vLLM generates on it); drop --use-vllm on this machine")
+            errors.append(
+                "use_vllm=True needs a CUDA GPU (vLLM generates on it); drop --use-vllm on this machine"
+            )
         if self.vllm_importance_sampling_mode not in _VLLM_IS_MODES:
             errors.append(
                 f"vllm_importance_sampling_mode={self.vllm_importance_sampling_mode!r}: must be one of "
@@ -439,8 +487,10 @@ class TrainConfig:
         out = Path(self.output_dir)
         existing = file_in_the_way(out)
         if existing is not None:
-            return [f"output_dir={self.output_dir!r}: {str(existing)!r} is a file, not a directory; choose "
-                    "another --output-dir"]  # fmt: skip
+            return [
+                f"output_dir={self.output_dir!r}: {str(existing)!r} is a file, not a directory; choose "
+                "another --output-dir"
+            ]
         if self.resume and self.overwrite:
             return ["resume and overwrite are exclusive: resume continues the run, overwrite replaces it"]
         if not self.resume and not self.overwrite and (out / "metrics.jsonl").exists():
@@ -476,8 +526,15 @@ class TrainConfig:
         # Values (e.g. q <= 0) are checked by the loss itself: run it once on a 1 x 2 batch.
         lp = torch.zeros(2, 2)
         try:
-            policy_loss(self.loss, lp, lp, torch.tensor([1.0, -1.0]), torch.ones(2, 2),
-                        loss_agg_mode=self.resolved_agg_mode(), **self.resolved_loss_kwargs())
+            policy_loss(
+                self.loss,
+                lp,
+                lp,
+                torch.tensor([1.0, -1.0]),
+                torch.ones(2, 2),
+                loss_agg_mode=self.resolved_agg_mode(),
+                **self.resolved_loss_kwargs(),
+            )
         except (ValueError, TypeError) as e:
             errors.append(f"loss_kwargs for {self.loss!r}: {e}")
         return errors
@@ -486,8 +543,9 @@ class TrainConfig:
     @classmethod
     def from_yaml(cls, path: str | os.PathLike) -> TrainConfig:
         if not Path(path).is_file():
-            raise ConfigError([f"config file {str(path)!r} not found: give the path of a YAML file of config "
-                               "fields"])  # fmt: skip
+            raise ConfigError(
+                [f"config file {str(path)!r} not found: give the path of a YAML file of config fields"]
+            )
         try:
             data = yaml.safe_load(Path(path).read_text()) or {}
         except yaml.YAMLError as e:
@@ -522,12 +580,29 @@ class TrainConfig:
 
 
 # Numeric fields' bounds, name -> (low, high or None, why); a None value (where the type allows it) passes.
-_POSITIVE = ("learning_rate", "temperature", "sft_learning_rate", "max_grad_norm", "vllm_importance_sampling_clip_max")  # low is exclusive
+_POSITIVE = (
+    "learning_rate",
+    "temperature",
+    "sft_learning_rate",
+    "max_grad_norm",
+    "vllm_importance_sampling_clip_max",
+)  # low is exclusive
 _BOUNDS = {
     **dict.fromkeys(
-        ("max_steps", "prompts_per_step", "minibatches", "tiny_hidden_size", "tiny_layers", "tiny_heads",
-         "sft_examples", "sft_epochs", "save_total_limit", "micro_batch_size", "max_completion_length",
-         "num_threads"),
+        (
+            "max_steps",
+            "prompts_per_step",
+            "minibatches",
+            "tiny_hidden_size",
+            "tiny_layers",
+            "tiny_heads",
+            "sft_examples",
+            "sft_epochs",
+            "save_total_limit",
+            "micro_batch_size",
+            "max_completion_length",
+            "num_threads",
+        ),
         (1, None, ""),
     ),
     "num_generations": (2, None, " (a GRPO group compares at least 2 responses per prompt)"),
@@ -541,8 +616,14 @@ _BOUNDS = {
     **dict.fromkeys(_POSITIVE, (0, None, "")),
 }
 _VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-_TYPE_NAMES = {bool: "true/false", int: "an integer", float: "a finite number", str: "a string",
-               dict: "a mapping", type(None): "none"}
+_TYPE_NAMES = {
+    bool: "true/false",
+    int: "an integer",
+    float: "a finite number",
+    str: "a string",
+    dict: "a mapping",
+    type(None): "none",
+}
 
 
 @functools.cache
@@ -578,12 +659,16 @@ def _report_to_errors(report_to: str) -> list[str]:
         return [f"report_to={report_to!r}: unknown; use none, all or one of {known}"]
     available = get_available_reporting_integrations()
     if report_to not in available:
-        return [f"report_to={report_to!r}: {report_to} is not installed; install it, or use --report-to none"
-                + (f" or one of the installed {', '.join(available)}" if available else "")]
+        return [
+            f"report_to={report_to!r}: {report_to} is not installed; install it, or use --report-to none"
+            + (f" or one of the installed {', '.join(available)}" if available else "")
+        ]
     return []
 
 
-TRAJECTORY_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name not in TRAJECTORY_FIELDS_EXEMPT)
+TRAJECTORY_FIELDS = tuple(
+    f.name for f in dataclasses.fields(TrainConfig) if f.name not in TRAJECTORY_FIELDS_EXEMPT
+)
 
 
 def _round_up(value: int, multiple: int) -> int:

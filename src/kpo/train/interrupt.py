@@ -106,8 +106,11 @@ def rng_state() -> dict:
     """The random-number generator states a transformers checkpoint carries (python, numpy, torch CPU and every
     CUDA device), to rewind to with :func:`restore_rng`."""
     # numpy's legacy global generator: the one transformers saves and restores
-    state = {"python": random.getstate(), "numpy": np.random.get_state(),  # noqa: NPY002
-             "cpu": torch.random.get_rng_state()}
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),  # noqa: NPY002
+        "cpu": torch.random.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.random.get_rng_state_all()
     return state

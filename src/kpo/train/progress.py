@@ -18,7 +18,11 @@ __all__ = ["TRL_DEPRECATIONS", "checkpointing_arg", "library_bars", "use_quiet_p
 # FutureWarnings of newer transformers (5.24 has them, 5.10 not) that TRL 1.16 raises from its own code
 # (trl.models.utils toggles checkpointing around generation through the old names); kpo never calls these,
 # so it cannot fix them.
-TRL_DEPRECATIONS = ("is_gradient_checkpointing", "gradient_checkpointing_disable", "gradient_checkpointing_enable")
+TRL_DEPRECATIONS = (
+    "is_gradient_checkpointing",
+    "gradient_checkpointing_disable",
+    "gradient_checkpointing_enable",
+)
 LINES_PER_RUN = 20  # outside a terminal: a line every 1/20 of max_steps
 
 
@@ -29,7 +33,11 @@ def checkpointing_arg(enabled: bool) -> dict[str, bool]:
     from transformers import TrainingArguments
 
     names = {f.name for f in dataclasses.fields(TrainingArguments)}
-    return {"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing": enabled}
+    return {
+        "activation_checkpointing"
+        if "activation_checkpointing" in names
+        else "gradient_checkpointing": enabled
+    }
 
 
 def library_bars(enabled: bool, stream: TextIO | None = None) -> None:
@@ -68,7 +76,11 @@ def use_quiet_progress(trainer, enabled: bool, stream: TextIO | None = None) -> 
         (an interrupt says itself where it stopped)."""
 
         def on_train_begin(self, args, state, control, **kwargs):
-            self.start, self.first_step, self.next_step = time.monotonic(), state.global_step, state.global_step
+            self.start, self.first_step, self.next_step = (
+                time.monotonic(),
+                state.global_step,
+                state.global_step,
+            )
             self.every = max(1, math.ceil(state.max_steps / LINES_PER_RUN))
             self.values: dict[str, str] = {}
             self.printed = None
@@ -90,8 +102,12 @@ def use_quiet_progress(trainer, enabled: bool, stream: TextIO | None = None) -> 
             done = step - self.first_step
             left = f", ~{_clock(elapsed / done * (total - step))} left" if 0 < done and step < total else ""
             values = "".join(f"  {k} {v}" for k, v in self.values.items())
-            print(f"{name} step {step}/{total} ({100 * step // max(total, 1)}%){values}  {_clock(elapsed)} elapsed"
-                  f"{left}", file=stream, flush=True)
+            print(
+                f"{name} step {step}/{total} ({100 * step // max(total, 1)}%){values}  {_clock(elapsed)} elapsed"
+                f"{left}",
+                file=stream,
+                flush=True,
+            )
             self.printed = step
 
     trainer.remove_callback(PrinterCallback)
@@ -100,8 +116,12 @@ def use_quiet_progress(trainer, enabled: bool, stream: TextIO | None = None) -> 
         trainer.add_callback(QuietProgress() if stream.isatty() else LineProgress())
     library_bars(enabled, stream)
     for deprecated in TRL_DEPRECATIONS:
-        warnings.filterwarnings("ignore", message=f"`{deprecated}` is deprecated", category=FutureWarning,
-                                module=r"transformers\.modeling_utils")
+        warnings.filterwarnings(
+            "ignore",
+            message=f"`{deprecated}` is deprecated",
+            category=FutureWarning,
+            module=r"transformers\.modeling_utils",
+        )
 
 
 def _clock(seconds: float) -> str:

@@ -19,11 +19,23 @@ from kpo.train.summary import EVAL_FILES
 __all__ = ["model_path", "notices", "run_training", "synthetic_reward", "math_reward_fn"]
 
 # Files and folders a run writes into output_dir (the only things --overwrite removes).
-_RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "final", "warm_start", "ratios", "runs", "training_dynamics.png",
-                "README.md", "summary.json",
-                # the evaluations kpo summary reads (make demo writes them here), with their tables and caches
-                *(Path(name).with_suffix(ext).name for name in EVAL_FILES.values()
-                  for ext in (".json", ".md", ".generations.jsonl")))
+_RUN_OUTPUTS = (
+    "config.yaml",
+    "metrics.jsonl",
+    "final",
+    "warm_start",
+    "ratios",
+    "runs",
+    "training_dynamics.png",
+    "README.md",
+    "summary.json",
+    # the evaluations kpo summary reads (make demo writes them here), with their tables and caches
+    *(
+        Path(name).with_suffix(ext).name
+        for name in EVAL_FILES.values()
+        for ext in (".json", ".md", ".generations.jsonl")
+    ),
+)
 
 
 def synthetic_reward(completions: list[str], answer: list[str], **_) -> list[float]:
@@ -88,26 +100,38 @@ def _resume_checkpoint(config: TrainConfig, out: Path) -> Path:
     saved = TrainConfig.from_yaml(out / "config.yaml") if (out / "config.yaml").exists() else None
     if saved is None:
         raise ConfigError([f"resume: {out} has no config.yaml; start the run without --resume"])
-    changed = [f"{k}: {getattr(saved, k)!r} -> {getattr(config, k)!r}"
-               for k in TRAJECTORY_FIELDS if getattr(saved, k) != getattr(config, k)]
+    changed = [
+        f"{k}: {getattr(saved, k)!r} -> {getattr(config, k)!r}"
+        for k in TRAJECTORY_FIELDS
+        if getattr(saved, k) != getattr(config, k)
+    ]
     if changed:
-        raise ConfigError([f"resume: the config differs from the run being resumed ({c}); resume with the "
-                           "same settings or start a new --output-dir" for c in changed])
+        raise ConfigError(
+            [
+                f"resume: the config differs from the run being resumed ({c}); resume with the "
+                "same settings or start a new --output-dir"
+                for c in changed
+            ]
+        )
     ckpt = _last_checkpoint(out)
     if ckpt is None:
         raise ConfigError([f"resume: no checkpoint-* in {out}; set save_steps to checkpoint a run"])
     step = _step(ckpt)
     if step > config.max_steps:
-        raise ConfigError([
-            f"resume: {out} has already trained {step} steps ({ckpt.name}), past max_steps={config.max_steps}; "
-            f"to train further raise --max-steps above {step}, or start a new --output-dir"
-        ])
+        raise ConfigError(
+            [
+                f"resume: {out} has already trained {step} steps ({ckpt.name}), past max_steps={config.max_steps}; "
+                f"to train further raise --max-steps above {step}, or start a new --output-dir"
+            ]
+        )
     if step % config.minibatches:
-        raise ConfigError([
-            f"resume: {ckpt.name} ends inside a generation batch (step {step} is not a multiple of "
-            f"minibatches={config.minibatches}), whose unused mini-batches were not saved; a resume would "
-            f"regenerate them and diverge. Delete {ckpt.name} to resume from an earlier checkpoint, or start anew"
-        ])
+        raise ConfigError(
+            [
+                f"resume: {ckpt.name} ends inside a generation batch (step {step} is not a multiple of "
+                f"minibatches={config.minibatches}), whose unused mini-batches were not saved; a resume would "
+                f"regenerate them and diverge. Delete {ckpt.name} to resume from an earlier checkpoint, or start anew"
+            ]
+        )
     return ckpt
 
 
@@ -119,7 +143,9 @@ def _load_data(config: TrainConfig, tokenizer):
         from kpo.data.synthetic import load_split
 
         rows = load_split("train", seed=config.seed, task=config.task_config())
-        return Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows]), synthetic_reward
+        return Dataset.from_list(
+            [{"prompt": r["prompt"], "answer": r["answer"]} for r in rows]
+        ), synthetic_reward
     from kpo.data.math import format_prompt, has_chat_template, load_problems
 
     problems = load_problems(config.dataset, config.problem_key, config.answer_key)
@@ -127,8 +153,12 @@ def _load_data(config: TrainConfig, tokenizer):
     records = []
     for p in problems:
         text = format_prompt(p["problem"], config.instruction)
-        records.append({"prompt": [{"role": "user", "content": text}] if chat else text,
-                        "answer": json.dumps(p["answer"])})
+        records.append(
+            {
+                "prompt": [{"role": "user", "content": text}] if chat else text,
+                "answer": json.dumps(p["answer"]),
+            }
+        )
     return Dataset.from_list(records), math_reward_fn
 
 
@@ -136,9 +166,11 @@ def notices(config: TrainConfig) -> list[str]:
     """Settings that are valid but easy to get wrong by accident, said once at the start of a run."""
     if config.model is not None and config.dataset is None:
         task = config.task_config()
-        return [f"--model {config.model} without --dataset trains it on the embedded {task.kind} task "
-                f"(n_terms={task.n_terms}, max_value={task.max_value}), whose prompts are digits; pass --dataset "
-                "FILE to train on a math dataset"]
+        return [
+            f"--model {config.model} without --dataset trains it on the embedded {task.kind} task "
+            f"(n_terms={task.n_terms}, max_value={task.max_value}), whose prompts are digits; pass --dataset "
+            "FILE to train on a math dataset"
+        ]
     return []
 
 
@@ -149,8 +181,14 @@ def model_path(config: TrainConfig) -> Path:
         return Path(config.model)
     from kpo.train.tiny import warm_start
 
-    return warm_start(config.task_config(), config.tiny_shape(), config.sft_settings(), seed=config.seed,
-                      cache_dir=Path(config.cache_dir) if config.cache_dir else None, progress=config.progress)
+    return warm_start(
+        config.task_config(),
+        config.tiny_shape(),
+        config.sft_settings(),
+        seed=config.seed,
+        cache_dir=Path(config.cache_dir) if config.cache_dir else None,
+        progress=config.progress,
+    )
 
 
 def _load_model(path: Path):
@@ -183,8 +221,11 @@ def run_training(config: TrainConfig) -> Path:
     ckpt = _prepare_output_dir(config, out)
     if ckpt is not None and _step(ckpt) == config.max_steps:
         # Training on would add a step past max_steps and replace final/: leave the finished run as it is.
-        print(f"kpo train: the run in {out} is already complete ({ckpt.name}, max_steps={config.max_steps}); "
-              f"nothing to do. Raise --max-steps to train further.", file=sys.stderr)
+        print(
+            f"kpo train: the run in {out} is already complete ({ckpt.name}, max_steps={config.max_steps}); "
+            f"nothing to do. Raise --max-steps to train further.",
+            file=sys.stderr,
+        )
         return out
     # resume/overwrite say what this command does to output_dir, not what the run is: kept out of config.yaml
     # so that `kpo train --config RUN/config.yaml --resume` continues it
@@ -274,8 +315,11 @@ def run_training(config: TrainConfig) -> Path:
                 trainer.save_model(str(out / "final"))
                 tokenizer.save_pretrained(out / "final")
                 write_run_card(config, out)
-                plot_training_dynamics(out / "metrics.jsonl", out / "training_dynamics.png",
-                                       title=f"{config.loss} (seed {config.seed})")
+                plot_training_dynamics(
+                    out / "metrics.jsonl",
+                    out / "training_dynamics.png",
+                    title=f"{config.loss} (seed {config.seed})",
+                )
     return out
 
 
@@ -290,17 +334,26 @@ def _train(trainer, config: TrainConfig, ckpt: Path | None) -> None:
     except AbandonBatch:
         kept = trainer.checkpoint_abandoned_batch()
         if kept is None:
-            line = (f"interrupted by {trainer.interrupts.received} in the first generation batch, before any "
-                    f"step: nothing to keep; start again with: {again}")
+            line = (
+                f"interrupted by {trainer.interrupts.received} in the first generation batch, before any "
+                f"step: nothing to keep; start again with: {again}"
+            )
         else:
-            line = (f"interrupted by {trainer.interrupts.received} at step {trainer.state.global_step}/"
-                    f"{config.max_steps}, checkpoint saved in {kept}; resume with: {again} --resume")
+            line = (
+                f"interrupted by {trainer.interrupts.received} at step {trainer.state.global_step}/"
+                f"{config.max_steps}, checkpoint saved in {kept}; resume with: {again} --resume"
+            )
     except StopNow:
         kept = _last_checkpoint(out)
-        where = (f"resume from {kept.name} with: {again} --resume" if kept is not None
-                 else f"no checkpoint yet; start again with: {again} --overwrite")
-        line = (f"stopped by a second {trainer.interrupts.received} during step {trainer.state.global_step + 1}, "
-                f"without a checkpoint of it; {where}")
+        where = (
+            f"resume from {kept.name} with: {again} --resume"
+            if kept is not None
+            else f"no checkpoint yet; start again with: {again} --overwrite"
+        )
+        line = (
+            f"stopped by a second {trainer.interrupts.received} during step {trainer.state.global_step + 1}, "
+            f"without a checkpoint of it; {where}"
+        )
     # what the end of training does besides saving: close the progress bar (the line must not land on it) and
     # flush the loggers (TensorBoard)
     trainer.callback_handler.on_train_end(trainer.args, trainer.state, trainer.control)

@@ -36,7 +36,9 @@ def _eval_block(path: Path) -> tuple[dict, list[int], int]:
     results = json.loads(path.read_text())
     benches = results["benchmarks"]
     if len(benches) != 1:
-        raise ValueError(f"{path}: holds {len(benches)} benchmarks ({', '.join(benches)}); the summary reads one")
+        raise ValueError(
+            f"{path}: holds {len(benches)} benchmarks ({', '.join(benches)}); the summary reads one"
+        )
     bench = next(iter(benches.values()))
     n = results["params"]["n"]
     counts = [p["correct"] for p in bench["per_problem"]]
@@ -55,8 +57,11 @@ def _kalman_block(rows: list[dict], minibatches: int) -> dict:
     """Clip fraction and filtered-ratio excursion over the off-policy steps (all but the first of each
     generation batch)."""
     off = [r for r in rows if not on_policy_step(r["step"], minibatches)]
-    devs = [max(r["filtered_ratio_max"] - 1, 1 - r["filtered_ratio_min"]) for r in off
-            if r.get("filtered_ratio_max") is not None and r.get("filtered_ratio_min") is not None]
+    devs = [
+        max(r["filtered_ratio_max"] - 1, 1 - r["filtered_ratio_min"])
+        for r in off
+        if r.get("filtered_ratio_max") is not None and r.get("filtered_ratio_min") is not None
+    ]
     clips = [r["clip_frac"] for r in off if r.get("clip_frac") is not None]
     return {
         "clip_frac_mean": sum(clips) / len(clips) if clips else None,
@@ -82,7 +87,9 @@ def summarize_run(run_dir: str | Path) -> dict:
     from kpo.train.config import TrainConfig
 
     run = Path(run_dir)
-    missing = [name for name in ("config.yaml", "metrics.jsonl", *EVAL_FILES.values()) if not (run / name).exists()]
+    missing = [
+        name for name in ("config.yaml", "metrics.jsonl", *EVAL_FILES.values()) if not (run / name).exists()
+    ]
     if missing:
         raise FileNotFoundError(
             f"{run}: no {', '.join(missing)}; train with kpo train --output-dir {run}, then evaluate with kpo eval "
@@ -94,7 +101,9 @@ def summarize_run(run_dir: str | Path) -> dict:
     evals = {key: _eval_block(run / name) for key, name in EVAL_FILES.items()}
     (warm, warm_counts, n_warm), (final, final_counts, n_final) = evals["warm_start"], evals["final"]
     if n_warm != n_final or len(warm_counts) != len(final_counts):
-        raise ValueError(f"{run}: the two evaluations differ in samples or problems; evaluate both the same way")
+        raise ValueError(
+            f"{run}: the two evaluations differ in samples or problems; evaluate both the same way"
+        )
     diff, low, high = bootstrap_diff_ci([final_counts], [warm_counts], n_final)
     lengths = [r["response_length"] for r in rows if r.get("response_length") is not None]
     rewards = [r.get("reward_mean") for r in rows]
@@ -115,22 +124,31 @@ def summarize_run(run_dir: str | Path) -> dict:
 
 def format_summary(s: dict) -> str:
     k = s["final"]["k"]
-    lines = [f"run {s['run']}: {s['loss']}, {s['steps']} steps, mean response {s['response_length_mean']:.1f} tokens",
-             f"| model | avg@{k} (95% CI) | pass@{k} | problems |", "|---|---|---|---|"]
+    lines = [
+        f"run {s['run']}: {s['loss']}, {s['steps']} steps, mean response {s['response_length_mean']:.1f} tokens",
+        f"| model | avg@{k} (95% CI) | pass@{k} | problems |",
+        "|---|---|---|---|",
+    ]
     for key in ("warm_start", "final"):
         b = s[key]
         pass_k = "-" if b["pass_at_k"] is None else f"{b['pass_at_k']:.1f}"
-        lines.append(f"| {key} | {b['avg_at_k']:.1f} [{b['ci95'][0]:.1f}, {b['ci95'][1]:.1f}] | {pass_k} | "
-                     f"{b['n_problems']} |")
+        lines.append(
+            f"| {key} | {b['avg_at_k']:.1f} [{b['ci95'][0]:.1f}, {b['ci95'][1]:.1f}] | {pass_k} | "
+            f"{b['n_problems']} |"
+        )
     d = s["final_minus_warm_start"]
-    lines.append(f"final - warm start: {d['mean']:+.1f} points, 95% CI [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}] "
-                 "(paired bootstrap over problems)")
+    lines.append(
+        f"final - warm start: {d['mean']:+.1f} points, 95% CI [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}] "
+        "(paired bootstrap over problems)"
+    )
     if s["kpo"] is not None:
         kb = s["kpo"]
         clip = "n/a" if kb["clip_frac_mean"] is None else f"{kb['clip_frac_mean']:.4f}"
         dev = "n/a" if kb["filtered_ratio_abs_dev_max"] is None else f"{kb['filtered_ratio_abs_dev_max']:.2e}"
-        lines.append(f"KPO filter on {kb['off_policy_steps']} off-policy steps: clip fraction {clip}, "
-                     f"max |filtered ratio - 1| {dev}")
+        lines.append(
+            f"KPO filter on {kb['off_policy_steps']} off-policy steps: clip fraction {clip}, "
+            f"max |filtered ratio - 1| {dev}"
+        )
     return "\n".join(lines)
 
 

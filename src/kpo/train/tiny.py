@@ -18,8 +18,19 @@ from pathlib import Path
 
 from kpo.data.synthetic import ALPHABET, TaskConfig, load_split, noisy_solve
 
-__all__ = ["COMPLETION_SLACK", "TinyModelConfig", "SFTSettings", "SFT_PRESETS", "TINY_LAYERS", "build_tokenizer", "build_model", "context_length",
-           "sft_problems", "warm_start", "default_cache_dir"]
+__all__ = [
+    "COMPLETION_SLACK",
+    "TinyModelConfig",
+    "SFTSettings",
+    "SFT_PRESETS",
+    "TINY_LAYERS",
+    "build_tokenizer",
+    "build_model",
+    "context_length",
+    "sft_problems",
+    "warm_start",
+    "default_cache_dir",
+]
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 
@@ -224,7 +235,10 @@ def warm_start(
     rows = sft_problems(task, sft.n_examples, seed)
     rng = random.Random(f"kpo-sft-noise/{seed}")
     records = [
-        {"prompt": r["prompt"], "completion": noisy_solve(task.terms(r["problem"]), rng, sft.noise, task.kind)}
+        {
+            "prompt": r["prompt"],
+            "completion": noisy_solve(task.terms(r["problem"]), rng, sft.noise, task.kind),
+        }
         for _ in range(sft.epochs)
         for r in rows
     ]
@@ -260,8 +274,13 @@ def warm_start(
     tokenizer.save_pretrained(tmp)
     (tmp / "kpo_sft.json").write_text(
         json.dumps(
-            {"task": asdict(task), "shape": asdict(shape), "sft": asdict(sft), "seed": seed,
-             "train_loss": result.training_loss},
+            {
+                "task": asdict(task),
+                "shape": asdict(shape),
+                "sft": asdict(sft),
+                "seed": seed,
+                "train_loss": result.training_loss,
+            },
             indent=2,
         )
     )

@@ -59,11 +59,22 @@ __all__ = ["FLAT_REWARD_BATCHES", "KPOTrainer"]
 FLAT_REWARD_BATCHES = 3
 # Generation-batch statistics TRL logs once per generation; carried to the other optimizer steps.
 # The sampling/ keys are vLLM's train/inference mismatch (TRL's importance-sampling correction).
-_SAMPLING_KEYS = ("sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
-                  "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
-                  "sampling/importance_sampling_ratio/max")
-_GENERATION_KEYS = ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length",
-                    "completions/clipped_ratio", "completions/mean_terminated_length", *_SAMPLING_KEYS)
+_SAMPLING_KEYS = (
+    "sampling/sampling_logp_difference/mean",
+    "sampling/sampling_logp_difference/max",
+    "sampling/importance_sampling_ratio/min",
+    "sampling/importance_sampling_ratio/mean",
+    "sampling/importance_sampling_ratio/max",
+)
+_GENERATION_KEYS = (
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "completions/mean_length",
+    "completions/clipped_ratio",
+    "completions/mean_terminated_length",
+    *_SAMPLING_KEYS,
+)
 
 
 def _combine(key: str, pairs: list[tuple[float, float]]) -> float:
@@ -191,16 +202,24 @@ class KPOTrainer(GRPOTrainer):
         if self._flat_batches != FLAT_REWARD_BATCHES or not self.accelerator.is_main_process:
             return
         values = sorted({float(v) for v in grouped.flatten().tolist()})
-        scored = f"every response scored {values[0]:g}" if len(values) == 1 else "every group scored its responses alike"
+        scored = (
+            f"every response scored {values[0]:g}"
+            if len(values) == 1
+            else "every group scored its responses alike"
+        )
         steps_per_batch = self.steps_per_batch
         first = self.state.global_step - (FLAT_REWARD_BATCHES - 1) * steps_per_batch + 1
-        print(f"kpo train: warning: zero reward variance in every group for {FLAT_REWARD_BATCHES} generation batches "
-              f"in a row (steps {first}-{self.state.global_step + steps_per_batch}; {scored}): every advantage is 0, "
-              f"so the policy does not learn. Likely all responses are equally wrong or right: the completion length "
-              f"({self.max_completion_length} tokens) too short to reach an answer, the task too hard or too easy "
-              f"for the model, or a reward function that does not match the output format. Try a larger "
-              f"--max-completion-length, an easier or harder --dataset, or check a few generations against the "
-              f"reward function", file=sys.stderr, flush=True)
+        print(
+            f"kpo train: warning: zero reward variance in every group for {FLAT_REWARD_BATCHES} generation batches "
+            f"in a row (steps {first}-{self.state.global_step + steps_per_batch}; {scored}): every advantage is 0, "
+            f"so the policy does not learn. Likely all responses are equally wrong or right: the completion length "
+            f"({self.max_completion_length} tokens) too short to reach an answer, the task too hard or too easy "
+            f"for the model, or a reward function that does not match the output format. Try a larger "
+            f"--max-completion-length, an easier or harder --dataset, or check a few generations against the "
+            f"reward function",
+            file=sys.stderr,
+            flush=True,
+        )
 
     # ------------------------------------------------------------------ interrupts and the run card
     def _maybe_log_save_evaluate(self, *args, **kwargs):
@@ -251,9 +270,12 @@ class KPOTrainer(GRPOTrainer):
         for first in range(0, len(micro_batches), ga):
             group = micro_batches[first : first + ga]
             local = torch.tensor(
-                [sum(int(mb["completion_ids"].shape[0]) for mb in group),
-                 sum(int(self._loss_mask(mb).sum()) for mb in group)],
-                dtype=torch.float64, device=self.accelerator.device,
+                [
+                    sum(int(mb["completion_ids"].shape[0]) for mb in group),
+                    sum(int(self._loss_mask(mb).sum()) for mb in group),
+                ],
+                dtype=torch.float64,
+                device=self.accelerator.device,
             )
             total = self.accelerator.reduce(local, reduction="sum").tolist()
             for mb in group:
@@ -294,14 +316,24 @@ class KPOTrainer(GRPOTrainer):
                 "loss_scale_factor": self.max_completion_length,
             }
         loss, metrics = policy_loss(
-            self.loss_name, log_prob, old_log_prob, inputs["advantages"], mask,
-            loss_agg_mode=self.loss_agg_mode, **hparams, **global_batch,
+            self.loss_name,
+            log_prob,
+            old_log_prob,
+            inputs["advantages"],
+            mask,
+            loss_agg_mode=self.loss_agg_mode,
+            **hparams,
+            **global_batch,
         )
         with torch.no_grad():
             # aggregated as the loss is (same mode and global counts): the pieces of an optimizer step then sum
             # to the entropy of its whole mini-batch, whatever the micro-batch size
-            ent = aggregate_entropy(entropy, mask, self.loss_agg_mode if self.loss_agg_mode != "seq-mean"
-                                    else "seq-mean-token-mean", **global_batch)
+            ent = aggregate_entropy(
+                entropy,
+                mask,
+                self.loss_agg_mode if self.loss_agg_mode != "seq-mean" else "seq-mean-token-mean",
+                **global_batch,
+            )
         ent = self.accelerator.gather(ent.detach()).mean().item()  # mean over ranks: dp_size cancels
         if not training:
             self._metrics["eval"]["entropy"].append(ent)
@@ -319,8 +351,12 @@ class KPOTrainer(GRPOTrainer):
         step = self.state.global_step + 1  # the optimizer step this micro-batch belongs to
         if step % self.dump_ratios_every:
             return
-        self._dump_parts.append({"log_ratio": (log_prob - old_log_prob).detach().float().cpu(),
-                                 "mask": mask.detach().to(torch.uint8).cpu()})
+        self._dump_parts.append(
+            {
+                "log_ratio": (log_prob - old_log_prob).detach().float().cpu(),
+                "mask": mask.detach().to(torch.uint8).cpu(),
+            }
+        )
         if (self._step + 1) % self.current_gradient_accumulation_steps:
             return  # more micro-batches of this optimizer step to come
         parts, self._dump_parts = self._dump_parts, []
@@ -380,8 +416,11 @@ class KPOTrainer(GRPOTrainer):
             "grad_norm": get("grad_norm"),
             "frac_reward_zero_std": get("frac_reward_zero_std"),
         }
-        row |= {k.removeprefix("loss/"): float(v) for k, v in logs.items()
-                if k.startswith("loss/") and k.removeprefix("loss/") not in row}
+        row |= {
+            k.removeprefix("loss/"): float(v)
+            for k, v in logs.items()
+            if k.startswith("loss/") and k.removeprefix("loss/") not in row
+        }
         row |= {k: float(v) for k, v in logs.items() if k in _SAMPLING_KEYS}
         row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
         with open(self.metrics_path, "a") as f:
