@@ -9,8 +9,10 @@ compute it, each checked against the float64 loop in ``reference.py``:
 - ``torch``  chunked scan on any device (chunks in the input's float32/float64, float64 carries between
   chunks): the fallback when the others are missing.
 
-``KPO_FILTER_BACKEND=auto|numba|torch|triton`` forces one (``auto``: triton for CUDA tensors, numba for
-CPU tensors, torch otherwise).
+``kalman_filter(..., backend=...)`` picks one: ``auto`` (the default: triton for CUDA tensors, numba for CPU
+tensors, torch otherwise), ``numba``, ``torch``, ``triton``, or ``reference`` (the float64 loop: slow, no
+gradient, for checks). Without the keyword, ``KPO_FILTER_BACKEND`` names it. The authors' closed form, for
+comparison only, is ``authors.authors_closed_form``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from torch.autograd.function import once_differentiable
 from kpo._checks import bool_mask
 from kpo.filter import scan
 from kpo.filter.gains import check_params, gain_tables, kalman_gains
-from kpo.filter.reference import MASK_MODES
+from kpo.filter.reference import MASK_MODES, kalman_filter_reference
 
 try:
     from kpo.filter import compiled
@@ -48,7 +50,7 @@ def triton_kernels():
         return None
 
 
-BACKENDS = ("auto", "numba", "torch", "triton")
+BACKENDS = ("auto", "numba", "torch", "triton", "reference")
 
 
 def kalman_filter(
@@ -60,6 +62,7 @@ def kalman_filter(
     p0: float = 0.0,
     x0: float = 0.0,
     mask_mode: str = "skip",
+    backend: str | None = None,
 ) -> torch.Tensor:
     """Filtered log-ratio rho_{t|t} of ``z``: same shape, dtype and device, 0 where ``mask`` is 0.
 
@@ -69,23 +72,25 @@ def kalman_filter(
     mask_mode: "skip"    masked token = no observation and no time step (the state carries over);
                "advance" masked token = a time step (P += q) without an observation;
                "zero"    masked token = an observation of 0 (the authors' recurrence).
+    backend: "auto" (triton for CUDA tensors, numba for CPU tensors, torch otherwise), "numba", "torch",
+             "triton", or "reference" (the float64 loop: slow and not differentiable, for checks);
+             None = the environment variable KPO_FILTER_BACKEND, else "auto".
     Differentiable w.r.t. z (the backward is the reverse scan); detach z for the paper's behaviour.
     """
-    return _filter(z, mask, q, v, p0, x0, mask_mode, os.environ.get("KPO_FILTER_BACKEND", "auto"))
-
-
-def _filter(z, mask, q, v, p0, x0, mask_mode, backend):
-    """kalman_filter with an explicit backend (tests and benchmarks pin one path with it)."""
+    if backend is None:
+        backend = os.environ.get("KPO_FILTER_BACKEND", "auto")
     if not isinstance(z, torch.Tensor):
         hint = " (torch.from_numpy(z) makes one without a copy)" if type(z).__module__ == "numpy" else ""
-        raise TypeError(f"z must be a torch tensor, got {type(z).__module__}.{type(z).__name__}: pass a "
-                        f"floating-point torch.Tensor{hint}")
+        raise TypeError(
+            f"z must be a torch tensor, got {type(z).__module__}.{type(z).__name__}: pass a "
+            f"floating-point torch.Tensor{hint}"
+        )
     if not z.is_floating_point():
         raise TypeError(f"z must be a floating-point tensor, got {z.dtype}: convert it with z.float()")
     if mask_mode not in MASK_MODES:
         raise ValueError(f"mask_mode must be one of {MASK_MODES}, got {mask_mode!r}")
     if backend not in BACKENDS:
-        raise ValueError(f"backend (KPO_FILTER_BACKEND) must be one of {BACKENDS}, got {backend!r}")
+        raise ValueError(f"backend (or KPO_FILTER_BACKEND) must be one of {BACKENDS}, got {backend!r}")
     check_params(q, v, p0, x0)
     if z.dim() not in (1, 2):
         raise ValueError(f"z must be [B, T] or [T], got shape {tuple(z.shape)}")
@@ -97,9 +102,25 @@ def _filter(z, mask, q, v, p0, x0, mask_mode, backend):
     z2 = z.unsqueeze(0) if squeeze else z
     m2 = None if mask is None else (mask.unsqueeze(0) if squeeze else mask)
     work = z2 if z2.dtype in (torch.float32, torch.float64) else z2.float()
-    out = _Filter.apply(work.contiguous(), m2, (mask_mode, float(q), float(v), float(p0), float(x0)), backend)
+    if backend == "reference":
+        out = _reference(work, m2, mask_mode, q, v, p0, x0)
+    else:
+        out = _Filter.apply(
+            work.contiguous(), m2, (mask_mode, float(q), float(v), float(p0), float(x0)), backend
+        )
     out = out.to(z.dtype)
     return out.squeeze(0) if squeeze else out
+
+
+def _reference(z, mask, mode, q, v, p0, x0):
+    """The float64 loop reference through the public call's checks (no gradient: it runs in Python floats)."""
+    if z.requires_grad and torch.is_grad_enabled():
+        raise RuntimeError("backend 'reference' computes no gradient: detach z, or pick another backend")
+    out = kalman_filter_reference(z.cpu(), None if mask is None else mask.cpu(), q=q, v=v, p0=p0, x0=x0,
+                                  mask_mode=mode)  # fmt: skip
+    if not bool(torch.isfinite(out).all()):
+        _raise_non_finite(z, mask, mode)
+    return out.to(z.dtype).to(z.device)
 
 
 def _check_mask(z: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
