@@ -116,3 +116,37 @@ def test_float32_gradient_is_the_float64_one_rounded_once():
             )
             grads.append(grad)
         torch.testing.assert_close(grads[1], grads[0].float(), rtol=0, atol=0, msg=mode)
+
+
+@pytest.mark.parametrize("mode", MASK_MODES)
+@pytest.mark.parametrize("B", [1, 5, 37])
+def test_threads_split_rows_without_changing_a_bit(mode, B, monkeypatch):
+    # rows are cut into ranges that threads take in turn: with tiny ranges (many boundaries, row counts not a
+    # multiple of 4, rows of different lengths and holes spread over ranges) the result and the gradient are
+    # bit for bit those of one thread, and match the float64 loop
+    import kpo.filter
+
+    from .helpers import make_mask
+
+    rng = np.random.default_rng(B)
+    T = 3 * TILE + 5
+    mask = make_mask(rng, B, T)
+    z = nan_where_masked(torch.from_numpy(rng.normal(0.3, 1, (B, T))).float(), mask)
+    g = nan_where_masked(torch.from_numpy(rng.normal(0, 1, (B, T))).float(), mask)
+    results = []
+    for threads, min_tokens in ((1, 1 << 15), (2, 1), (2, 7 * T)):
+        monkeypatch.setattr(kpo.filter, "MIN_CHUNK_TOKENS", min_tokens)
+        monkeypatch.setattr(kpo.filter, "CHUNKS_PER_THREAD", 3)
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            leaf = z.clone().requires_grad_()
+            out = kalman_filter(leaf, mask, q=1e-3, p0=0.2, x0=0.1, mask_mode=mode, backend="numba")
+            (grad,) = torch.autograd.grad(out, leaf, g)
+        finally:
+            torch.set_num_threads(before)
+        results.append((out.detach(), grad))
+    for out, grad in results[1:]:
+        assert torch.equal(out, results[0][0]) and torch.equal(grad, results[0][1])
+    ref = kalman_filter_reference(z, mask, q=1e-3, p0=0.2, x0=0.1, mask_mode=mode)
+    assert float((results[0][0].double() - ref).abs().max()) <= float32_bound(z.nan_to_num())

@@ -152,18 +152,35 @@ def _pool(workers: int) -> ThreadPoolExecutor:
 
 
 def _numba_rows(kernel, B: int, T: int, *args) -> None:
-    """Run ``kernel(*args, lo, hi)`` over row ranges, in parallel threads when the work is large enough."""
-    threads = min(torch.get_num_threads(), os.cpu_count() or 1, -(-B // compiled.ROWS))
-    if threads <= 1 or B * T < 1 << 16:
+    """Run ``kernel(*args, lo, hi)`` over row ranges, in parallel threads when the work is large enough.
+
+    Threads: torch.get_num_threads() (so kpo never runs more threads than torch beside it), at most the
+    cores and the groups of rows. The rows are cut into about CHUNKS_PER_THREAD ranges per thread (multiples
+    of ROWS, each at least MIN_CHUNK_TOKENS) that the threads take in turn, the caller's thread too: on a
+    shared machine a thread that gets no core leaves its ranges to the others instead of holding the call.
+    """
+    groups = -(-B // compiled.ROWS)
+    threads = min(torch.get_num_threads(), os.cpu_count() or 1, groups)
+    if threads <= 1 or B * T < 2 * MIN_CHUNK_TOKENS:
         kernel(*args, 0, B)
         return
-    # split on multiples of ROWS so that every thread keeps four chains in flight
-    per = -(-B // (threads * compiled.ROWS)) * compiled.ROWS
-    bounds = [(lo, min(lo + per, B)) for lo in range(0, B, per)]
-    futures = [_pool(threads).submit(kernel, *args, lo, hi) for lo, hi in bounds[1:]]
-    kernel(*args, *bounds[0])
+    per = max(-(-groups // (threads * CHUNKS_PER_THREAD)), -(-MIN_CHUNK_TOKENS // (T * compiled.ROWS)))
+    per *= compiled.ROWS
+    ranges = iter([(lo, min(lo + per, B)) for lo in range(0, B, per)])  # next() on it is atomic (the GIL)
+
+    def work() -> None:
+        for lo, hi in ranges:
+            kernel(*args, lo, hi)
+
+    futures = [_pool(threads - 1).submit(work) for _ in range(threads - 1)]
+    work()
     for future in futures:
         future.result()
+
+
+# row ranges per thread, and the fewest tokens in one (a kernel call costs ~1 us from Python)
+CHUNKS_PER_THREAD = 4
+MIN_CHUNK_TOKENS = 1 << 15
 
 
 def _numba_mask(mask, mode):
