@@ -92,3 +92,21 @@ def test_right_padding_is_never_read_even_when_not_finite(mode):
     poisoned[2, 0] = float("nan")  # a valid one is still an error
     with pytest.raises(ValueError, match=r"1 NaN/Inf.*\(2, 0\)"):
         kalman_filter(poisoned, mask, q=1e-3, v=1.0, p0=0.0, x0=0.1, mask_mode=mode, backend="torch")
+
+
+@pytest.mark.parametrize("blocks_in_one_product", [0, 64])
+def test_carries_over_many_blocks_by_product_and_by_scan(blocks_in_one_product, monkeypatch):
+    # the carries over blocks of chunks: one dense product up to MAX_BLOCKS_IN_ONE_PRODUCT blocks, else the
+    # recursive scan; both against the float64 loop, at a T of 41 blocks
+    monkeypatch.setattr(scan, "MAX_BLOCKS_IN_ONE_PRODUCT", blocks_in_one_product)
+    scan._carry_map_table.cache_clear()
+    try:
+        rng = np.random.default_rng(blocks_in_one_product)
+        T = 40 * scan.CHUNK**2 + 7
+        z = torch.from_numpy(0.8 + 0.5 * rng.standard_normal((2, T)))
+        for q, p0, x0 in ((1e-6, 0.0, 0.0), (1e-2, 3.0, -0.4)):
+            ref = kalman_filter_reference(z, q=q, p0=p0, x0=x0)
+            out = kalman_filter(z, q=q, p0=p0, x0=x0, backend="torch")
+            assert float((out - ref).abs().max()) <= 1e-11, (q, p0, x0)
+    finally:
+        scan._carry_map_table.cache_clear()
