@@ -72,7 +72,7 @@ def test_filter_reports_minimum_and_median_for_every_mode(capsys):
 
 
 def test_filter_smoke_run_prints_finite_rows_and_paths_that_agree(capsys):
-    # every timed row's numbers are finite and positive; every path's output and gradient (all rows, padded
+    # every timed row's numbers are finite; every path's output and gradient (all rows, padded
     # and holed-free masks) agrees with the first path's to float32 rounding of |z| ~ 0.05 (float32 input)
     argv = ["filter", "--sizes", "6x200,3x70", "--repeats", "2", "--mode", "all", "--q", "1e-3"]
     assert main(argv) == 0
@@ -81,7 +81,8 @@ def test_filter_smoke_run_prints_finite_rows_and_paths_that_agree(capsys):
     assert len(rows) >= 2 * 3 * 2 * 4  # sizes x modes x (forward, both) x (copy, paths, closed form)
     for label, numbers in rows:
         values = [float(x) for x in numbers.split()]
-        assert all(math.isfinite(x) and x > 0 for x in values), (label, values)
+        # ms min, ms med, G tokens/s (printed to 3 decimals: 0 at this size), x closed, (med), copies
+        assert all(math.isfinite(x) and x >= 0 for x in values) and values[0] > 0, (label, values)
     agree = re.findall(r"(outputs|gradients) agree: max \|\w+ - \w+\| = ([0-9.e+-]+)", out)
     assert len(agree) == 2 * 3 * 2 * (len(re.findall(r"kalman_filter \[", out)) // 6 - 1)
     assert agree and all(float(diff) <= 2e-7 for _, diff in agree), agree

@@ -105,9 +105,11 @@ def kalman_filter(
     if backend == "reference":
         out = _reference(work, m2, mask_mode, q, v, p0, x0)
     else:
-        out = _Filter.apply(
-            work.contiguous(), m2, (mask_mode, float(q), float(v), float(p0), float(x0)), backend
-        )
+        params = (mask_mode, float(q), float(v), float(p0), float(x0))
+        if work.requires_grad and torch.is_grad_enabled():
+            out = _Filter.apply(work.contiguous(), m2, params, backend)
+        else:  # no graph to record (KPO detaches z): the autograd Function's entry and exit cost ~50 us
+            out = _forward(work.contiguous(), m2, params, backend)[0]
     out = out.to(z.dtype)
     return out.squeeze(0) if squeeze else out
 
@@ -178,9 +180,10 @@ def _numba_rows(kernel, B: int, T: int, *args) -> None:
         future.result()
 
 
-# row ranges per thread, and the fewest tokens in one (a kernel call costs ~1 us from Python)
+# row ranges per thread, and the fewest tokens in one: on the 2-core machine of the README a second thread
+# paid off only from ~500k tokens a call (1.15x there, 1.3x at 1M)
 CHUNKS_PER_THREAD = 4
-MIN_CHUNK_TOKENS = 1 << 15
+MIN_CHUNK_TOKENS = 1 << 18
 
 
 def _numba_mask(mask, mode):
@@ -216,26 +219,31 @@ _MODE_CODE = {"skip": 1, "advance": 2, "zero": 3}
 _NO_MASK = np.ones((1, 1), dtype=np.uint8)
 
 
+def _forward(z, mask, params, backend):
+    """-> (the filtered z, the path that ran, the numba path's per-row facts for its backward or None)."""
+    mode, q, v, p0, x0 = params
+    path = _resolve(backend, z)
+    aux = None  # the numba path's per-row facts (end, valid count, first hole), for its backward
+    if path == "numba":
+        out, x_end, aux = _numba_forward(z, mask, mode, q, v, p0, x0)
+    elif path == "triton":
+        out, x_end = triton_kernels().forward(z, mask, mode, q, v, p0, x0)
+    else:
+        out, x_end = scan.forward(z, mask, mode, q, v, p0, x0)
+    # one reduction and one device sync: the sum of the final states is finite unless one is not (or,
+    # harmlessly, unless finite float64 states overflow in the sum, which the exact check then clears)
+    total = float(x_end.numpy().sum()) if x_end.device.type == "cpu" else float(x_end.sum())
+    if not math.isfinite(total) and not bool(torch.isfinite(x_end).all()):
+        _raise_non_finite(z, mask, mode)
+    return out, path, aux
+
+
 class _Filter(torch.autograd.Function):
     """Linear in z: the backward is the reverse scan with the same gains (no tensors of z are kept)."""
 
     @staticmethod
     def forward(ctx, z, mask, params, backend):
-        mode, q, v, p0, x0 = params
-        path = _resolve(backend, z)
-        aux = None  # the numba path's per-row facts (end, valid count, first hole), for its backward
-        if path == "numba":
-            out, x_end, aux = _numba_forward(z, mask, mode, q, v, p0, x0)
-        elif path == "triton":
-            out, x_end = triton_kernels().forward(z, mask, mode, q, v, p0, x0)
-        else:
-            out, x_end = scan.forward(z, mask, mode, q, v, p0, x0)
-        # one reduction and one device sync: the sum of the final states is finite unless one is not (or,
-        # harmlessly, unless finite float64 states overflow in the sum, which the exact check then clears).
-        # On the CPU in numpy: a torch reduction wakes torch's thread pool (~30 us a call)
-        total = float(x_end.numpy().sum()) if x_end.device.type == "cpu" else float(x_end.sum())
-        if not math.isfinite(total) and not bool(torch.isfinite(x_end).all()):
-            _raise_non_finite(z, mask, mode)
+        out, path, aux = _forward(z, mask, params, backend)
         ctx.save_for_backward(mask, aux)
         ctx.params, ctx.path = params, path
         return out
