@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
+import os
 import re
 import statistics
 import subprocess
@@ -38,7 +40,7 @@ def export(rev: str, folder: Path) -> None:
 
 def time_size(before, after, B: int, T: int, args: argparse.Namespace, gen: torch.Generator) -> None:
     """One [B, T]: every mode, path and direction of both versions, with the references, interleaved."""
-    from kpo.bench import authors_closed_form
+    from kpo.filter.authors import authors_closed_form
 
     z = 0.05 * torch.randn(B, T, generator=gen)
     grad = torch.randn(B, T, generator=gen)
@@ -68,7 +70,16 @@ def time_size(before, after, B: int, T: int, args: argparse.Namespace, gen: torc
             for name, module in (("before", before), ("after", after)):
 
                 def call(x, m=module, p=path, mo=mode):
-                    return m._filter(x, mask, 1e-6, 1.0, 0.0, 0.0, mo, p)
+                    if "backend" in inspect.signature(m.kalman_filter).parameters:
+                        return m.kalman_filter(
+                            x, mask, q=1e-6, v=1.0, p0=0.0, x0=0.0, mask_mode=mo, backend=p
+                        )
+                    # before the backend keyword, the environment variable chose the path (read per call)
+                    os.environ["KPO_FILTER_BACKEND"] = p
+                    try:
+                        return m.kalman_filter(x, mask, q=1e-6, v=1.0, p0=0.0, x0=0.0, mask_mode=mo)
+                    finally:
+                        del os.environ["KPO_FILTER_BACKEND"]
 
                 fns[f"{path} {mode} fwd {name}"] = lambda call=call: call(z)
                 fns[f"{path} {mode} f+b {name}"] = both_ways(call)

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from kpo.filter import _filter
+from kpo.filter import kalman_filter
 
 
 def main() -> int:
@@ -20,17 +20,17 @@ def main() -> int:
     z = torch.randn(B, T, device="cuda") * 0.05
     mask = torch.arange(T, device="cuda")[None] < torch.randint(T // 2, T + 1, (B, 1), device="cuda")
     for _ in range(10):
-        _filter(z, mask, 1e-6, 1.0, 0.0, 0.0, "skip", "triton")
+        kalman_filter(z, mask, q=1e-6, v=1.0, p0=0.0, x0=0.0, mask_mode="skip", backend="triton")
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(calls):
-        _filter(z, mask, 1e-6, 1.0, 0.0, 0.0, "skip", "triton")
+        kalman_filter(z, mask, q=1e-6, v=1.0, p0=0.0, x0=0.0, mask_mode="skip", backend="triton")
     torch.cuda.synchronize()
     print(f"B={B} T={T}: {(time.perf_counter() - start) / calls * 1e6:.1f} us per call (each ends in a sync)")
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(calls):
-        _filter(z, mask, 1e-6, 1.0, 0.0, 0.0, "skip", "triton")
+        kalman_filter(z, mask, q=1e-6, v=1.0, p0=0.0, x0=0.0, mask_mode="skip", backend="triton")
     torch.cuda.synchronize()
     profile.disable()
     pstats.Stats(profile).sort_stats("tottime").print_stats(25)

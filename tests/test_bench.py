@@ -1,12 +1,16 @@
-"""`kpo bench` argument checks (the benchmarks themselves are run by hand: they time things)."""
+"""`kpo bench`: argument checks, a smoke run at a tiny size (numbers finite, paths agreeing) and the authors'
+closed form it compares against (timings are never asserted: the machine is shared)."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
+import torch
 
 from kpo.bench import main
+from kpo.filter.authors import authors_closed_form
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "two"])
@@ -65,6 +69,34 @@ def test_filter_reports_minimum_and_median_for_every_mode(capsys):
     assert out.count("memory copy (into a warm buffer)") == 6
     errors = [float(e) for e in re.findall(r"kalman_filter \[\w+\].*max err ([0-9.e+-]+)", out)]
     assert len(errors) >= 3 and max(errors) < 1e-6
+
+
+def test_filter_smoke_run_prints_finite_rows_and_paths_that_agree(capsys):
+    # every timed row's numbers are finite; every path's output and gradient (all rows, padded
+    # and holed-free masks) agrees with the first path's to float32 rounding of |z| ~ 0.05 (float32 input)
+    argv = ["filter", "--sizes", "6x200,3x70", "--repeats", "2", "--mode", "all", "--q", "1e-3"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    rows = re.findall(r"^  (\S.*?)\s{2,}((?:[-+0-9.e]+|nan|inf)(?:\s+(?:[-+0-9.e]+|nan|inf)){5})", out, re.M)
+    assert len(rows) >= 2 * 3 * 2 * 4  # sizes x modes x (forward, both) x (copy, paths, closed form)
+    for label, numbers in rows:
+        values = [float(x) for x in numbers.split()]
+        # ms min, ms med, G tokens/s (printed to 3 decimals: 0 at this size), x closed, (med), copies
+        assert all(math.isfinite(x) and x >= 0 for x in values) and values[0] > 0, (label, values)
+    agree = re.findall(r"(outputs|gradients) agree: max \|\w+ - \w+\| = ([0-9.e+-]+)", out)
+    assert len(agree) == 2 * 3 * 2 * (len(re.findall(r"kalman_filter \[", out)) // 6 - 1)
+    assert agree and all(float(diff) <= 2e-7 for _, diff in agree), agree
+    errors = [float(e) for e in re.findall(r"kalman_filter \[\w+\].*max err ([0-9.e+-]+)$", out, re.M)]
+    assert errors and max(errors) < 2e-7 and "NaN/Inf" not in out
+
+
+def test_authors_closed_form_clamps_its_gains_to_1e_6_and_1_minus_1e_6():
+    # q/v = 3e-7: the first gains (3e-7, 6e-7) are raised to 1e-6, so z = 1 gives 1e-6, then ~2e-6
+    out = authors_closed_form(torch.ones(1, 4), torch.ones(1, 4), 3e-7, 1.0)
+    torch.testing.assert_close(out[0, :2], torch.tensor([1e-6, 2e-6]), rtol=1e-3, atol=0)
+    # q/v = 1e8: the first gain 1 - 1e-8 is lowered to 1 - 1e-6, so a step of z = 0 leaves ~1e-6 of z_0 = 1
+    out = authors_closed_form(torch.tensor([[1.0, 0.0, 0.0]]), torch.ones(1, 3), 1e8, 1.0)
+    torch.testing.assert_close(out[0, :2], torch.tensor([1 - 1e-6, 1e-6]), rtol=0.05, atol=0)
 
 
 def test_interleaved_minimum_is_at_most_the_median():

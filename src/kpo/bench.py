@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from kpo.filter import _filter, compiled, triton_kernels
+from kpo.filter import compiled, kalman_filter, triton_kernels
+from kpo.filter.authors import authors_closed_form
 from kpo.filter.reference import kalman_filter_reference
 
 # bytes a filter pass moves per token: read z (4) and the bool mask (1), write the result (4)
@@ -32,24 +33,6 @@ FILTER_BYTES = 9
 COPY_BYTES = 8
 CLOSED = "float32 closed form (authors)"
 COPY = "memory copy (into a warm buffer)"
-
-
-def authors_closed_form(z: torch.Tensor, mask: torch.Tensor, q: float, v: float) -> torch.Tensor:
-    """The filter computed the authors' way (METHODS.md K), float32 [B, T]: for comparison only.
-
-    Closed-form Riccati gains with P_0 = 0 (cosh(eta) = 1 + q/(2v); posterior after t updates
-    P_t = q sinh(t eta) / ((1 + q/v) sinh(t eta) - sinh((t-1) eta))), clamped to [1e-6, 1 - 1e-6], masked
-    tokens observed as 0, then rho_t = A_t * cumsum(K z / A)_t with A = cumprod(1 - K). In float32 this
-    overflows (NaN) once t * eta > ~89 and 1 + q/(2v) rounds, which is what kpo's filter avoids.
-    """
-    T = z.shape[-1]
-    eta = torch.acosh(torch.tensor(1.0 + q / (2 * v), dtype=torch.float32, device=z.device))
-    t = torch.arange(0, T, dtype=torch.float32, device=z.device)  # updates before token t + 1
-    post = q * torch.sinh(t * eta) / ((1 + q / v) * torch.sinh(t * eta) - torch.sinh((t - 1) * eta))
-    gain = ((post + q) / (post + q + v)).clamp(1e-6, 1 - 1e-6)
-    decay = torch.cumprod(1 - gain, dim=-1)
-    zm = z.float() * mask
-    return decay * torch.cumsum(gain * zm / decay, dim=-1) * mask
 
 
 def _interleaved(
@@ -221,10 +204,12 @@ def _bench_size(args, mode, device, paths, sync, gen, B: int, T: int) -> list[tu
         mask = torch.arange(T, device=device)[None] < lengths
     n = B * T
 
+    # the float64 loop on the first rows, up to 65536 tokens (it is too slow for more)
+    checked = max(1, min(B, 65536 // T))
+    ref = kalman_filter_reference(z[:checked].cpu(), mask[:checked].cpu(), q=args.q, v=1.0, mask_mode=mode)
+
     def accuracy(out: torch.Tensor) -> str:
-        # max error vs the float64 loop on the first row (the loop is too slow for more)
-        ref = kalman_filter_reference(z[:1].cpu(), mask[:1].cpu(), q=args.q, v=1.0, mask_mode=mode)
-        err = (out[:1].double().cpu() - ref).abs()
+        err = (out[:checked].double().cpu() - ref).abs()
         bad = int((~torch.isfinite(out)).sum())
         return f"max err {float(err.nan_to_num(float('inf')).max()):.1e}" + (
             f", {bad} NaN/Inf" if bad else ""
@@ -235,10 +220,13 @@ def _bench_size(args, mode, device, paths, sync, gen, B: int, T: int) -> list[tu
     warm = torch.empty_like(z)
     fwd = {COPY: lambda: warm.copy_(z)}
     for path in paths:
-        fwd[f"kalman_filter [{path}]"] = lambda path=path: _filter(z, mask, args.q, 1.0, 0.0, 0.0, mode, path)
+        fwd[f"kalman_filter [{path}]"] = lambda path=path: kalman_filter(
+            z, mask, q=args.q, v=1.0, mask_mode=mode, backend=path
+        )
     fwd[CLOSED] = lambda: authors_closed_form(z, mask, args.q, 1.0)
     times = _interleaved(fwd, args.repeats, sync)
-    notes = {label: accuracy(fn()) for label, fn in fwd.items() if label != COPY}
+    outs = {label: fn() for label, fn in fwd.items() if label != COPY}
+    notes = {label: accuracy(out) for label, out in outs.items()}
     if mode != "zero":
         notes[CLOSED] = "zero-mode semantics; " + notes[CLOSED]
     loop_s, loop_tokens = _python_loop_seconds(z, mask, args.q, mode)
@@ -246,6 +234,7 @@ def _bench_size(args, mode, device, paths, sync, gen, B: int, T: int) -> list[tu
     times[label], notes[label] = (loop_s * n / loop_tokens,) * 2, "float64 oracle"
     tables = [(f"forward  mode={mode} B={B} T={T}", times)]
     _print_table(tables[-1][0], times, notes, n, device)
+    _print_agreement("outputs", {label: out for label, out in outs.items() if label.startswith("kalman")})
 
     if not args.no_backward:
         grad = torch.randn(B, T, generator=gen).to(device)
@@ -262,12 +251,18 @@ def _bench_size(args, mode, device, paths, sync, gen, B: int, T: int) -> list[tu
         both = {COPY: lambda: (warm.copy_(z), warm_grad.copy_(grad))}
         for path in paths:
             both[f"kalman_filter fwd+bwd [{path}]"] = fwd_bwd(
-                lambda x, path=path: _filter(x, mask, args.q, 1.0, 0.0, 0.0, mode, path)
+                lambda x, path=path: kalman_filter(x, mask, q=args.q, v=1.0, mask_mode=mode, backend=path)
             )
         both[CLOSED + " fwd+bwd"] = fwd_bwd(lambda x: authors_closed_form(x, mask, args.q, 1.0))
         times = _interleaved(both, args.repeats, sync)
         tables.append((f"forward + backward  mode={mode} B={B} T={T}", times))
         _print_table(tables[-1][0], times, {}, n, device)
+        grads = {}
+        for label, fn in both.items():
+            if label.startswith("kalman"):
+                fn()
+                grads[label] = leaf.grad.clone()
+        _print_agreement("gradients", grads)
     if "triton" in paths:
         tables.append((f"kernels only  mode={mode} B={B} T={T}", _kernel_only(args, mode, z, mask, sync)))
         print(
@@ -275,6 +270,19 @@ def _bench_size(args, mode, device, paths, sync, gen, B: int, T: int) -> list[tu
         )
         _print_kernel_table(tables[-1][1], n)
     return [(title, times, n) for title, times in tables]
+
+
+def _print_agreement(what: str, results: dict[str, torch.Tensor]) -> None:
+    """The largest difference between every path's result and the first's (all of [B, T], every path)."""
+    labels = list(results)
+    first = results[labels[0]].double()
+    for label in labels[1:]:
+        diff = float((results[label].double() - first).abs().nan_to_num(float("inf")).max())
+        print(f"  {what} agree: max |{_path(label)} - {_path(labels[0])}| = {diff:.1e}")
+
+
+def _path(label: str) -> str:
+    return label[label.index("[") + 1 : label.index("]")]
 
 
 def _kernel_only(args, mode: str, z: torch.Tensor, mask: torch.Tensor, sync) -> dict[str, float]:

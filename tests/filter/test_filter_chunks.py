@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from kpo.filter import MASK_MODES, _filter, scan
+from kpo.filter import MASK_MODES, kalman_filter, scan
 from kpo.filter.reference import kalman_filter_reference
 
 from .helpers import float32_bound, make_mask
@@ -28,9 +28,11 @@ def test_positional_route_float32_and_float64(T, mode):
     for mask in (None, right_padded(rng, 3, T)):
         for q, p0 in ((1e-8, 0.0), (1e2, 1e4), (1e-3, 0.5)):
             ref = kalman_filter_reference(z, mask, q=q, v=1.0, p0=p0, x0=-0.4, mask_mode=mode)
-            out32 = _filter(z, mask, q, 1.0, p0, -0.4, mode, "torch")
+            out32 = kalman_filter(z, mask, q=q, v=1.0, p0=p0, x0=-0.4, mask_mode=mode, backend="torch")
             assert float((out32.double() - ref).abs().max()) <= float32_bound(z), (mask is None, q)
-            out64 = _filter(z.double(), mask, q, 1.0, p0, -0.4, mode, "torch")
+            out64 = kalman_filter(
+                z.double(), mask, q=q, v=1.0, p0=p0, x0=-0.4, mask_mode=mode, backend="torch"
+            )
             assert float((out64 - ref).abs().max()) <= 1e-11, (mask is None, q)
 
 
@@ -42,7 +44,9 @@ def test_positional_route_gradient_is_the_exact_jacobian(mode):
     z = torch.from_numpy(rng.normal(0, 1, (B, T))).requires_grad_()
     mask = right_padded(rng, B, T)
     g = torch.from_numpy(rng.normal(0, 1, (B, T)))
-    (grad,) = torch.autograd.grad((_filter(z, mask, 0.05, 1.0, 0.1, 0.3, mode, "torch") * g).sum(), z)
+    (grad,) = torch.autograd.grad(
+        (kalman_filter(z, mask, q=0.05, v=1.0, p0=0.1, x0=0.3, mask_mode=mode, backend="torch") * g).sum(), z
+    )
     kwargs = {"q": 0.05, "v": 1.0, "p0": 0.1, "x0": 0.3, "mask_mode": mode}
     base = kalman_filter_reference(z, mask, **kwargs)
     expected = torch.zeros(B, T, dtype=torch.float64)
@@ -61,8 +65,10 @@ def test_routes_agree():
     mask = right_padded(rng, B, T)
     holed = mask.clone()
     holed[-1] = make_mask(rng, 1, T)[0] & torch.arange(T).lt(T // 2)  # not a prefix: per-row gains
-    positional = _filter(z[:-1], mask[:-1], 1e-4, 1.0, 0.0, 0.2, "skip", "torch")
-    stepwise = _filter(z, holed, 1e-4, 1.0, 0.0, 0.2, "skip", "torch")[:-1]
+    positional = kalman_filter(
+        z[:-1], mask[:-1], q=1e-4, v=1.0, p0=0.0, x0=0.2, mask_mode="skip", backend="torch"
+    )
+    stepwise = kalman_filter(z, holed, q=1e-4, v=1.0, p0=0.0, x0=0.2, mask_mode="skip", backend="torch")[:-1]
     torch.testing.assert_close(stepwise, positional, rtol=0, atol=float32_bound(z))
 
 
@@ -80,9 +86,27 @@ def test_right_padding_is_never_read_even_when_not_finite(mode):
     poisoned[1, -1], poisoned[1, T // 2] = float("nan"), float("inf")
     ref = kalman_filter_reference(z, mask, q=1e-3, v=1.0, x0=0.1, mask_mode=mode)
     for zz in (z, poisoned):
-        out = _filter(zz, mask, 1e-3, 1.0, 0.0, 0.1, mode, "torch")
+        out = kalman_filter(zz, mask, q=1e-3, v=1.0, p0=0.0, x0=0.1, mask_mode=mode, backend="torch")
         assert bool(torch.isfinite(out).all())
         assert float((out.double() - ref).abs().max()) <= float32_bound(z)
     poisoned[2, 0] = float("nan")  # a valid one is still an error
     with pytest.raises(ValueError, match=r"1 NaN/Inf.*\(2, 0\)"):
-        _filter(poisoned, mask, 1e-3, 1.0, 0.0, 0.1, mode, "torch")
+        kalman_filter(poisoned, mask, q=1e-3, v=1.0, p0=0.0, x0=0.1, mask_mode=mode, backend="torch")
+
+
+@pytest.mark.parametrize("blocks_in_one_product", [0, 64])
+def test_carries_over_many_blocks_by_product_and_by_scan(blocks_in_one_product, monkeypatch):
+    # the carries over blocks of chunks: one dense product up to MAX_BLOCKS_IN_ONE_PRODUCT blocks, else the
+    # recursive scan; both against the float64 loop, at a T of 41 blocks
+    monkeypatch.setattr(scan, "MAX_BLOCKS_IN_ONE_PRODUCT", blocks_in_one_product)
+    scan._carry_map_table.cache_clear()
+    try:
+        rng = np.random.default_rng(blocks_in_one_product)
+        T = 40 * scan.CHUNK**2 + 7
+        z = torch.from_numpy(0.8 + 0.5 * rng.standard_normal((2, T)))
+        for q, p0, x0 in ((1e-6, 0.0, 0.0), (1e-2, 3.0, -0.4)):
+            ref = kalman_filter_reference(z, q=q, p0=p0, x0=x0)
+            out = kalman_filter(z, q=q, p0=p0, x0=x0, backend="torch")
+            assert float((out - ref).abs().max()) <= 1e-11, (q, p0, x0)
+    finally:
+        scan._carry_map_table.cache_clear()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from kpo.filter import MASK_MODES, _filter, compiled
+from kpo.filter import MASK_MODES, compiled, kalman_filter
 from kpo.filter.reference import kalman_filter_reference
 
 from .helpers import float32_bound
@@ -50,12 +50,23 @@ def test_tiles_forward_float64_and_float32(T, mode):
         z, m = z64[rows], mask[rows]
         for q, p0, x0 in ((1e-6, 0.0, 0.0), (0.3, 2.0, -0.4), (1e2, 1e4, 0.5)):
             ref = kalman_filter_reference(z, m, q=q, v=1.0, p0=p0, x0=x0, mask_mode=mode)
-            out = _filter(nan_where_masked(z, m), m, q, 1.0, p0, x0, mode, "numba")
+            out = kalman_filter(
+                nan_where_masked(z, m), m, q=q, v=1.0, p0=p0, x0=x0, mask_mode=mode, backend="numba"
+            )
             assert float((out - ref).abs().max()) <= 1e-11, (rows, q)
-            out32 = _filter(nan_where_masked(z.float(), m), m, q, 1.0, p0, x0, mode, "numba")
+            out32 = kalman_filter(
+                nan_where_masked(z.float(), m), m, q=q, v=1.0, p0=p0, x0=x0, mask_mode=mode, backend="numba"
+            )
             assert float((out32.double() - ref).abs().max()) <= float32_bound(z), (rows, q)
     ref = kalman_filter_reference(z64, q=1e-3, v=1.0, x0=0.2)
-    assert float((_filter(z64, None, 1e-3, 1.0, 0.0, 0.2, mode, "numba") - ref).abs().max()) <= 1e-11
+    assert (
+        float(
+            (kalman_filter(z64, None, q=1e-3, v=1.0, p0=0.0, x0=0.2, mask_mode=mode, backend="numba") - ref)
+            .abs()
+            .max()
+        )
+        <= 1e-11
+    )
 
 
 @pytest.mark.parametrize("mode", MASK_MODES)
@@ -68,7 +79,9 @@ def test_tiles_gradient_is_the_exact_jacobian(mode):
     z = torch.from_numpy(rng.normal(0, 1, (B, T))).requires_grad_()
     g = torch.from_numpy(rng.normal(0, 1, (B, T))) * mask
     kwargs = {"q": 0.01, "v": 1.0, "p0": 0.3, "x0": 0.2, "mask_mode": mode}
-    (grad,) = torch.autograd.grad(_filter(z, mask, 0.01, 1.0, 0.3, 0.2, mode, "numba"), z, g)
+    (grad,) = torch.autograd.grad(
+        kalman_filter(z, mask, q=0.01, v=1.0, p0=0.3, x0=0.2, mask_mode=mode, backend="numba"), z, g
+    )
     base = kalman_filter_reference(z, mask, **kwargs)
     expected = torch.zeros(B, T, dtype=torch.float64)
     for j in range(T):
@@ -78,7 +91,9 @@ def test_tiles_gradient_is_the_exact_jacobian(mode):
     assert float((grad - expected).abs().max()) <= 1e-12
     # the outputs at masked tokens are constant 0: NaN upstream gradients there are never read
     (grad_nan,) = torch.autograd.grad(
-        _filter(z, mask, 0.01, 1.0, 0.3, 0.2, mode, "numba"), z, nan_where_masked(g, mask)
+        kalman_filter(z, mask, q=0.01, v=1.0, p0=0.3, x0=0.2, mask_mode=mode, backend="numba"),
+        z,
+        nan_where_masked(g, mask),
     )
     assert torch.equal(grad_nan, grad)
 
@@ -95,7 +110,43 @@ def test_float32_gradient_is_the_float64_one_rounded_once():
         for dtype in (torch.float64, torch.float32):
             leaf = z.to(dtype).requires_grad_()
             (grad,) = torch.autograd.grad(
-                _filter(leaf, mask, 1e-4, 1.0, 0.0, 0.0, mode, "numba"), leaf, g.to(dtype)
+                kalman_filter(leaf, mask, q=1e-4, v=1.0, p0=0.0, x0=0.0, mask_mode=mode, backend="numba"),
+                leaf,
+                g.to(dtype),
             )
             grads.append(grad)
         torch.testing.assert_close(grads[1], grads[0].float(), rtol=0, atol=0, msg=mode)
+
+
+@pytest.mark.parametrize("mode", MASK_MODES)
+@pytest.mark.parametrize("B", [1, 5, 37])
+def test_threads_split_rows_without_changing_a_bit(mode, B, monkeypatch):
+    # rows are cut into ranges that threads take in turn: with tiny ranges (many boundaries, row counts not a
+    # multiple of 4, rows of different lengths and holes spread over ranges) the result and the gradient are
+    # bit for bit those of one thread, and match the float64 loop
+    import kpo.filter
+
+    from .helpers import make_mask
+
+    rng = np.random.default_rng(B)
+    T = 3 * TILE + 5
+    mask = make_mask(rng, B, T)
+    z = nan_where_masked(torch.from_numpy(rng.normal(0.3, 1, (B, T))).float(), mask)
+    g = nan_where_masked(torch.from_numpy(rng.normal(0, 1, (B, T))).float(), mask)
+    results = []
+    for threads, min_tokens in ((1, 1 << 15), (2, 1), (2, 7 * T)):
+        monkeypatch.setattr(kpo.filter, "MIN_CHUNK_TOKENS", min_tokens)
+        monkeypatch.setattr(kpo.filter, "CHUNKS_PER_THREAD", 3)
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            leaf = z.clone().requires_grad_()
+            out = kalman_filter(leaf, mask, q=1e-3, p0=0.2, x0=0.1, mask_mode=mode, backend="numba")
+            (grad,) = torch.autograd.grad(out, leaf, g)
+        finally:
+            torch.set_num_threads(before)
+        results.append((out.detach(), grad))
+    for out, grad in results[1:]:
+        assert torch.equal(out, results[0][0]) and torch.equal(grad, results[0][1])
+    ref = kalman_filter_reference(z, mask, q=1e-3, p0=0.2, x0=0.1, mask_mode=mode)
+    assert float((results[0][0].double() - ref).abs().max()) <= float32_bound(z.nan_to_num())

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from kpo.filter import MASK_MODES, _filter
+from kpo.filter import MASK_MODES, kalman_filter
 from kpo.filter.reference import kalman_filter_reference
 
 from .helpers import CPU_BACKENDS, make_mask
@@ -20,7 +20,10 @@ def test_gradcheck_float64(backend, mode):
         z = torch.from_numpy(rng.normal(0, 1, (5, T))).requires_grad_()
         mask = make_mask(rng, 5, T) if masked else None
         assert torch.autograd.gradcheck(
-            lambda z, m=mask: _filter(z, m, 0.2, 0.7, 0.3, 0.4, mode, backend), (z,)
+            lambda z, m=mask: kalman_filter(
+                z, m, q=0.2, v=0.7, p0=0.3, x0=0.4, mask_mode=mode, backend=backend
+            ),
+            (z,),
         )
 
 
@@ -34,7 +37,12 @@ def test_gradient_matches_finite_differences_of_the_reference(backend):
     mask = make_mask(rng, 2, T)
     g = torch.from_numpy(rng.normal(0, 1, (2, T)))
     for mode in MASK_MODES:
-        (grad,) = torch.autograd.grad((_filter(z, mask, 0.05, 1.0, 0.1, 0.3, mode, backend) * g).sum(), z)
+        (grad,) = torch.autograd.grad(
+            (
+                kalman_filter(z, mask, q=0.05, v=1.0, p0=0.1, x0=0.3, mask_mode=mode, backend=backend) * g
+            ).sum(),
+            z,
+        )
         base = kalman_filter_reference(z, mask, q=0.05, v=1.0, p0=0.1, x0=0.3, mask_mode=mode)
         expected = torch.zeros(2, T, dtype=torch.float64)
         for j in range(T):
@@ -59,7 +67,11 @@ def test_backward_paths_agree_float32():
         for backend in CPU_BACKENDS:
             zz = z.clone().requires_grad_()
             (grad,) = torch.autograd.grad(
-                (_filter(zz, mask, 1e-4, 1.0, 0.5, 0.1, mode, backend) * g).sum(), zz
+                (
+                    kalman_filter(zz, mask, q=1e-4, v=1.0, p0=0.5, x0=0.1, mask_mode=mode, backend=backend)
+                    * g
+                ).sum(),
+                zz,
             )
             grads.append(grad)
         torch.testing.assert_close(grads[1], grads[0], rtol=2**-23, atol=1e-30)
@@ -68,6 +80,6 @@ def test_backward_paths_agree_float32():
 
 def test_half_gradient_dtype():
     z = torch.randn(3, 20, dtype=torch.bfloat16, requires_grad=True)
-    out = _filter(z, None, 1e-2, 1.0, 0.0, 0.0, "skip", "auto")
+    out = kalman_filter(z, None, q=1e-2, v=1.0, p0=0.0, x0=0.0, mask_mode="skip", backend="auto")
     out.float().sum().backward()
     assert z.grad.dtype == torch.bfloat16 and bool(torch.isfinite(z.grad).all())

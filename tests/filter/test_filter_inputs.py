@@ -11,14 +11,18 @@ from kpo import kalman_filter, kalman_gains
 
 
 def test_non_floating_z_is_a_type_error():
-    with pytest.raises(TypeError, match=r"floating-point tensor, got torch.int64: convert it with z.float\(\)"):
+    with pytest.raises(
+        TypeError, match=r"floating-point tensor, got torch.int64: convert it with z.float\(\)"
+    ):
         kalman_filter(torch.ones(2, 3, dtype=torch.int64))
 
 
 def test_a_numpy_array_is_told_to_become_a_tensor():
     import numpy as np
 
-    with pytest.raises(TypeError, match=r"z must be a torch tensor, got numpy.ndarray: .*torch.from_numpy\(z\)"):
+    with pytest.raises(
+        TypeError, match=r"z must be a torch tensor, got numpy.ndarray: .*torch.from_numpy\(z\)"
+    ):
         kalman_filter(np.zeros((2, 3), dtype=np.float32))
     with pytest.raises(TypeError, match=r"got builtins.list: pass a floating-point torch.Tensor$"):
         kalman_filter([[0.0, 1.0]])
@@ -100,3 +104,31 @@ def test_mask_values_other_than_0_1():
 def test_empty():
     assert kalman_filter(torch.ones(4, 0), torch.ones(4, 0)).shape == (4, 0)
     assert kalman_gains(0).shape == (0,)
+
+
+def test_backend_is_checked_and_named():
+    with pytest.raises(
+        ValueError, match=r"backend \(or KPO_FILTER_BACKEND\) must be one of .*'reference'.*got 'gpu'"
+    ):
+        kalman_filter(torch.ones(2, 3), backend="gpu")
+
+
+def test_the_backend_keyword_wins_over_the_environment(monkeypatch):
+    monkeypatch.setenv("KPO_FILTER_BACKEND", "bogus")
+    with pytest.raises(ValueError, match="got 'bogus'"):
+        kalman_filter(torch.ones(2, 3))
+    assert kalman_filter(torch.ones(2, 3), backend="torch").shape == (2, 3)
+
+
+def test_reference_backend_is_the_float64_loop_through_the_public_checks():
+    from kpo.filter.reference import kalman_filter_reference
+
+    z = torch.linspace(-1, 1, 12, dtype=torch.float32).reshape(2, 6)
+    mask = torch.tensor([[1, 1, 0, 1, 1, 1], [1, 1, 1, 1, 0, 0]], dtype=torch.bool)
+    out = kalman_filter(z, mask, q=1e-2, p0=0.3, x0=0.1, mask_mode="advance", backend="reference")
+    ref = kalman_filter_reference(z, mask, q=1e-2, p0=0.3, x0=0.1, mask_mode="advance")
+    assert out.dtype == torch.float32 and torch.equal(out, ref.float())
+    with pytest.raises(ValueError, match="NaN/Inf"):
+        kalman_filter(torch.tensor([[0.0, float("nan")]]), backend="reference")
+    with pytest.raises(RuntimeError, match="no gradient"):
+        kalman_filter(z.requires_grad_(), backend="reference")

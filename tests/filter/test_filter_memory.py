@@ -24,7 +24,9 @@ def test_a_filter_started_in_steady_state_forgets_by_e_every_memory():
     gain = steady_state_gain(q)
     # the steady-state posterior variance P = (1 - K)(P + q): start there and every gain is K_inf
     p0 = (1 - gain) * q / gain
-    assert torch.allclose(kalman_gains(50, q=q, p0=p0), torch.full((50,), gain, dtype=torch.float64), rtol=1e-12)
+    assert torch.allclose(
+        kalman_gains(50, q=q, p0=p0), torch.full((50,), gain, dtype=torch.float64), rtol=1e-12
+    )
     # an observation's weight in the filtered value then decays as (1 - K)^t = exp(-t / memory)
     z = torch.zeros(1, 81, dtype=torch.float64)
     z[0, 0] = 1.0

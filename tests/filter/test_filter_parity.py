@@ -12,8 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kpo import kalman_filter
-from kpo.filter import MASK_MODES, _filter
+from kpo.filter import MASK_MODES, kalman_filter
 from kpo.filter.reference import authors_recurrence_reference, kalman_filter_reference
 
 from .helpers import CPU_BACKENDS, float32_bound, make_mask, make_params
@@ -32,7 +31,16 @@ def test_float32_within_contract(backend, seed, T, mode):
     mask = make_mask(rng, B, T)
     params = make_params(rng)
     params["x0"] *= scale
-    ours = _filter(z, mask, params["q"], params["v"], params["p0"], params["x0"], mode, backend)
+    ours = kalman_filter(
+        z,
+        mask,
+        q=params["q"],
+        v=params["v"],
+        p0=params["p0"],
+        x0=params["x0"],
+        mask_mode=mode,
+        backend=backend,
+    )
     ref = kalman_filter_reference(z, mask, mask_mode=mode, **params)
     assert ours.dtype == torch.float32
     assert float((ours.double() - ref).abs().max()) <= float32_bound(z)
@@ -48,7 +56,16 @@ def test_float64_to_1e11(backend, seed, T, mode):
     z = torch.from_numpy(rng.normal(0.0, 2.0, (B, T)))
     mask = make_mask(rng, B, T)
     params = make_params(rng)
-    ours = _filter(z, mask, params["q"], params["v"], params["p0"], params["x0"], mode, backend)
+    ours = kalman_filter(
+        z,
+        mask,
+        q=params["q"],
+        v=params["v"],
+        p0=params["p0"],
+        x0=params["x0"],
+        mask_mode=mode,
+        backend=backend,
+    )
     ref = kalman_filter_reference(z, mask, mask_mode=mode, **params)
     assert ours.dtype == torch.float64
     assert float((ours - ref).abs().max()) <= 1e-11
@@ -72,7 +89,7 @@ def test_long_rows_float32(T, q, v, p0, x0, mode):
     mask = make_mask(rng, 2, T)
     ref = kalman_filter_reference(z, mask, q=q, v=v, p0=p0, x0=x0, mask_mode=mode)
     for backend in CPU_BACKENDS:
-        ours = _filter(z, mask, q, v, p0, x0, mode, backend)
+        ours = kalman_filter(z, mask, q=q, v=v, p0=p0, x0=x0, mask_mode=mode, backend=backend)
         assert float((ours.double() - ref).abs().max()) <= float32_bound(z), backend
         assert bool(torch.isfinite(ours).all())
 
@@ -92,7 +109,7 @@ def test_zero_mode_is_the_authors_recurrence(backend):
     z = torch.from_numpy(rng.normal(0.5, 1.0, (5, 700)))
     mask = make_mask(rng, 5, 700)
     for q in (1e-6, 1e-4, 1e-1):
-        ours = _filter(z, mask, q, 1.0, 0.0, 0.0, "zero", backend)
+        ours = kalman_filter(z, mask, q=q, v=1.0, p0=0.0, x0=0.0, mask_mode="zero", backend=backend)
         theirs = authors_recurrence_reference(z, mask, q=q, v=1.0)
         assert float((ours - theirs).abs().max()) <= 1e-12
 
@@ -116,7 +133,7 @@ def test_hand_worked_hole_in_each_mode():
     expected = {"skip": 2.8, "advance": 22 / 7, "zero": 170 / 65}
     for backend in CPU_BACKENDS:
         for mode, last in expected.items():
-            out = _filter(z, mask, 1.0, 1.0, 0.0, 0.0, mode, backend)
+            out = kalman_filter(z, mask, q=1.0, v=1.0, p0=0.0, x0=0.0, mask_mode=mode, backend=backend)
             torch.testing.assert_close(
                 out, torch.tensor([1.0, 0.0, last], dtype=torch.float64), rtol=0, atol=1e-15
             )

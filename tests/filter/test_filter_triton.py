@@ -28,7 +28,7 @@ if not CUDA:
         )
     os.environ["TRITON_INTERPRET"] = "1"
 
-from kpo.filter import MASK_MODES, _filter, triton_kernels  # noqa: E402
+from kpo.filter import MASK_MODES, kalman_filter, triton_kernels  # noqa: E402
 from kpo.filter.reference import kalman_filter_reference  # noqa: E402
 
 from .helpers import float32_bound, make_mask, make_params  # noqa: E402
@@ -60,8 +60,12 @@ def test_forward_parity(mode, dtype):
             mask = make_mask(rng, B, T) if masked else None
             if masked:  # the kernels read whole tiles: what lies under the mask must never reach a result
                 z = torch.where(mask, z, torch.nan)
-            ours = _filter(
-                z.to(DEVICE), None if mask is None else mask.to(DEVICE), *params.values(), mode, "triton"
+            ours = kalman_filter(
+                z.to(DEVICE),
+                None if mask is None else mask.to(DEVICE),
+                **params,
+                mask_mode=mode,
+                backend="triton",
             )
             ref = kalman_filter_reference(z, mask, mask_mode=mode, **params)
             err = float((ours.cpu().double() - ref).abs().max())
@@ -79,7 +83,9 @@ def test_backward_matches_torch_path(mode):
     grads = []
     for backend, device in (("torch", "cpu"), ("triton", DEVICE)):
         leaf = z.to(device).requires_grad_()
-        out = _filter(leaf, mask.to(device), 3e-3, 1.0, 0.2, 0.1, mode, backend)
+        out = kalman_filter(
+            leaf, mask.to(device), q=3e-3, v=1.0, p0=0.2, x0=0.1, mask_mode=mode, backend=backend
+        )
         (grad,) = torch.autograd.grad((out * g.to(device)).sum(), leaf)
         grads.append(grad.cpu())
     assert float((grads[1] - grads[0]).abs().max()) <= 1e-12
@@ -97,10 +103,10 @@ def test_backward_is_the_adjoint_of_the_forward(mode):
     for _ in range(3):
         z = torch.from_numpy(rng.normal(0, 1, (B, T))).to(DEVICE).requires_grad_()
         g = torch.from_numpy(rng.normal(0, 1, (B, T))).to(DEVICE)
-        params = (2e-2, 1.0, 0.7, 0.5)
-        out = _filter(z, mask, *params, mode, "triton")
+        params = {"q": 2e-2, "v": 1.0, "p0": 0.7, "x0": 0.5, "mask_mode": mode, "backend": "triton"}
+        out = kalman_filter(z, mask, **params)
         (dz,) = torch.autograd.grad((out * g).sum(), z)
-        offset = _filter(torch.zeros_like(z), mask, *params, mode, "triton")
+        offset = kalman_filter(torch.zeros_like(z), mask, **params)
         lhs = float(((out.detach() - offset) * g).sum())
         rhs = float((z.detach() * dz).sum())
         assert abs(lhs - rhs) <= 1e-12 * max(1.0, abs(lhs)), (lhs, rhs)
@@ -115,11 +121,15 @@ def test_long_rows_on_gpu(q, p0, mode):
     T = 131072
     z = torch.from_numpy((0.8 + 0.5 * rng.standard_normal((2, T)) + np.linspace(0, 1, T)).astype(np.float32))
     mask = make_mask(rng, 2, T)
-    ours = _filter(z.cuda(), mask.cuda(), q, 1.0, p0, -0.3, mode, "triton").cpu()
+    ours = kalman_filter(
+        z.cuda(), mask.cuda(), q=q, v=1.0, p0=p0, x0=-0.3, mask_mode=mode, backend="triton"
+    ).cpu()
     ref = kalman_filter_reference(z, mask, q=q, v=1.0, p0=p0, x0=-0.3, mask_mode=mode)
     assert float((ours.double() - ref).abs().max()) <= float32_bound(z)
     # the float32 kernel and the float64 torch path agree to float32 rounding
-    torch_path = _filter(z.cuda(), mask.cuda(), q, 1.0, p0, -0.3, mode, "torch").cpu()
+    torch_path = kalman_filter(
+        z.cuda(), mask.cuda(), q=q, v=1.0, p0=p0, x0=-0.3, mask_mode=mode, backend="torch"
+    ).cpu()
     assert float((ours - torch_path).abs().max()) <= float32_bound(z)
 
 

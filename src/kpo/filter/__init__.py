@@ -9,8 +9,10 @@ compute it, each checked against the float64 loop in ``reference.py``:
 - ``torch``  chunked scan on any device (chunks in the input's float32/float64, float64 carries between
   chunks): the fallback when the others are missing.
 
-``KPO_FILTER_BACKEND=auto|numba|torch|triton`` forces one (``auto``: triton for CUDA tensors, numba for
-CPU tensors, torch otherwise).
+``kalman_filter(..., backend=...)`` picks one: ``auto`` (the default: triton for CUDA tensors, numba for CPU
+tensors, torch otherwise), ``numba``, ``torch``, ``triton``, or ``reference`` (the float64 loop: slow, no
+gradient, for checks). Without the keyword, ``KPO_FILTER_BACKEND`` names it. The authors' closed form, for
+comparison only, is ``authors.authors_closed_form``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from torch.autograd.function import once_differentiable
 from kpo._checks import bool_mask
 from kpo.filter import scan
 from kpo.filter.gains import check_params, gain_tables, kalman_gains
-from kpo.filter.reference import MASK_MODES
+from kpo.filter.reference import MASK_MODES, kalman_filter_reference
 
 try:
     from kpo.filter import compiled
@@ -48,7 +50,7 @@ def triton_kernels():
         return None
 
 
-BACKENDS = ("auto", "numba", "torch", "triton")
+BACKENDS = ("auto", "numba", "torch", "triton", "reference")
 
 
 def kalman_filter(
@@ -60,6 +62,7 @@ def kalman_filter(
     p0: float = 0.0,
     x0: float = 0.0,
     mask_mode: str = "skip",
+    backend: str | None = None,
 ) -> torch.Tensor:
     """Filtered log-ratio rho_{t|t} of ``z``: same shape, dtype and device, 0 where ``mask`` is 0.
 
@@ -69,23 +72,25 @@ def kalman_filter(
     mask_mode: "skip"    masked token = no observation and no time step (the state carries over);
                "advance" masked token = a time step (P += q) without an observation;
                "zero"    masked token = an observation of 0 (the authors' recurrence).
+    backend: "auto" (triton for CUDA tensors, numba for CPU tensors, torch otherwise), "numba", "torch",
+             "triton", or "reference" (the float64 loop: slow and not differentiable, for checks);
+             None = the environment variable KPO_FILTER_BACKEND, else "auto".
     Differentiable w.r.t. z (the backward is the reverse scan); detach z for the paper's behaviour.
     """
-    return _filter(z, mask, q, v, p0, x0, mask_mode, os.environ.get("KPO_FILTER_BACKEND", "auto"))
-
-
-def _filter(z, mask, q, v, p0, x0, mask_mode, backend):
-    """kalman_filter with an explicit backend (tests and benchmarks pin one path with it)."""
+    if backend is None:
+        backend = os.environ.get("KPO_FILTER_BACKEND", "auto")
     if not isinstance(z, torch.Tensor):
         hint = " (torch.from_numpy(z) makes one without a copy)" if type(z).__module__ == "numpy" else ""
-        raise TypeError(f"z must be a torch tensor, got {type(z).__module__}.{type(z).__name__}: pass a "
-                        f"floating-point torch.Tensor{hint}")
+        raise TypeError(
+            f"z must be a torch tensor, got {type(z).__module__}.{type(z).__name__}: pass a "
+            f"floating-point torch.Tensor{hint}"
+        )
     if not z.is_floating_point():
         raise TypeError(f"z must be a floating-point tensor, got {z.dtype}: convert it with z.float()")
     if mask_mode not in MASK_MODES:
         raise ValueError(f"mask_mode must be one of {MASK_MODES}, got {mask_mode!r}")
     if backend not in BACKENDS:
-        raise ValueError(f"backend (KPO_FILTER_BACKEND) must be one of {BACKENDS}, got {backend!r}")
+        raise ValueError(f"backend (or KPO_FILTER_BACKEND) must be one of {BACKENDS}, got {backend!r}")
     check_params(q, v, p0, x0)
     if z.dim() not in (1, 2):
         raise ValueError(f"z must be [B, T] or [T], got shape {tuple(z.shape)}")
@@ -97,9 +102,27 @@ def _filter(z, mask, q, v, p0, x0, mask_mode, backend):
     z2 = z.unsqueeze(0) if squeeze else z
     m2 = None if mask is None else (mask.unsqueeze(0) if squeeze else mask)
     work = z2 if z2.dtype in (torch.float32, torch.float64) else z2.float()
-    out = _Filter.apply(work.contiguous(), m2, (mask_mode, float(q), float(v), float(p0), float(x0)), backend)
+    if backend == "reference":
+        out = _reference(work, m2, mask_mode, q, v, p0, x0)
+    else:
+        params = (mask_mode, float(q), float(v), float(p0), float(x0))
+        if work.requires_grad and torch.is_grad_enabled():
+            out = _Filter.apply(work.contiguous(), m2, params, backend)
+        else:  # no graph to record (KPO detaches z): the autograd Function's entry and exit cost ~50 us
+            out = _forward(work.contiguous(), m2, params, backend)[0]
     out = out.to(z.dtype)
     return out.squeeze(0) if squeeze else out
+
+
+def _reference(z, mask, mode, q, v, p0, x0):
+    """The float64 loop reference through the public call's checks (no gradient: it runs in Python floats)."""
+    if z.requires_grad and torch.is_grad_enabled():
+        raise RuntimeError("backend 'reference' computes no gradient: detach z, or pick another backend")
+    out = kalman_filter_reference(z.cpu(), None if mask is None else mask.cpu(), q=q, v=v, p0=p0, x0=x0,
+                                  mask_mode=mode)  # fmt: skip
+    if not bool(torch.isfinite(out).all()):
+        _raise_non_finite(z, mask, mode)
+    return out.to(z.dtype).to(z.device)
 
 
 def _check_mask(z: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -131,18 +154,36 @@ def _pool(workers: int) -> ThreadPoolExecutor:
 
 
 def _numba_rows(kernel, B: int, T: int, *args) -> None:
-    """Run ``kernel(*args, lo, hi)`` over row ranges, in parallel threads when the work is large enough."""
-    threads = min(torch.get_num_threads(), os.cpu_count() or 1, -(-B // compiled.ROWS))
-    if threads <= 1 or B * T < 1 << 16:
+    """Run ``kernel(*args, lo, hi)`` over row ranges, in parallel threads when the work is large enough.
+
+    Threads: torch.get_num_threads() (so kpo never runs more threads than torch beside it), at most the
+    cores and the groups of rows. The rows are cut into about CHUNKS_PER_THREAD ranges per thread (multiples
+    of ROWS, each at least MIN_CHUNK_TOKENS) that the threads take in turn, the caller's thread too: on a
+    shared machine a thread that gets no core leaves its ranges to the others instead of holding the call.
+    """
+    groups = -(-B // compiled.ROWS)
+    threads = min(torch.get_num_threads(), os.cpu_count() or 1, groups)
+    if threads <= 1 or B * T < 2 * MIN_CHUNK_TOKENS:
         kernel(*args, 0, B)
         return
-    # split on multiples of ROWS so that every thread keeps four chains in flight
-    per = -(-B // (threads * compiled.ROWS)) * compiled.ROWS
-    bounds = [(lo, min(lo + per, B)) for lo in range(0, B, per)]
-    futures = [_pool(threads).submit(kernel, *args, lo, hi) for lo, hi in bounds[1:]]
-    kernel(*args, *bounds[0])
+    per = max(-(-groups // (threads * CHUNKS_PER_THREAD)), -(-MIN_CHUNK_TOKENS // (T * compiled.ROWS)))
+    per *= compiled.ROWS
+    ranges = iter([(lo, min(lo + per, B)) for lo in range(0, B, per)])  # next() on it is atomic (the GIL)
+
+    def work() -> None:
+        for lo, hi in ranges:
+            kernel(*args, lo, hi)
+
+    futures = [_pool(threads - 1).submit(work) for _ in range(threads - 1)]
+    work()
     for future in futures:
         future.result()
+
+
+# row ranges per thread, and the fewest tokens in one: on the 2-core machine of the README a second thread
+# paid off only from ~500k tokens a call (1.15x there, 1.3x at 1M)
+CHUNKS_PER_THREAD = 4
+MIN_CHUNK_TOKENS = 1 << 18
 
 
 def _numba_mask(mask, mode):
@@ -178,24 +219,31 @@ _MODE_CODE = {"skip": 1, "advance": 2, "zero": 3}
 _NO_MASK = np.ones((1, 1), dtype=np.uint8)
 
 
+def _forward(z, mask, params, backend):
+    """-> (the filtered z, the path that ran, the numba path's per-row facts for its backward or None)."""
+    mode, q, v, p0, x0 = params
+    path = _resolve(backend, z)
+    aux = None  # the numba path's per-row facts (end, valid count, first hole), for its backward
+    if path == "numba":
+        out, x_end, aux = _numba_forward(z, mask, mode, q, v, p0, x0)
+    elif path == "triton":
+        out, x_end = triton_kernels().forward(z, mask, mode, q, v, p0, x0)
+    else:
+        out, x_end = scan.forward(z, mask, mode, q, v, p0, x0)
+    # one reduction and one device sync: the sum of the final states is finite unless one is not (or,
+    # harmlessly, unless finite float64 states overflow in the sum, which the exact check then clears)
+    total = float(x_end.numpy().sum()) if x_end.device.type == "cpu" else float(x_end.sum())
+    if not math.isfinite(total) and not bool(torch.isfinite(x_end).all()):
+        _raise_non_finite(z, mask, mode)
+    return out, path, aux
+
+
 class _Filter(torch.autograd.Function):
     """Linear in z: the backward is the reverse scan with the same gains (no tensors of z are kept)."""
 
     @staticmethod
     def forward(ctx, z, mask, params, backend):
-        mode, q, v, p0, x0 = params
-        path = _resolve(backend, z)
-        aux = None  # the numba path's per-row facts (end, valid count, first hole), for its backward
-        if path == "numba":
-            out, x_end, aux = _numba_forward(z, mask, mode, q, v, p0, x0)
-        elif path == "triton":
-            out, x_end = triton_kernels().forward(z, mask, mode, q, v, p0, x0)
-        else:
-            out, x_end = scan.forward(z, mask, mode, q, v, p0, x0)
-        # one reduction and one device sync: the sum of the final states is finite unless one is not (or,
-        # harmlessly, unless finite float64 states overflow in the sum, which the exact check then clears)
-        if not math.isfinite(float(x_end.sum())) and not bool(torch.isfinite(x_end).all()):
-            _raise_non_finite(z, mask, mode)
+        out, path, aux = _forward(z, mask, params, backend)
         ctx.save_for_backward(mask, aux)
         ctx.params, ctx.path = params, path
         return out

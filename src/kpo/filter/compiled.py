@@ -6,7 +6,8 @@ independent chains in flight, in step over tiles of TILE tokens, so that they sh
 
 - a tile whose tokens are all valid in all four rows (checked once per tile: the only read of those mask
   bytes) runs with no per-token mask work, on the gain table (skip mode: offset by the count of valid
-  tokens, which rows share until they differ in holes);
+  tokens, which rows share until they differ in holes), in three passes over the tile: gain * z into a
+  float64 buffer (vectorized), the four chains of fused multiply-adds, the results out;
 - any other tile runs the per-token step (mask read, masked z replaced by a select: it may be NaN).
 
 A row's trailing padding is found by scanning its mask backwards, a tile at a time, and is zero-filled
@@ -20,8 +21,9 @@ last valid one). From there its variance runs per token (a division each), forwa
 records each row's end, valid count and first hole: the backward rebuilds advance mode's gains only after the
 hole, and in every mode reads no mask below it (full and right-padded masks are read once, by the forward).
 
-The loops release the GIL; the caller runs row ranges in parallel threads (cheaper to compile than numba's
-own parallel mode). The state is float64 whatever the input dtype, so float32 results are the float64
+The loops release the GIL; the caller runs row ranges in parallel threads, which take the ranges in turn
+(cheaper to compile than numba's own parallel mode, and a thread that gets no core on a shared machine
+holds up no one). The state is float64 whatever the input dtype, so float32 results are the float64
 recurrence rounded once. Each mode gets its own copy of the loops (the mode is a constant inside them, so the
 other modes' code is compiled away) and its own entry points in FORWARD and BACKWARD, compiled on first use.
 Modes: NOMASK (every token valid), SKIP, ADVANCE, ZERO.
@@ -34,6 +36,9 @@ from numba import njit
 
 NOMASK, SKIP, ADVANCE, ZERO = 0, 1, 2, 3
 ROWS = 4  # lanes: rows in flight
+# the only fast-math flag: a * x + b fused into one instruction, rounded once (exact to float64 rounding, like
+# the unfused form, and ~20% faster: the chain of multiply-adds is the loop's critical path)
+FMA = {"contract"}
 # tokens per lane per step: long enough to amortize the mask check, short enough that few tiles hold a hole
 TILE = 64
 # per-row facts the forward records for the backward: aux[r] = (end, valid count, first hole)
@@ -111,21 +116,40 @@ def _fstep(mode, z, m, r, t, x, c, p, gain, keep, q, v):
 
 
 @njit(inline="always")
-def _fast_forward(z, out, gain, keep, t, ra, ga, xa, rb, gb, xb, rc, gc, xc, rd, gd, xd):
+def _observe(z, gain, y, k, r, t, g):
+    """y[k] <- gain[g + i] * z[r, t + i] for the TILE tokens from t, in float64: no chain runs through it, so
+    it vectorizes (slices, not indices: their bounds are known, so no negative-index wrap is compiled)."""
+    zr, gr, yk = z[r, t : t + TILE], gain[g : g + TILE], y[k]
+    for i in range(TILE):
+        yk[i] = gr[i] * np.float64(zr[i])
+
+
+@njit(inline="always")
+def _fast_forward(z, out, gain, keep, y, t, ra, ga, xa, rb, gb, xb, rc, gc, xc, rd, gd, xd):
     """Tokens t..t+TILE-1, all valid, in four lanes (row r, table offset g, state x) -> the four states.
 
-    Called with one offset variable for all four lanes where they share it, so that each gain is loaded
+    The gain times z of each lane is computed first, into ``y`` (float64 [ROWS, TILE]); the loop that
+    carries the four chains then holds one multiply-add per token and lane (~15% faster than one pass).
+    Called with one offset variable for all four lanes where they share it, so that each keep is loaded
     once for four rows (separate table loads per lane cost ~1.8x the loop).
     """
+    _observe(z, gain, y, 0, ra, t, ga)
+    _observe(z, gain, y, 1, rb, t, gb)
+    _observe(z, gain, y, 2, rc, t, gc)
+    _observe(z, gain, y, 3, rd, t, gd)
+    ya, yb, yc, yd = y[0], y[1], y[2], y[3]
+    ka, kb, kc, kd = keep[ga : ga + TILE], keep[gb : gb + TILE], keep[gc : gc + TILE], keep[gd : gd + TILE]
+    oa, ob = out[ra, t : t + TILE], out[rb, t : t + TILE]
+    oc, od = out[rc, t : t + TILE], out[rd, t : t + TILE]
     for i in range(TILE):
-        xa = keep[ga + i] * xa + gain[ga + i] * np.float64(z[ra, t + i])
-        xb = keep[gb + i] * xb + gain[gb + i] * np.float64(z[rb, t + i])
-        xc = keep[gc + i] * xc + gain[gc + i] * np.float64(z[rc, t + i])
-        xd = keep[gd + i] * xd + gain[gd + i] * np.float64(z[rd, t + i])
-        out[ra, t + i] = xa
-        out[rb, t + i] = xb
-        out[rc, t + i] = xc
-        out[rd, t + i] = xd
+        xa = ka[i] * xa + ya[i]
+        xb = kb[i] * xb + yb[i]
+        xc = kc[i] * xc + yc[i]
+        xd = kd[i] * xd + yd[i]
+        oa[i] = xa
+        ob[i] = xb
+        oc[i] = xc
+        od[i] = xd
     return xa, xb, xc, xd
 
 
@@ -181,6 +205,7 @@ def _forward_rows(mode, z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo,
     rows, ends = _by_length(mode, m, T, row_lo, row_hi)
     row, end, cnt, hole, lanes = _lane_state(), _lane_state(), _lane_state(), _lane_state(), _lane_state()
     x, p = np.zeros(ROWS), np.zeros(ROWS)
+    y = np.empty((ROWS, TILE))  # the fast tiles' gain * z
     for g0 in range(0, rows.shape[0], ROWS):
         # four rows walk the tiles in step (one position: the positional gains are shared); the last
         # group may hold fewer rows, its empty lanes start finished
@@ -220,11 +245,11 @@ def _forward_rows(mode, z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo,
             if fast and (mode != SKIP or cnt[a] == cnt[b] == cnt[c] == cnt[d]):
                 o = cnt[a] if mode == SKIP else t
                 x[a], x[b], x[c], x[d] = _fast_forward(
-                    z, out, gain, keep, t, row[a], o, x[a], row[b], o, x[b], row[c], o, x[c], row[d], o, x[d]
-                )
+                    z, out, gain, keep, y, t, row[a], o, x[a], row[b], o, x[b], row[c], o, x[c], row[d], o, x[d],
+                )  # fmt: skip
             elif fast:  # skip mode, rows that skipped different numbers of tokens
                 x[a], x[b], x[c], x[d] = _fast_forward(
-                    z, out, gain, keep, t,
+                    z, out, gain, keep, y, t,
                     row[a], cnt[a], x[a], row[b], cnt[b], x[b], row[c], cnt[c], x[c], row[d], cnt[d], x[d],
                 )  # fmt: skip
             else:
@@ -246,22 +271,22 @@ def _forward_rows(mode, z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo,
 # seconds): out[r] <- filtered z[r] for rows [lo, hi); x_end[r] <- the final state (non-finite iff a valid z
 # was); aux[r] <- (end, valid count, first hole) of row r, for the backward.
 # z, out: [B, T] float32/64; m: uint8 [B, T] (any [1, 1] array in NOMASK); gain, keep: float64 [>= T].
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=FMA)
 def _forward_nomask(z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo, row_hi):
     _forward_rows(NOMASK, z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo, row_hi)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=FMA)
 def _forward_skip(z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo, row_hi):
     _forward_rows(SKIP, z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo, row_hi)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=FMA)
 def _forward_advance(z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo, row_hi):
     _forward_rows(ADVANCE, z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo, row_hi)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=FMA)
 def _forward_zero(z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo, row_hi):
     _forward_rows(ZERO, z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo, row_hi)
 
@@ -294,19 +319,48 @@ def _bstep(mode, g, m, r, t, u, c, a, gain, keep, kb, ab, k, h):
 
 
 @njit(inline="always")
-def _fast_backward(g, dz, gain, keep, t, ra, oa, ua, aa, rb, ob, ub, ab, rc, oc, uc, ac, rd, od, ud, ad):
+def _load(g, y, k, r, t):
+    """y[k] <- g[r, t:t+TILE] in float64 (vectorized: no chain runs through it)."""
+    gr, yk = g[r, t : t + TILE], y[k]
+    for i in range(TILE):
+        yk[i] = np.float64(gr[i])
+
+
+@njit(inline="always")
+def _scale(dz, gain, y, k, r, t, o):
+    """dz[r, t:t+TILE] <- gain[o:o+TILE] * y[k] (vectorized)."""
+    dr, gr, yk = dz[r, t : t + TILE], gain[o : o + TILE], y[k]
+    for i in range(TILE):
+        dr[i] = gr[i] * yk[i]
+
+
+@njit(inline="always")
+def _fast_backward(g, dz, gain, keep, y, t, ra, oa, ua, aa, rb, ob, ub, ab, rc, oc, uc, ac, rd, od, ud, ad):
     """Tokens t..t+TILE-1, all valid, in reverse, in four lanes (table offset o; reverse state u and the
-    keep a of the token after) -> (u, a) of each lane. One offset variable where the lanes share it."""
+    keep a of the token after) -> (u, a) of each lane. One offset variable where the lanes share it.
+
+    As in the forward, the loop that carries the chains does only their multiply-adds: g is read into
+    ``y`` before it, and dz = gain * u is written from ``y`` after it."""
+    _load(g, y, 0, ra, t)
+    _load(g, y, 1, rb, t)
+    _load(g, y, 2, rc, t)
+    _load(g, y, 3, rd, t)
+    ya, yb, yc, yd = y[0], y[1], y[2], y[3]
+    ka, kb, kc, kd = keep[oa : oa + TILE], keep[ob : ob + TILE], keep[oc : oc + TILE], keep[od : od + TILE]
     for i in range(TILE - 1, -1, -1):
-        ua = aa * ua + np.float64(g[ra, t + i])
-        ub = ab * ub + np.float64(g[rb, t + i])
-        uc = ac * uc + np.float64(g[rc, t + i])
-        ud = ad * ud + np.float64(g[rd, t + i])
-        dz[ra, t + i] = gain[oa + i] * ua
-        dz[rb, t + i] = gain[ob + i] * ub
-        dz[rc, t + i] = gain[oc + i] * uc
-        dz[rd, t + i] = gain[od + i] * ud
-        aa, ab, ac, ad = keep[oa + i], keep[ob + i], keep[oc + i], keep[od + i]
+        ua = aa * ua + ya[i]
+        ub = ab * ub + yb[i]
+        uc = ac * uc + yc[i]
+        ud = ad * ud + yd[i]
+        ya[i] = ua
+        yb[i] = ub
+        yc[i] = uc
+        yd[i] = ud
+        aa, ab, ac, ad = ka[i], kb[i], kc[i], kd[i]
+    _scale(dz, gain, y, 0, ra, t, oa)
+    _scale(dz, gain, y, 1, rb, t, ob)
+    _scale(dz, gain, y, 2, rc, t, oc)
+    _scale(dz, gain, y, 3, rd, t, od)
     return ua, aa, ub, ab, uc, ac, ud, ad
 
 
@@ -383,6 +437,7 @@ def _backward_rows(mode, g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi):
     row, top, cnt, hole, lanes = _lane_state(), _lane_state(), _lane_state(), _lane_state(), _lane_state()
     end = _lane_state()
     u, an = np.zeros(ROWS), np.zeros(ROWS)
+    y = np.empty((ROWS, TILE))  # the fast tiles' g, then reverse states
     kb = np.empty((ROWS, T if mode == ADVANCE else 1))
     ab = np.empty((ROWS, T if mode == ADVANCE else 1))
     for g0 in range(0, order.shape[0], ROWS):
@@ -425,12 +480,12 @@ def _backward_rows(mode, g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi):
             if fast and (mode != SKIP or cnt[a] == cnt[b] == cnt[c] == cnt[d]):
                 o = cnt[a] - TILE if mode == SKIP else t
                 u[a], an[a], u[b], an[b], u[c], an[c], u[d], an[d] = _fast_backward(
-                    g, dz, gain, keep, t,
+                    g, dz, gain, keep, y, t,
                     row[a], o, u[a], an[a], row[b], o, u[b], an[b], row[c], o, u[c], an[c], row[d], o, u[d], an[d],
                 )  # fmt: skip
             elif fast:
                 u[a], an[a], u[b], an[b], u[c], an[c], u[d], an[d] = _fast_backward(
-                    g, dz, gain, keep, t,
+                    g, dz, gain, keep, y, t,
                     row[a], cnt[a] - TILE, u[a], an[a], row[b], cnt[b] - TILE, u[b], an[b],
                     row[c], cnt[c] - TILE, u[c], an[c], row[d], cnt[d] - TILE, u[d], an[d],
                 )  # fmt: skip
@@ -444,22 +499,22 @@ def _backward_rows(mode, g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi):
 
 # dz[r] <- gradient of sum(g * filter(z)) w.r.t. z[r] (the reverse scan) for rows [lo, hi), one entry
 # point per mode. g, dz: [B, T] float32/64; m, gain, keep as in FORWARD; aux: int64 [B, 3] the forward wrote.
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=FMA)
 def _backward_nomask(g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi):
     _backward_rows(NOMASK, g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=FMA)
 def _backward_skip(g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi):
     _backward_rows(SKIP, g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=FMA)
 def _backward_advance(g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi):
     _backward_rows(ADVANCE, g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=FMA)
 def _backward_zero(g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi):
     _backward_rows(ZERO, g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi)
 

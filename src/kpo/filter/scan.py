@@ -26,6 +26,9 @@ from kpo.filter.gains import gain_tensors
 _F64 = torch.float64
 # tokens per chunk scanned in the compute dtype: float32 rounding grows with it (~CHUNK/2 ulps at worst)
 CHUNK = 32
+# blocks of CHUNK chunks whose carries one dense product computes (64: T up to 65536 in one product of
+# [B, 64] @ [64, 65]); beyond, the recursive carry scan
+MAX_BLOCKS_IN_ONE_PRODUCT = 64
 
 
 def token_gains(
@@ -224,11 +227,17 @@ def _chunk_carries(ends, q, v, p0, L, x0):
     G = CHUNK
     nb = -(-n // G)
     size = 1 << max(0, n - 1).bit_length()
-    maps, decay, block_keep = (part[:nb] for part in _carry_map_table(q, v, p0, size, L, ends.device))
+    maps, decay, block_keep, across, from_x0 = _carry_map_table(q, v, p0, size, L, ends.device)
+    maps, decay, block_keep = maps[:nb], decay[:nb], block_keep[:nb]
     if nb * G != n:
         ends = torch.nn.functional.pad(ends, (0, nb * G - n))
     parts = torch.bmm(ends.view(B, nb, G).transpose(0, 1), maps)  # [nb, B, G + 1]
-    block_in, x_end = _carry_scan(block_keep.unsqueeze(0), parts[:, :, G].T, x0)
+    if across is not None:  # few blocks: the carries over them in one product, not a loop
+        states = torch.addmm(from_x0[: nb + 1].unsqueeze(0), parts[:, :, G].T, across[:nb, : nb + 1], alpha=1.0,
+                             beta=float(x0))  # fmt: skip
+        block_in, x_end = states[:, :nb], states[:, nb]
+    else:
+        block_in, x_end = _carry_scan(block_keep.unsqueeze(0), parts[:, :, G].T, x0)
     before = torch.addcmul(parts[:, :, :G], decay.unsqueeze(1), block_in.T.unsqueeze(2))  # [nb, B, G]
     return before.transpose(0, 1).reshape(B, nb * G)[:, :n], x_end
 
@@ -237,7 +246,9 @@ def _chunk_carries(ends, q, v, p0, L, x0):
 def _carry_map_table(q, v, p0, n, L, device):
     """Maps of the carries over n chunks of L positional tokens, in blocks of CHUNK chunks, float64:
     (maps [nb, G, G + 1]: the states entering each chunk of block b from 0 and after its last chunk =
-    chunk ends @ maps[b]; decay [nb, G]: keeps from the block's start to each chunk; block_keep [nb])."""
+    chunk ends @ maps[b]; decay [nb, G]: keeps from the block's start to each chunk; block_keep [nb];
+    across [nb, nb + 1] and from_x0 [nb + 1], or None for more than MAX_BLOCKS_IN_ONE_PRODUCT blocks: the
+    states entering each block = block ends @ across + x0 * from_x0)."""
     G = CHUNK
     nb = -(-n // G)
     _, keep = gain_tensors(n * L, q, v, p0, device, _F64)
@@ -252,7 +263,18 @@ def _carry_map_table(q, v, p0, n, L, device):
         maps[:, i - 1, i] = 1.0
     through = torch.cumprod(k, dim=1)
     decay = torch.cat([torch.ones(nb, 1, dtype=_F64, device=device), through[:, : G - 1]], dim=1)
-    return maps, decay, through[:, G - 1].contiguous()
+    block_keep = through[:, G - 1].contiguous()
+    across = from_x0 = None
+    if nb <= MAX_BLOCKS_IN_ONE_PRODUCT:
+        # across[j, i]: the weight of block j's own end in the state entering block i (the keeps of blocks
+        # j+1..i-1); from_x0[i]: the weight of x0 there. Built by the recurrence, products only.
+        across = torch.zeros(nb, nb + 1, dtype=_F64, device=device)
+        from_x0 = torch.ones(nb + 1, dtype=_F64, device=device)
+        for i in range(1, nb + 1):
+            across[: i - 1, i] = across[: i - 1, i - 1] * block_keep[i - 1]
+            across[i - 1, i] = 1.0
+            from_x0[i] = from_x0[i - 1] * block_keep[i - 1]
+    return maps, decay, block_keep, across, from_x0
 
 
 @functools.lru_cache(maxsize=8)
