@@ -49,11 +49,22 @@ def main() -> int:
     plot = ["--plot", str(out / "bench_cuda.png")] if importlib.util.find_spec("matplotlib") else []
     run([*bench, "--repeats", "20", *plot], out / "bench_cuda.log", 150)
     run(
-        [py, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", "not compile",
-         "tests/filter/test_filter_triton.py", "tests/filter/test_filter_inputs.py"],
+        [
+            py,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "not compile",
+            "tests/filter/test_filter_triton.py",
+            "tests/filter/test_filter_inputs.py",
+        ],
         out / "pytest_cuda.log",
         180,
-    )  # fmt: skip
+    )
     run([py, __file__, "--sweep"], out / "sweep_cuda.log", 180)  # the steps total < 9 min: run's 600 s limit
     return 0
 

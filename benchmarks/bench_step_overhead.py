@@ -66,8 +66,14 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(0)
         with torch.no_grad():
             start = time.perf_counter()
-            out = model.generate(**enc, do_sample=True, temperature=config.temperature, top_k=0, top_p=1.0,
-                                 max_new_tokens=config.max_completion())  # fmt: skip
+            out = model.generate(
+                **enc,
+                do_sample=True,
+                temperature=config.temperature,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=config.max_completion(),
+            )
             gen_times.append(time.perf_counter() - start)
             old_times.append(_timed(lambda ids=out: _log_probs(model, ids, prompt_len)))
     completion = out[:, prompt_len:]
@@ -104,22 +110,28 @@ def main(argv: list[str] | None = None) -> int:
     for name in losses:  # warm-up: numba compiles, allocator settles
         train_step(name)
     for r in range(args.repeats):
-        for name in (list(losses) if r % 2 == 0 else list(losses)[::-1]):
+        for name in list(losses) if r % 2 == 0 else list(losses)[::-1]:
             step[name].append(_timed(lambda n=name: train_step(n)))
-            call[name].append(_timed(lambda n=name: policy_loss(n, lp_fixed, old, adv, m, **common, **losses[n])))
+            call[name].append(
+                _timed(lambda n=name: policy_loss(n, lp_fixed, old, adv, m, **common, **losses[n]))
+            )
         filter_times.append(_timed(lambda: kalman_filter(z, m, **filt)))
 
     def stat(xs):
         return min(xs), statistics.median(xs)
 
-    print(f"task {args.task}: {len(prompts)} responses per generation batch, mini-batch {mb} x "
-          f"{ids.shape[1]} tokens ({prompt_len} prompt + {completion.shape[1]} completion), "
-          f"{completion_tokens / len(prompts):.1f} completion tokens per response, {args.threads} thread(s); "
-          f"KPO with {kpo_kwargs} (q = {filt['q']:.3g})")
+    print(
+        f"task {args.task}: {len(prompts)} responses per generation batch, mini-batch {mb} x "
+        f"{ids.shape[1]} tokens ({prompt_len} prompt + {completion.shape[1]} completion), "
+        f"{completion_tokens / len(prompts):.1f} completion tokens per response, {args.threads} thread(s); "
+        f"KPO with {kpo_kwargs} (q = {filt['q']:.3g})"
+    )
     gen_min, gen_med = stat(gen_times)
     old_min, old_med = stat(old_times)
-    print(f"generation: {gen_med:.2f} s per batch (min {gen_min:.2f}): {completion_tokens / gen_med:.0f} completion "
-          f"tokens/s; old log-probs: {old_med:.2f} s per batch")
+    print(
+        f"generation: {gen_med:.2f} s per batch (min {gen_min:.2f}): {completion_tokens / gen_med:.0f} completion "
+        f"tokens/s; old log-probs: {old_med:.2f} s per batch"
+    )
     rows_out = []
     for name in losses:
         s_min, s_med = stat(step[name])
@@ -127,14 +139,18 @@ def main(argv: list[str] | None = None) -> int:
         total = s_med + (gen_med + old_med) / config.minibatches
         train_tok = int(m.sum()) / s_med
         rows_out.append((name, s_min, s_med, c_min, c_med, total, train_tok))
-        print(f"{name:8s} training step min {1e3 * s_min:7.1f} ms median {1e3 * s_med:7.1f} ms | loss call median "
-              f"{1e3 * c_med:6.2f} ms | optimizer step with generation {total:.3f} s | training "
-              f"{train_tok:.0f} completion tokens/s")
+        print(
+            f"{name:8s} training step min {1e3 * s_min:7.1f} ms median {1e3 * s_med:7.1f} ms | loss call median "
+            f"{1e3 * c_med:6.2f} ms | optimizer step with generation {total:.3f} s | training "
+            f"{train_tok:.0f} completion tokens/s"
+        )
     (_, _, v_step, _, v_call, v_total, _), (_, _, k_step, _, k_call, k_total, _) = rows_out
     f_min, f_med = stat(filter_times)
-    print(f"kpo / vanilla: training step {k_step / v_step:.3f}, optimizer step with generation {k_total / v_total:.3f}; "
-          f"loss call {k_call / v_call:.2f}x; the filter takes {1e3 * f_med:.2f} ms, {100 * f_med / k_call:.0f}% of "
-          f"KPO's loss call and {100 * f_med / k_total:.3f}% of an optimizer step")
+    print(
+        f"kpo / vanilla: training step {k_step / v_step:.3f}, optimizer step with generation {k_total / v_total:.3f}; "
+        f"loss call {k_call / v_call:.2f}x; the filter takes {1e3 * f_med:.2f} ms, {100 * f_med / k_call:.0f}% of "
+        f"KPO's loss call and {100 * f_med / k_total:.3f}% of an optimizer step"
+    )
     return 0
 
 

@@ -309,8 +309,15 @@ def test_figure1_frequency_band_is_one_std_clipped_to_0_1():
     w = {"mean": np.array([0.5, 0.9]), "var": np.array([0.01, 0.09]), "count": np.array([3, 3])}
     empty = {"mean": np.array([]), "var": np.array([]), "count": np.array([])}
     runs = {"up": np.array([1, 2, 2, 3]), "down": np.array([1]), "on": np.array([4, 4])}
-    fig = plots.dynamics(window_before=w, window_after=empty, runs_before=runs, runs_after=runs,
-                         switch_before=np.array([0.2]), switch_after=np.array([0.1]), window=50)  # fmt: skip
+    fig = plots.dynamics(
+        window_before=w,
+        window_after=empty,
+        runs_before=runs,
+        runs_after=runs,
+        switch_before=np.array([0.2]),
+        switch_after=np.array([0.1]),
+        window=50,
+    )
     (band,) = fig.axes[0].collections
     ys = np.round(band.get_paths()[0].vertices[:, 1], 9)
     assert set(ys) == {0.4, 0.6, 1.0}  # 0.5 -+ 0.1 and clip(0.9 -+ 0.3, 0, 1) = 0.6, 1.0
@@ -339,15 +346,33 @@ def test_write_dump_round_trips_through_load_dump(tmp_path):
     z = np.array([[0.1, -0.2, 0.0, 0.3], [0.05, 0.0, 0.0, 0.0]])
     m = np.array([[1, 1, 0, 1], [1, 0, 0, 0]], dtype=bool)  # a hole in row 0, padding in row 1
     settings = {"q": 1e-3, "v": 2.0, "p0": 0.5, "x0": 0.1, "mask_mode": "advance"}
-    path = write_dump(tmp_path / "r" / "step_000007.safetensors", np.where(m, z, 0.0), m, step=7,
-                      settings=settings, loss="kpo", on_policy=False)  # fmt: skip
+    path = write_dump(
+        tmp_path / "r" / "step_000007.safetensors",
+        np.where(m, z, 0.0),
+        m,
+        step=7,
+        settings=settings,
+        loss="kpo",
+        on_policy=False,
+    )
     dump = load_dump(path)
-    assert dump.meta == {"step": "7", "mask_mode": "advance", "q": "0.001", "v": "2.0", "p0": "0.5", "x0": "0.1",
-                         "loss": "kpo", "on_policy": "0"}  # fmt: skip
+    assert dump.meta == {
+        "step": "7",
+        "mask_mode": "advance",
+        "q": "0.001",
+        "v": "2.0",
+        "p0": "0.5",
+        "x0": "0.1",
+        "loss": "kpo",
+        "on_policy": "0",
+    }
     np.testing.assert_array_equal(dump.mask, m)
     np.testing.assert_allclose(dump.log_ratio, np.where(m, z, 0.0).astype(np.float32))
-    ref = kalman_filter(torch.from_numpy(np.where(m, z, 0.0).astype(np.float32).astype(np.float64)),
-                        torch.from_numpy(m), **settings)  # fmt: skip
+    ref = kalman_filter(
+        torch.from_numpy(np.where(m, z, 0.0).astype(np.float32).astype(np.float64)),
+        torch.from_numpy(m),
+        **settings,
+    )
     np.testing.assert_allclose(dump.filtered[m], ref.numpy()[m], rtol=1e-6)
     with pytest.raises(ValueError, match=r"settings lack \['mask_mode'\]"):
         write_dump(tmp_path / "x.safetensors", z, m, step=1, settings={"q": 1, "v": 1, "p0": 0, "x0": 0})

@@ -31,7 +31,7 @@ def _parse_error(argv, capsys) -> str:
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "q"])
 def test_filter_rejects_a_process_noise_that_is_not_positive_and_finite(value, capsys):
-    # gains.check_params used to raise a ValueError traceback from inside the benchmark.
+    # gains.check_params' error must be one line, not a ValueError traceback from inside the benchmark.
     err = _parse_error(["filter", "--sizes", "4x16", "--q", value], capsys)
     assert f"argument --q: must be a finite number > 0 (the process noise Q; V = 1), got '{value}'" in err
 
@@ -39,7 +39,7 @@ def test_filter_rejects_a_process_noise_that_is_not_positive_and_finite(value, c
 def test_filter_checks_the_plot_path_before_running(tmp_path, capsys, monkeypatch):
     import kpo.bench
 
-    # A bad --plot used to fail with FileNotFoundError only after the whole benchmark had run.
+    # A bad --plot must fail at once, not with a FileNotFoundError after the whole benchmark has run.
     monkeypatch.setattr(kpo.bench, "_bench_size", lambda *a: pytest.fail("the benchmark ran"))
     err = _parse_error(["filter", "--sizes", "4x16", "--plot", str(tmp_path / "nope" / "x.png")], capsys)
     assert f"argument --plot: {str(tmp_path / 'nope')!r} is not an existing directory" in err
@@ -51,7 +51,7 @@ def test_filter_checks_the_plot_path_before_running(tmp_path, capsys, monkeypatc
 
 @pytest.mark.parametrize("arch", ["7", "60", "88", "101"])
 def test_triton_ptx_takes_only_architectures_triton_compiles_for(arch, capsys):
-    # sm_7 and sm_88 used to abort the process inside LLVM; sm_101 failed in ptxas.
+    # sm_7 and sm_88 would abort the process inside LLVM; sm_101 would fail in ptxas.
     err = _parse_error(["triton-ptx", "--arch", arch], capsys)
     assert f"argument --arch: invalid choice: {arch} (choose from 70, 72, 75, 80" in err
 

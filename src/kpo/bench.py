@@ -96,7 +96,7 @@ def _process_noise(text: str) -> float:
 
 
 def _plot_path(text: str) -> str:
-    """``--plot``: checked before the benchmark runs (a bad path used to fail only after it)."""
+    """``--plot``: checked before the benchmark runs (a bad path fails at once, not after the whole benchmark)."""
     path = Path(text)
     if importlib.util.find_spec("matplotlib") is None:
         raise argparse.ArgumentTypeError("needs matplotlib: pip install matplotlib, or drop --plot")
@@ -394,9 +394,15 @@ PTX_ARCHS = (70, 72, 75, 80, 86, 87, 89, 90, 100, 103, 110, 120, 121)
 
 
 def _configure_triton_ptx(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--arch", type=int, choices=PTX_ARCHS, default=90, metavar="ARCH",
-                        help=f"NVIDIA compute capability x10, one of {', '.join(map(str, PTX_ARCHS))} "
-                        "(default 90: H100/H200)")  # fmt: skip
+    parser.add_argument(
+        "--arch",
+        type=int,
+        choices=PTX_ARCHS,
+        default=90,
+        metavar="ARCH",
+        help=f"NVIDIA compute capability x10, one of {', '.join(map(str, PTX_ARCHS))} "
+        "(default 90: H100/H200)",
+    )
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--json", action="store_true", help="print one JSON object per variant instead")
 

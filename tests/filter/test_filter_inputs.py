@@ -58,9 +58,14 @@ def test_bad_parameters(kwargs, match):
             kalman_gains(3, **kwargs)
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [({"q": None}, "q must be a real number, got NoneType"),
-                                              ({"x0": "0.1"}, "x0 must be a real number, got str"),
-                                              ({"v": True}, "v must be a real number, got bool")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"q": None}, "q must be a real number, got NoneType"),
+        ({"x0": "0.1"}, "x0 must be a real number, got str"),
+        ({"v": True}, "v must be a real number, got bool"),
+    ],
+)
 def test_parameters_of_the_wrong_type_are_named(kwargs, match):
     with pytest.raises(TypeError, match=match):
         kalman_filter(torch.ones(2, 3), **kwargs)

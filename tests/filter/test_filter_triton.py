@@ -145,8 +145,11 @@ def test_kernels_compile_for_hopper_with_vector_accesses(dtype):
     code = "import sys; from kpo.bench import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.run(
         [sys.executable, "-c", code, "triton-ptx", "--json", "--dtype", dtype],
-        capture_output=True, text=True, env=env, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     if "ptxas" in proc.stderr and "not found" in proc.stderr.lower():
         pytest.skip("this triton build has no ptxas")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -118,8 +118,9 @@ def _reference(z, mask, mode, q, v, p0, x0):
     """The float64 loop reference through the public call's checks (no gradient: it runs in Python floats)."""
     if z.requires_grad and torch.is_grad_enabled():
         raise RuntimeError("backend 'reference' computes no gradient: detach z, or pick another backend")
-    out = kalman_filter_reference(z.cpu(), None if mask is None else mask.cpu(), q=q, v=v, p0=p0, x0=x0,
-                                  mask_mode=mode)  # fmt: skip
+    out = kalman_filter_reference(
+        z.cpu(), None if mask is None else mask.cpu(), q=q, v=v, p0=p0, x0=x0, mask_mode=mode
+    )
     if not bool(torch.isfinite(out).all()):
         _raise_non_finite(z, mask, mode)
     return out.to(z.dtype).to(z.device)

@@ -245,13 +245,46 @@ def _forward_rows(mode, z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo,
             if fast and (mode != SKIP or cnt[a] == cnt[b] == cnt[c] == cnt[d]):
                 o = cnt[a] if mode == SKIP else t
                 x[a], x[b], x[c], x[d] = _fast_forward(
-                    z, out, gain, keep, y, t, row[a], o, x[a], row[b], o, x[b], row[c], o, x[c], row[d], o, x[d],
-                )  # fmt: skip
+                    z,
+                    out,
+                    gain,
+                    keep,
+                    y,
+                    t,
+                    row[a],
+                    o,
+                    x[a],
+                    row[b],
+                    o,
+                    x[b],
+                    row[c],
+                    o,
+                    x[c],
+                    row[d],
+                    o,
+                    x[d],
+                )
             elif fast:  # skip mode, rows that skipped different numbers of tokens
                 x[a], x[b], x[c], x[d] = _fast_forward(
-                    z, out, gain, keep, y, t,
-                    row[a], cnt[a], x[a], row[b], cnt[b], x[b], row[c], cnt[c], x[c], row[d], cnt[d], x[d],
-                )  # fmt: skip
+                    z,
+                    out,
+                    gain,
+                    keep,
+                    y,
+                    t,
+                    row[a],
+                    cnt[a],
+                    x[a],
+                    row[b],
+                    cnt[b],
+                    x[b],
+                    row[c],
+                    cnt[c],
+                    x[c],
+                    row[d],
+                    cnt[d],
+                    x[d],
+                )
             else:
                 for k in range(ROWS):
                     if mode == ADVANCE and end[k] >= 0 and hole[k] > T:  # no hole yet: the table's variance
@@ -480,15 +513,54 @@ def _backward_rows(mode, g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi):
             if fast and (mode != SKIP or cnt[a] == cnt[b] == cnt[c] == cnt[d]):
                 o = cnt[a] - TILE if mode == SKIP else t
                 u[a], an[a], u[b], an[b], u[c], an[c], u[d], an[d] = _fast_backward(
-                    g, dz, gain, keep, y, t,
-                    row[a], o, u[a], an[a], row[b], o, u[b], an[b], row[c], o, u[c], an[c], row[d], o, u[d], an[d],
-                )  # fmt: skip
+                    g,
+                    dz,
+                    gain,
+                    keep,
+                    y,
+                    t,
+                    row[a],
+                    o,
+                    u[a],
+                    an[a],
+                    row[b],
+                    o,
+                    u[b],
+                    an[b],
+                    row[c],
+                    o,
+                    u[c],
+                    an[c],
+                    row[d],
+                    o,
+                    u[d],
+                    an[d],
+                )
             elif fast:
                 u[a], an[a], u[b], an[b], u[c], an[c], u[d], an[d] = _fast_backward(
-                    g, dz, gain, keep, y, t,
-                    row[a], cnt[a] - TILE, u[a], an[a], row[b], cnt[b] - TILE, u[b], an[b],
-                    row[c], cnt[c] - TILE, u[c], an[c], row[d], cnt[d] - TILE, u[d], an[d],
-                )  # fmt: skip
+                    g,
+                    dz,
+                    gain,
+                    keep,
+                    y,
+                    t,
+                    row[a],
+                    cnt[a] - TILE,
+                    u[a],
+                    an[a],
+                    row[b],
+                    cnt[b] - TILE,
+                    u[b],
+                    an[b],
+                    row[c],
+                    cnt[c] - TILE,
+                    u[c],
+                    an[c],
+                    row[d],
+                    cnt[d] - TILE,
+                    u[d],
+                    an[d],
+                )
             else:
                 _general_backward(mode, g, m, dz, gain, keep, kb, ab, t, lanes, row, cnt, hole, u, an)
             if fast:

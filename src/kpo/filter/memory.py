@@ -33,7 +33,12 @@ def filter_memory(q: float, v: float = 1.0) -> float:
 
 
 def _check_tokens(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise ValueError(f"{name} must be a finite number of tokens > 0, got {value!r}")
 
 
@@ -45,7 +50,9 @@ def q_for_memory(memory: float, v: float = 1.0) -> float:
     return v * gain * gain / (1.0 - gain)
 
 
-def matched_memory(length: float, *, q: float = PAPER_Q, v: float = 1.0, reference_length: float = PAPER_LENGTH) -> float:
+def matched_memory(
+    length: float, *, q: float = PAPER_Q, v: float = 1.0, reference_length: float = PAPER_LENGTH
+) -> float:
     """The memory that keeps the paper's memory-to-length ratio at responses of ``length`` tokens:
     filter_memory(q, v) * length / reference_length (the paper's KPO at 128 tokens: 31.2 tokens, q/v ~ 1.0e-3)."""
     _check_tokens("length", length)

@@ -233,8 +233,9 @@ def _chunk_carries(ends, q, v, p0, L, x0):
         ends = torch.nn.functional.pad(ends, (0, nb * G - n))
     parts = torch.bmm(ends.view(B, nb, G).transpose(0, 1), maps)  # [nb, B, G + 1]
     if across is not None:  # few blocks: the carries over them in one product, not a loop
-        states = torch.addmm(from_x0[: nb + 1].unsqueeze(0), parts[:, :, G].T, across[:nb, : nb + 1], alpha=1.0,
-                             beta=float(x0))  # fmt: skip
+        states = torch.addmm(
+            from_x0[: nb + 1].unsqueeze(0), parts[:, :, G].T, across[:nb, : nb + 1], alpha=1.0, beta=float(x0)
+        )
         block_in, x_end = states[:, :nb], states[:, nb]
     else:
         block_in, x_end = _carry_scan(block_keep.unsqueeze(0), parts[:, :, G].T, x0)

@@ -146,9 +146,16 @@ def _load_down(ptr, base, lo, T, VEC: tl.constexpr, BLOCK: tl.constexpr):
 
 @triton.jit
 def _forward_kernel(
-    z_ptr, m_ptr, out_ptr, gain_ptr, param_ptr, xend_ptr, T,
-    MODE: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
+    z_ptr,
+    m_ptr,
+    out_ptr,
+    gain_ptr,
+    param_ptr,
+    xend_ptr,
+    T,
+    MODE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     base = row * T
     q = tl.load(param_ptr + 0)
@@ -207,9 +214,16 @@ def _store_down(ptr, base, lo, x, VEC: tl.constexpr, BLOCK: tl.constexpr):
 
 @triton.jit
 def _backward_kernel(
-    g_ptr, m_ptr, dz_ptr, gain_ptr, count_ptr, T,
-    MODE: tl.constexpr, VEC: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
+    g_ptr,
+    m_ptr,
+    dz_ptr,
+    gain_ptr,
+    count_ptr,
+    T,
+    MODE: tl.constexpr,
+    VEC: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     base = row * T
     idx = tl.arange(0, BLOCK)
