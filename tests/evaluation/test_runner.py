@@ -324,3 +324,10 @@ def test_vllm_gets_the_token_ids_the_transformers_backend_uses(tiny_model, monke
     assert backend.context_length == 64  # vLLM's max_model_len bounds prompt + budget
     want = [tokenizer(p, add_special_tokens=False).input_ids for p in ("1+2=", "3+4=")]
     assert [p["prompt_token_ids"] for p in seen["prompts"]] == want
+
+
+def test_progress_in_a_log_is_lines_not_a_bar_stream(tiny_model, capsys):
+    evaluate(tiny_model, "synthetic", n=1, ks=(1,), limit=2, max_new_tokens=4)  # stderr here is no terminal
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    assert "generate synthetic: 2/2 samples (100%)" in err and "grade synthetic: 2/2 problems (100%)" in err

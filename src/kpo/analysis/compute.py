@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from kpo._progress import progress_bar
 from kpo.analysis.dumps import Dump, DumpError
 from kpo.diagnostics import STAT_KEYS, average_samples, sample_dynamics
 from kpo.filter import MASK_MODES
@@ -90,11 +91,10 @@ class Analysis:
 
 def compute(dumps: list[Dump], cfg: AnalyzeConfig) -> Analysis:
     """Pool the rows of ``dumps``, filter where needed, and compute Table 2, the Q/V sweep and per-dump rows."""
-    from tqdm.auto import tqdm
-
     T = max(d.log_ratio.shape[1] for d in dumps)
     zs, ms, fs, rows_meta = [], [], [], []
-    for d in tqdm(dumps, desc="filter dumps", disable=len(dumps) < 2):
+    bar = progress_bar(len(dumps), "read dumps", "dumps", enabled=len(dumps) > 1)
+    for d in dumps:
         q = next(x for x in (cfg.q, d.meta_float("q"), 1e-6) if x is not None)
         v = next(x for x in (cfg.v, d.meta_float("v"), 1.0) if x is not None)
         mask_mode = cfg.mask_mode or d.meta.get("mask_mode") or "skip"
@@ -135,6 +135,8 @@ def compute(dumps: list[Dump], cfg: AnalyzeConfig) -> Analysis:
                 "loss": d.meta.get("loss"),
             }
         )
+        bar.update()
+    bar.close()
     z, m, filt = np.concatenate(zs), np.concatenate(ms), np.concatenate(fs)
     n = m.sum(axis=1)
     if not (n > 0).any():
@@ -166,9 +168,12 @@ def compute(dumps: list[Dump], cfg: AnalyzeConfig) -> Analysis:
     starts = {(r["p0"], r["x0"]) for r in rows_meta}  # the dumps' common p0, x0, else the paper's 0, 0
     p0, x0 = starts.pop() if len(starts) == 1 else (0.0, 0.0)
     sweep = {"v": v_sweep, "mask_mode": sweep_mode, "p0": p0, "x0": x0, "rows": []}
-    for q in tqdm(cfg.sweep_q, desc="Q/V sweep"):
+    bar = progress_bar(len(cfg.sweep_q), "Q/V sweep", "filters")
+    for q in cfg.sweep_q:
         stats = _stats(_refilter(z, m, q, v_sweep, sweep_mode, p0, x0), m, cfg, band=True)[0]
         sweep["rows"].append({"q": q, "q_over_v": q / v_sweep, **stats})
+        bar.update()
+    bar.close()
 
     qs = sorted({r["q"] for r in rows_meta})
     vs = sorted({r["v"] for r in rows_meta})

@@ -15,6 +15,7 @@ from dataclasses import asdict
 from multiprocessing import get_context
 from pathlib import Path
 
+from kpo._progress import progress_bar
 from kpo.compare.plan import (
     CompareConfig,
     CompareError,
@@ -209,14 +210,12 @@ def _await_runs(
     returns (failure lines, runs whose worker process died)."""
     from concurrent.futures.process import BrokenProcessPool
 
-    from tqdm.auto import tqdm
-
     seeds = sorted({r.seed for r in todo})
     print(f"warm starts of seeds {seeds} (cached after the first compare) and their evaluation", flush=True)
     for fut in [pool.submit(_warm_start, cfg, s) for s in seeds]:
         fut.result()
     failures, broken = [], []
-    with tqdm(total=cfg.steps * len(todo), desc="compare (optimizer steps)", unit="step") as bar:
+    with progress_bar(cfg.steps * len(todo), "compare", "optimizer steps") as bar:
         pending = {pool.submit(_execute, cfg, r, folders[r]): r for r in todo}
         while pending:
             finished, _ = wait(pending, timeout=5, return_when=FIRST_COMPLETED)

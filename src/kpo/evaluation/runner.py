@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from kpo._progress import library_bars, progress_bar
 from kpo.data.math import has_chat_template
 from kpo.evaluation.backends import make_backend
 from kpo.evaluation.cache import GenerationCache, prompt_hash, sample_seed
@@ -55,6 +56,7 @@ def evaluate(
     ks = [int(k) for k in cfg.ks]
 
     benchmarks = _load_benchmarks(data, cfg.limit, cfg.synthetic_kw, cfg.problem_key, cfg.answer_key)
+    library_bars(cfg.show_progress)  # the model loader's bar: on a terminal only
     store = GenerationCache(cache) if cache is not None else None
     engine = make_backend(cfg.backend, model, cfg.device, cfg.dtype)
     use_chat = _use_chat_template(engine.tokenizer, cfg.chat_template)
@@ -228,9 +230,7 @@ def _default_budget(name: str, synthetic_kw: dict | None) -> int:
 
 
 def _generate(engine, todo, records, store, params, batch_size, name, show_progress) -> None:
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=len(todo), desc=f"generate {name}", unit="sample", disable=not show_progress or not todo)
+    bar = progress_bar(len(todo), f"generate {name}", "samples", enabled=show_progress and bool(todo))
     tokens, start = 0, time.perf_counter()
     for b in range(0, len(todo), batch_size):
         batch = todo[b : b + batch_size]
@@ -248,17 +248,17 @@ def _generate(engine, todo, records, store, params, batch_size, name, show_progr
             tokens += n_tokens
         if store is not None:
             store.append(done)
-        bar.update(len(batch))
         bar.set_postfix(tok_per_s=f"{tokens / (time.perf_counter() - start):.0f}")
+        bar.update(len(batch))
     bar.close()
 
 
 def _score(rows, records, grader, n, ks, name, show_progress) -> dict[str, Any]:
-    from tqdm.auto import tqdm
-
     correct = []
-    for i, row in enumerate(tqdm(rows, desc=f"grade {name}", unit="problem", disable=not show_progress)):
-        correct.append([float(grader(records[i, j]["completion"], row["answer"])) for j in range(n)])
+    with progress_bar(len(rows), f"grade {name}", "problems", enabled=show_progress) as bar:
+        for i, row in enumerate(rows):
+            correct.append([float(grader(records[i, j]["completion"], row["answer"])) for j in range(n)])
+            bar.update()
     lengths = [records[i, j]["n_tokens"] for i in range(len(rows)) for j in range(n)]
     truncated = [not records[i, j]["stopped"] for i in range(len(rows)) for j in range(n)]
     return {

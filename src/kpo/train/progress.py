@@ -13,6 +13,8 @@ import time
 import warnings
 from typing import TextIO
 
+from kpo._progress import clock, library_bars
+
 __all__ = ["TRL_DEPRECATIONS", "checkpointing_arg", "library_bars", "use_quiet_progress"]
 
 # FutureWarnings of newer transformers (5.24 has them, 5.10 not) that TRL 1.16 raises from its own code
@@ -38,19 +40,6 @@ def checkpointing_arg(enabled: bool) -> dict[str, bool]:
         if "activation_checkpointing" in names
         else "gradient_checkpointing": enabled
     }
-
-
-def library_bars(enabled: bool, stream: TextIO | None = None) -> None:
-    """Turn off, process-wide, the progress bars of transformers, huggingface_hub and datasets unless
-    ``enabled`` and ``stream`` (default stderr) is a terminal; otherwise leave them as they are (so an
-    ``HF_*_DISABLE_PROGRESS_BARS`` setting is respected)."""
-    if enabled and (stream or sys.stderr).isatty():
-        return
-    import datasets
-    from transformers.utils import logging
-
-    logging.disable_progress_bar()  # also huggingface_hub's
-    datasets.disable_progress_bars()
 
 
 def use_quiet_progress(trainer, enabled: bool, stream: TextIO | None = None) -> None:
@@ -100,10 +89,10 @@ def use_quiet_progress(trainer, enabled: bool, stream: TextIO | None = None) -> 
             step, total = state.global_step, state.max_steps
             elapsed = time.monotonic() - self.start
             done = step - self.first_step
-            left = f", ~{_clock(elapsed / done * (total - step))} left" if 0 < done and step < total else ""
+            left = f", ~{clock(elapsed / done * (total - step))} left" if 0 < done and step < total else ""
             values = "".join(f"  {k} {v}" for k, v in self.values.items())
             print(
-                f"{name} step {step}/{total} ({100 * step // max(total, 1)}%){values}  {_clock(elapsed)} elapsed"
+                f"{name} step {step}/{total} ({100 * step // max(total, 1)}%){values}  {clock(elapsed)} elapsed"
                 f"{left}",
                 file=stream,
                 flush=True,
@@ -122,10 +111,3 @@ def use_quiet_progress(trainer, enabled: bool, stream: TextIO | None = None) -> 
             category=FutureWarning,
             module=r"transformers\.modeling_utils",
         )
-
-
-def _clock(seconds: float) -> str:
-    """h:mm:ss, or m:ss under an hour."""
-    m, s = divmod(int(seconds), 60)
-    h, m = divmod(m, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
