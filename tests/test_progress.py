@@ -9,8 +9,8 @@ from kpo._progress import LineBar, progress_bar
 
 def test_a_log_gets_a_line_per_tenth_and_the_last():
     log = io.StringIO()  # not a terminal
-    bar = progress_bar(25, "generate synthetic", "samples", stream=log)
-    assert isinstance(bar, LineBar)
+    assert isinstance(progress_bar(25, "generate synthetic", "samples", stream=io.StringIO()), LineBar)
+    bar = LineBar(25, "generate synthetic", "samples", log, min_seconds=0.0)
     for _ in range(
         5
     ):  # 5 batches of 5: the count passes 3, 6, 9, ... (tenths of 25, rounded up) once a batch
@@ -28,12 +28,17 @@ def test_a_log_gets_a_line_per_tenth_and_the_last():
     )
 
 
-def test_a_long_bar_prints_about_ten_lines():
+def test_a_long_bar_prints_about_ten_lines_and_a_fast_one_two():
     log = io.StringIO()
-    with progress_bar(1000, "grade", "problems", stream=log) as bar:
+    with LineBar(1000, "grade", "problems", log, min_seconds=0.0) as bar:
         for _ in range(1000):
             bar.update()
     assert len(log.getvalue().splitlines()) == 11  # 0, 100, ..., 1000
+    fast = io.StringIO()
+    with progress_bar(1000, "grade", "problems", stream=fast) as bar:  # done within a second
+        for _ in range(1000):
+            bar.update()
+    assert [line.split(" ")[1] for line in fast.getvalue().splitlines()] == ["0/1000", "1000/1000"]
 
 
 def test_progress_off_prints_nothing_but_messages(capsys):

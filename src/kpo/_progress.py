@@ -14,7 +14,8 @@ from typing import TextIO
 
 __all__ = ["LineBar", "clock", "library_bars", "progress_bar"]
 
-LINES_PER_BAR = 10  # outside a terminal: a line every tenth of a bar's total
+LINES_PER_BAR = 10  # outside a terminal: a line every tenth of a bar's total,
+MIN_SECONDS = 1.0  # but not more often than this (a fast loop gets its first and last line only)
 
 
 def clock(seconds: float) -> str:
@@ -51,14 +52,17 @@ def progress_bar(total: int, desc: str, unit: str, *, enabled: bool = True, stre
 class LineBar:
     """The part of tqdm's interface kpo uses (``n``, ``update``, ``refresh``, ``set_postfix``, ``write``,
     ``close``, ``with``) as lines ``desc: n/total unit (p%), m:ss elapsed[, postfix]``: at the start, each time
-    ``n`` passes another tenth of ``total``, and at the end. ``stream`` None: silent (``write`` still prints)."""
+    ``n`` passes another tenth of ``total`` at least ``min_seconds`` after the last line, and at the end.
+    ``stream`` None: silent (``write`` still prints)."""
 
-    def __init__(self, total: int, desc: str, unit: str, stream: TextIO | None):
+    def __init__(
+        self, total: int, desc: str, unit: str, stream: TextIO | None, min_seconds: float = MIN_SECONDS
+    ):
         self.total, self.desc, self.unit, self.stream = total, desc, unit, stream
         self.n, self.postfix = 0, ""
-        self._every = max(1, math.ceil(total / LINES_PER_BAR))
+        self._every, self._min_seconds = max(1, math.ceil(total / LINES_PER_BAR)), min_seconds
         self._next, self._printed = 0, None
-        self._start = time.monotonic()
+        self._start = self._last = time.monotonic()
         self.refresh()
 
     def update(self, n: int = 1) -> None:
@@ -69,15 +73,20 @@ class LineBar:
         self.postfix = ", ".join(f"{k}={v}" for k, v in values.items())
 
     def refresh(self) -> None:
-        """Print a line if ``n`` reached the next tenth, or the end, since the last line."""
-        due = self.n >= self._next or (self.n >= self.total and self._printed != self.n)
+        """Print a line if ``n`` reached the next tenth (and ``min_seconds`` passed), or the end."""
+        now = time.monotonic()
+        end = self.n >= self.total
+        due = end or self._printed is None or (self.n >= self._next and now - self._last >= self._min_seconds)
         if self.stream is None or self.total <= 0 or not due or self._printed == self.n:
             return
         percent = 100 * self.n // self.total
         extra = f", {self.postfix}" if self.postfix else ""
-        line = f"{self.desc}: {self.n}/{self.total} {self.unit} ({percent}%), {clock(time.monotonic() - self._start)} elapsed{extra}"
-        print(line, file=self.stream, flush=True)
-        self._printed, self._next = self.n, (self.n // self._every + 1) * self._every
+        print(
+            f"{self.desc}: {self.n}/{self.total} {self.unit} ({percent}%), {clock(now - self._start)} elapsed{extra}",
+            file=self.stream,
+            flush=True,
+        )
+        self._printed, self._last, self._next = self.n, now, (self.n // self._every + 1) * self._every
 
     def write(self, text: str) -> None:
         """A message between progress lines (as ``tqdm.write``: to stdout)."""
