@@ -14,6 +14,32 @@ def tiny_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("kpo-cache")
 
 
+# The fields a tiny config sets (tiny_config_factory), as `kpo train` flags reproduce it.
+TINY_FIELDS = (
+    "output_dir",
+    "cache_dir",
+    "task",
+    "n_terms",
+    "max_value",
+    "tiny_hidden_size",
+    "tiny_layers",
+    "tiny_heads",
+    "sft_examples",
+    "sft_epochs",
+    "prompts_per_step",
+    "num_generations",
+    "minibatches",
+    "max_steps",
+    "learning_rate",
+    "report_to",
+)
+
+
+def cli_flags(config, fields=TINY_FIELDS) -> list[str]:
+    """``--field value`` for each of ``fields`` of ``config``: the command line that gives that config."""
+    return [arg for key in fields for arg in (f"--{key.replace('_', '-')}", str(getattr(config, key)))]
+
+
 def tiny_config_factory(cache, directory):
     """Factory of a seconds-long TrainConfig: a 1-layer, 32-wide model on sums of two numbers up to 4
     (warm-started to a reward of about 0.6, so advantages are not all zero), 8 prompts x 4 responses per

@@ -23,6 +23,8 @@ import kpo
 from kpo.train import run as run_module
 from kpo.train.trainer import KPOTrainer
 
+from .conftest import cli_flags
+
 pytestmark = pytest.mark.slow
 
 STEPS = 8  # the reference run; the command-line runs go this far too
@@ -169,27 +171,7 @@ def test_signal_in_the_first_batch_keeps_nothing(tiny_config, monkeypatch):
 
 def _command(config) -> list[str]:
     """`kpo train` with every field of ``config`` as a flag (progress on: the bars' threads must stay quiet)."""
-    argv = [sys.executable, "-m", "kpo.cli", "train", "--progress", "true"]
-    for key in (
-        "output_dir",
-        "cache_dir",
-        "task",
-        "n_terms",
-        "max_value",
-        "tiny_hidden_size",
-        "tiny_layers",
-        "tiny_heads",
-        "sft_examples",
-        "sft_epochs",
-        "prompts_per_step",
-        "num_generations",
-        "minibatches",
-        "max_steps",
-        "learning_rate",
-        "report_to",
-    ):
-        argv += [f"--{key.replace('_', '-')}", str(getattr(config, key))]
-    return argv
+    return [sys.executable, "-m", "kpo.cli", "train", "--progress", "true", *cli_flags(config)]
 
 
 def _env() -> dict:

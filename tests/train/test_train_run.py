@@ -11,6 +11,8 @@ import torch
 
 from kpo.losses import get_loss_spec, list_losses
 
+from .conftest import TINY_FIELDS, cli_flags
+
 pytestmark = pytest.mark.slow
 
 REQUIRED = (
@@ -159,27 +161,7 @@ def test_cli_main(tiny_config, capsys):
     from kpo.train.cli import main
 
     config = tiny_config("cli", max_steps=2, loss="kpo_unclipped")
-    argv = ["--loss-kwargs", "q=1e-3"]
-    for key in (
-        "output_dir",
-        "cache_dir",
-        "n_terms",
-        "max_value",
-        "tiny_hidden_size",
-        "tiny_layers",
-        "tiny_heads",
-        "sft_examples",
-        "sft_epochs",
-        "prompts_per_step",
-        "num_generations",
-        "minibatches",
-        "max_steps",
-        "learning_rate",
-        "progress",
-        "report_to",
-        "loss",
-    ):
-        argv += [f"--{key.replace('_', '-')}", str(getattr(config, key))]
+    argv = ["--loss-kwargs", "q=1e-3", *cli_flags(config, (*TINY_FIELDS, "progress", "loss"))]
     assert main(argv) == 0
     assert "training_dynamics.png" in capsys.readouterr().out
     # 32 sequences do not split into 3 mini-batches; the run dir exists too: both reported, exit code 2
