@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 
+from kpo.train.metrics import load_metrics
 from kpo.train.plots import (
     _figure,
     auto_window,
-    load_metrics,
     plot_training_dynamics,
     seed_band,
     training_figure,

@@ -27,7 +27,8 @@ import numpy as np
 from kpo.diagnostics import STAT_KEYS
 from kpo.evaluation.metrics import bootstrap_avg_ci, bootstrap_diff_ci
 from kpo.losses.kpo import KALMAN_LOSSES
-from kpo.train.plots import load_metrics, plot_training_dynamics
+from kpo.train.metrics import load_metrics
+from kpo.train.plots import plot_training_dynamics
 
 __all__ = ["CLAIM_RULES", "write_report", "reward_summary"]
 

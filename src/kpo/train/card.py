@@ -7,12 +7,11 @@ checkpoint), and ``run_training`` once more at the end, so it always describes t
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 
 from kpo.train.config import TrainConfig
-from kpo.train.summary import window_mean
+from kpo.train.metrics import load_metrics, window_mean
 
 __all__ = ["CARD_METRICS", "run_card", "write_run_card"]
 
@@ -35,7 +34,7 @@ def write_run_card(config: TrainConfig, out: Path) -> Path:
 
 def run_card(config: TrainConfig, out: Path) -> str:
     """The card's Markdown for the run ``config`` in ``out`` (its metrics read from ``out/metrics.jsonl``)."""
-    rows = _rows(out / "metrics.jsonl")
+    rows = load_metrics(out) if (out / "metrics.jsonl").exists() else []
     source = config.dataset if config.dataset is not None else f"the embedded {config.task} task"
     lines = [
         f"# {out.name}: {config.loss} on {source}",
@@ -65,12 +64,6 @@ def run_card(config: TrainConfig, out: Path) -> str:
         "",
     ]
     return "\n".join(lines)
-
-
-def _rows(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _model(config: TrainConfig) -> str:

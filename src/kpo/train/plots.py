@@ -9,7 +9,6 @@ matplotlib's object API (``Figure`` + Agg canvas) only, so no global backend sta
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,7 +16,9 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-__all__ = ["PANELS", "auto_window", "load_metrics", "plot_training_dynamics", "seed_band", "training_figure"]
+from kpo.train.metrics import load_metrics
+
+__all__ = ["PANELS", "auto_window", "plot_training_dynamics", "seed_band", "training_figure"]
 
 # (metrics.jsonl key, panel title, y-axis label with its unit, the metric's floor (None: unbounded below)) in the
 # paper's order. A floor anchors the axis there, so a small clip fraction reads as small, not as a flat line.
@@ -29,22 +30,6 @@ PANELS = (
 )
 
 MetricRows = Sequence[Mapping[str, float]]
-
-
-def load_metrics(path: str | Path) -> list[dict]:
-    """Rows of a ``metrics.jsonl`` (or of ``<run dir>/metrics.jsonl``); a bad line is an error naming it."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "metrics.jsonl"
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{number}: not a JSON object ({e})") from None
-    return rows
 
 
 def _as_runs(value) -> list[MetricRows]:

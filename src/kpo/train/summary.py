@@ -22,8 +22,9 @@ import sys
 from pathlib import Path
 
 from kpo.train.config import on_policy_step
+from kpo.train.metrics import load_metrics, window_mean
 
-__all__ = ["EVAL_FILES", "summarize_run", "main", "window_mean"]
+__all__ = ["EVAL_FILES", "summarize_run", "main"]
 
 # run-dir files of the two evaluations the summary compares
 EVAL_FILES = {"warm_start": "eval_warm_start.json", "final": "eval.json"}
@@ -70,16 +71,6 @@ def _kalman_block(rows: list[dict], minibatches: int) -> dict:
     }
 
 
-def window_mean(values: list[float | None], last: bool) -> float | None:
-    """Mean of the first or last 10% (at least one) of the non-None values; None when there are none."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return None
-    width = max(1, len(values) // 10)
-    part = values[-width:] if last else values[:width]
-    return sum(part) / len(part)
-
-
 def summarize_run(run_dir: str | Path) -> dict:
     """The summary of ``run_dir`` (see the module docstring); writes ``summary.json`` there and returns it."""
     from kpo.evaluation.metrics import bootstrap_diff_ci
@@ -97,7 +88,7 @@ def summarize_run(run_dir: str | Path) -> dict:
             f"{run}/{EVAL_FILES['final']}"
         )
     config = TrainConfig.from_yaml(run / "config.yaml")
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = load_metrics(run)
     evals = {key: _eval_block(run / name) for key, name in EVAL_FILES.items()}
     (warm, warm_counts, n_warm), (final, final_counts, n_final) = evals["warm_start"], evals["final"]
     if n_warm != n_final or len(warm_counts) != len(final_counts):
