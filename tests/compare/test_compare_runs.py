@@ -13,7 +13,9 @@ import pytest
 
 import kpo.compare.run
 from kpo.compare import Run, run_compare
+from kpo.compare.plan import train_argv
 from kpo.compare.run import _execute
+from kpo.train.config import parse_args
 
 
 @pytest.fixture
@@ -55,7 +57,7 @@ def test_evaluation_uses_the_transformers_backend(compare_config, tmp_path, monk
 MODES: dict[str, str] = {}
 
 
-def fake_execute(cfg, run, out) -> dict:
+def fake_execute(cfg, run, out, resume=False) -> dict:
     """A worker that trains nothing: it logs its start as `_execute` does, then finishes the run (the files of
     a done run) or fails as MODES says."""
     from .conftest import write_fake_run
@@ -63,8 +65,11 @@ def fake_execute(cfg, run, out) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "log.txt", "a") as log:
         log.write("started\n")
-    if (out / "metrics.jsonl").exists():  # the progress bar would count its stale steps
-        raise AssertionError(f"{run.name} starts with a stale metrics.jsonl")
+    if (
+        out / "metrics.jsonl"
+    ).exists() != resume:  # stale steps for a fresh run; a resumed one keeps its rows
+        raise AssertionError(f"{run.name}: metrics.jsonl {'missing' if resume else 'stale'} at the start")
+    (out / "resumed").write_text(str(resume))
     mode = MODES.get(run.name)
     if mode == "exit":
         sys.exit(3)
@@ -150,3 +155,28 @@ def test_an_interrupt_of_kpo_compare_stops_its_workers(compare_config, fake_work
     with pytest.raises(KeyboardInterrupt):
         run_compare(cfg)
     assert (folder / "interrupted").read_text() == "stopped by a signal"
+
+
+def test_a_run_an_interrupt_stopped_resumes_from_its_checkpoint(compare_config, fake_workers):
+    fake_workers({})
+    cfg = compare_config(methods=("vanilla", "gspo"), sweep_memory=())
+    runs = Path(cfg.out) / "runs"
+    for name, extra in (("vanilla", ()), ("gspo", ("--learning-rate", "0.5"))):
+        folder = runs / f"{name}-seed0"
+        folder.mkdir(parents=True)
+        parse_args(train_argv(cfg, Run(name, 0), folder) + list(extra)).save_yaml(folder / "config.yaml")
+        (folder / "checkpoint-2").mkdir()  # what an interrupt at step 2 leaves
+        (folder / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    run_compare(cfg)
+    # vanilla's checkpoint has this compare's settings: resumed; gspo's was made at another learning rate: redone
+    assert (runs / "vanilla-seed0" / "resumed").read_text() == "True"
+    assert (runs / "gspo-seed0" / "resumed").read_text() == "False"
+
+
+def test_a_resumed_run_trains_with_resume_not_overwrite(compare_config, tmp_path, monkeypatch, in_process):
+    seen = []
+    monkeypatch.setattr("kpo.train.run.run_training", lambda config: seen.append(config))
+    monkeypatch.setattr(kpo.compare.run, "_evaluate", lambda *args: {"macro": {}})
+    for resume in (True, False):
+        _execute(compare_config(), Run("vanilla", 0), tmp_path / "run", resume)
+    assert [(c.resume, c.overwrite) for c in seen] == [(True, False), (False, True)]

@@ -45,16 +45,20 @@ def _log_to(out: Path) -> None:
     torch.set_num_threads(1)
 
 
-def _execute(cfg: CompareConfig, run: Run, out: Path) -> dict:
-    """Worker: train one run, then evaluate its final model. Output goes to ``out/log.txt``, and so does the
-    traceback of an error (SystemExit included) before it reaches kpo compare, which prints one line of it."""
+def _execute(cfg: CompareConfig, run: Run, out: Path, resume: bool = False) -> dict:
+    """Worker: train one run (``resume``: from the checkpoint an interrupt left, else afresh), then evaluate its
+    final model. Output goes to ``out/log.txt``, and so does the traceback of an error (SystemExit included)
+    before it reaches kpo compare, which prints one line of it."""
     from kpo.train.config import parse_args
     from kpo.train.run import run_training
 
     _log_to(out)
     start = time.time()
     try:
-        config = parse_args(train_argv(cfg, run, out))
+        argv = train_argv(cfg, run, out)
+        if resume:  # the argv's --overwrite would delete the checkpoint
+            argv = ["--resume" if arg == "--overwrite" else arg for arg in argv]
+        config = parse_args(argv)
         run_training(config)
         # transformers, not "auto": on a GPU machine with vLLM installed, "auto" would start one vLLM engine per
         # parallel worker, each claiming most of the GPU's memory, for a tiny model.
@@ -94,19 +98,32 @@ def _done(out: Path) -> bool:
     return all((out / name).exists() for name in ("config.yaml", "metrics.jsonl", "eval.json"))
 
 
-def _changed_settings(cfg: CompareConfig, run: Run, out: Path, problems: int) -> list[str]:
-    """``"field: was -> now"`` for every setting of a done run that differs from what this compare would use."""
+def _changed_training(cfg: CompareConfig, run: Run, out: Path) -> list[str]:
+    """``"field: was -> now"`` for every training setting of the run in ``out`` (its ``config.yaml``) that
+    differs from what this compare would use."""
     from kpo.train.config import TRAJECTORY_FIELDS, TrainConfig, parse_args
 
     saved, now = TrainConfig.from_yaml(out / "config.yaml"), parse_args(train_argv(cfg, run, out))
     # output_dir says where the run is (spelled as --out was), not how it ran; max_steps ends its trajectory.
     # dump_ratios_every changes no trajectory, but the report analyzes the dumps at the period it records.
     fields = [k for k in TRAJECTORY_FIELDS if k != "output_dir"] + ["max_steps", "dump_ratios_every"]
-    changed = [
+    return [
         f"{k}: {getattr(saved, k)!r} -> {getattr(now, k)!r}"
         for k in fields
         if getattr(saved, k) != getattr(now, k)
     ]
+
+
+def _resumable(cfg: CompareConfig, run: Run, out: Path) -> bool:
+    """Whether the unfinished run in ``out`` left a checkpoint (an interrupt writes one) made with this compare's
+    settings, which ``kpo train --resume`` continues; otherwise the run starts over."""
+    has_checkpoint = any(p.is_dir() for p in out.glob("checkpoint-*"))
+    return has_checkpoint and (out / "config.yaml").exists() and not _changed_training(cfg, run, out)
+
+
+def _changed_settings(cfg: CompareConfig, run: Run, out: Path, problems: int) -> list[str]:
+    """``"field: was -> now"`` for every setting of a done run that differs from what this compare would use."""
+    changed = _changed_training(cfg, run, out)
     results = json.loads((out / "eval.json").read_text())
     evaluated = sum(b["problems"] for b in results["benchmarks"].values())
     if results["params"]["n"] != cfg.eval_n:
@@ -154,11 +171,12 @@ def _warm_start(cfg: CompareConfig, seed: int) -> None:
         _evaluate(cfg, config, path, folder / "eval.json")
 
 
-def _clear_unfinished(folder: Path) -> None:
-    """Remove what an unfinished run left that would outlive its retraining: its partial metrics.jsonl (the
-    progress bar would count its steps until the worker's --overwrite removed it) and an eval.json of an
-    older model (with the new run's metrics it would make a run that fails after training look done)."""
-    for name in ("metrics.jsonl", "eval.json"):
+def _clear_unfinished(folder: Path, resume: bool) -> None:
+    """Remove what an unfinished run left that would outlive its training: an eval.json of an older model (with
+    the new run's metrics it would make a run that fails after training look done) and, unless it resumes, its
+    partial metrics.jsonl (the progress bar would count its steps until the worker's --overwrite removed it; a
+    resumed run keeps the rows up to its checkpoint)."""
+    for name in ("eval.json",) if resume else ("metrics.jsonl", "eval.json"):
         (folder / name).unlink(missing_ok=True)
 
 
@@ -204,7 +222,7 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
 
 
 def _await_runs(
-    pool: ProcessPoolExecutor, cfg: CompareConfig, todo: list[Run], folders: dict
+    pool: ProcessPoolExecutor, cfg: CompareConfig, todo: list[Run], folders: dict, resume: set[Run]
 ) -> tuple[list, list]:
     """Each seed's warm start, then every run of ``todo`` on ``pool`` with a progress bar of optimizer steps;
     returns (failure lines, runs whose worker process died)."""
@@ -216,7 +234,7 @@ def _await_runs(
         fut.result()
     failures, broken = [], []
     with progress_bar(cfg.steps * len(todo), "compare", "optimizer steps") as bar:
-        pending = {pool.submit(_execute, cfg, r, folders[r]): r for r in todo}
+        pending = {pool.submit(_execute, cfg, r, folders[r], r in resume): r for r in todo}
         while pending:
             finished, _ = wait(pending, timeout=5, return_when=FIRST_COMPLETED)
             bar.n = sum(min(_steps_logged(f), cfg.steps) for f in folders.values())
@@ -241,8 +259,13 @@ def _train_runs(cfg: CompareConfig, todo: list[Run], out: Path) -> None:
     """Train and evaluate the runs ``todo`` in parallel worker processes; RuntimeError listing every failed run
     (after the others ended) when any failed. An interrupt is passed on to the workers (:func:`_stop_workers`)."""
     folders = {r: out / "runs" / r.name for r in todo}
-    for folder in folders.values():
-        _clear_unfinished(folder)
+    resume = {r for r in todo if _resumable(cfg, r, folders[r])}
+    if resume:
+        print(
+            f"resuming from their checkpoints: {', '.join(r.name for r in todo if r in resume)}", flush=True
+        )
+    for run, folder in folders.items():
+        _clear_unfinished(folder, run in resume)
     # a run's worker adds a line to its log at start: which of the runs a dead worker stopped had begun
     log_sizes = {r: _log_size(f) for r, f in folders.items()}
     jobs = cfg.jobs if cfg.jobs is not None else os.cpu_count() or 1
@@ -253,7 +276,7 @@ def _train_runs(cfg: CompareConfig, todo: list[Run], out: Path) -> None:
     )
     with pool:
         try:
-            failures, broken = _await_runs(pool, cfg, todo, folders)
+            failures, broken = _await_runs(pool, cfg, todo, folders, resume)
         except KeyboardInterrupt:
             _stop_workers(pool)
             raise
