@@ -83,6 +83,7 @@ def evaluate(
         records: dict[tuple[int, int], dict] = {}
         todo = []
         for i, (row, prompt) in enumerate(zip(rows, prompts)):
+            sha = prompt_hash(prompt)
             for j in range(cfg.n):
                 rec = {
                     "model": model_id,
@@ -90,7 +91,7 @@ def evaluate(
                     "id": row["id"],
                     "sample": j,
                     "params": params_key,
-                    "prompt_sha": prompt_hash(prompt),
+                    "prompt_sha": sha,
                 }
                 hit = store.get(GenerationCache.key(rec)) if store is not None else None
                 if hit is not None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from kpo.train.config import TrainConfig
 from kpo.train.metrics import load_metrics, window_mean
+from kpo.train.summary import EVAL_FILES
 
 __all__ = ["CARD_METRICS", "run_card", "write_run_card"]
 
@@ -179,8 +180,8 @@ def _commands(config: TrainConfig, out: Path) -> list[str]:
     start = f"{run}/warm_start" if config.model is None else shlex.quote(config.model)
     lines = [
         "```bash",
-        f"kpo eval --model {run}/final {data} --output {run}/eval.json",
-        f"kpo eval --model {start} {data} --output {run}/eval_warm_start.json   # the model it started from",
+        f"kpo eval --model {run}/final {data} --output {run}/{EVAL_FILES['final']}",
+        f"kpo eval --model {start} {data} --output {run}/{EVAL_FILES['warm_start']}   # the model it started from",
         f"kpo summary {run}   # final vs start with 95% intervals",
     ]
     if config.dump_ratios_every:

@@ -368,7 +368,6 @@ class KPOTrainer(GRPOTrainer):
         mask_u8 = torch.cat([pad(p["mask"]) for p in parts])
         # the first optimizer step of a generation batch updates the policy that sampled it: on-policy, whatever
         # rounding makes of its log-ratios (kpo analyze --off-policy-only reads this)
-        steps_per_batch = self.args.steps_per_generation // self.current_gradient_accumulation_steps
         write_dump(
             self.ratios_dir / f"step_{step:06d}.safetensors",
             log_ratio,
@@ -376,7 +375,7 @@ class KPOTrainer(GRPOTrainer):
             step=step,
             settings=filter_settings(self.loss_name, self.loss_kwargs),
             loss=self.loss_name,
-            on_policy=on_policy_step(step, steps_per_batch),
+            on_policy=on_policy_step(step, self.steps_per_batch),
         )
 
     # ------------------------------------------------------------------ logging
