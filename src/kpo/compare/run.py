@@ -117,7 +117,9 @@ def _changed_training(cfg: CompareConfig, run: Run, out: Path) -> list[str]:
 def _resumable(cfg: CompareConfig, run: Run, out: Path) -> bool:
     """Whether the unfinished run in ``out`` left a checkpoint (an interrupt writes one) made with this compare's
     settings, which ``kpo train --resume`` continues; otherwise the run starts over."""
-    has_checkpoint = any(p.is_dir() for p in out.glob("checkpoint-*"))
+    from kpo.train.run import last_checkpoint  # the checkpoint kpo train --resume would take
+
+    has_checkpoint = last_checkpoint(out) is not None
     return has_checkpoint and (out / "config.yaml").exists() and not _changed_training(cfg, run, out)
 
 

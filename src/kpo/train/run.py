@@ -16,7 +16,7 @@ from kpo.train.config import TRAJECTORY_FIELDS, ConfigError, TrainConfig
 from kpo.train.interrupt import AbandonBatch, InterruptGuard, StopNow, TrainingInterrupted
 from kpo.train.summary import EVAL_FILES
 
-__all__ = ["model_path", "notices", "run_training", "synthetic_reward", "math_reward_fn"]
+__all__ = ["last_checkpoint", "model_path", "notices", "run_training", "synthetic_reward", "math_reward_fn"]
 
 # Files and folders a run writes into output_dir (the only things --overwrite removes).
 _RUN_OUTPUTS = (
@@ -60,7 +60,7 @@ def _world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def _last_checkpoint(out: Path) -> Path | None:
+def last_checkpoint(out: Path) -> Path | None:
     from transformers.trainer_utils import get_last_checkpoint
 
     found = get_last_checkpoint(str(out)) if out.is_dir() else None
@@ -113,7 +113,7 @@ def _resume_checkpoint(config: TrainConfig, out: Path) -> Path:
                 for c in changed
             ]
         )
-    ckpt = _last_checkpoint(out)
+    ckpt = last_checkpoint(out)
     if ckpt is None:
         raise ConfigError([f"resume: no checkpoint-* in {out}; set save_steps to checkpoint a run"])
     step = _step(ckpt)
@@ -344,7 +344,7 @@ def _train(trainer, config: TrainConfig, ckpt: Path | None) -> None:
                 f"{config.max_steps}, checkpoint saved in {kept}; resume with: {again} --resume"
             )
     except StopNow:
-        kept = _last_checkpoint(out)
+        kept = last_checkpoint(out)
         where = (
             f"resume from {kept.name} with: {again} --resume"
             if kept is not None
