@@ -197,7 +197,9 @@ def _numba_mask(mask, mode):
 def _numba_forward(z, mask, mode, q, v, p0, x0):
     """-> (out [B, T] in z's dtype, final states float64 [B], per-row facts int64 [B, 3] for the backward)."""
     B, T = z.shape
-    gain, keep = gain_tables(T, q, v, p0)
+    gain, keep = gain_tables(
+        T + 1, q, v, p0
+    )  # + 1: the compiled backward reads the keep after the last token
     out = torch.empty_like(z)
     x_end = torch.empty(B, dtype=torch.float64)
     aux = torch.empty(B, 3, dtype=torch.int64)
@@ -209,7 +211,7 @@ def _numba_forward(z, mask, mode, q, v, p0, x0):
 
 def _numba_backward(grad, mask, aux, mode, q, v, p0):
     B, T = grad.shape
-    gain, keep = gain_tables(T, q, v, p0)
+    gain, keep = gain_tables(T + 1, q, v, p0)
     dz = torch.empty_like(grad)
     m, code = _numba_mask(mask, mode)
     _numba_rows(compiled.BACKWARD[code], B, T, grad.numpy(), m, gain, keep, q, v, p0, aux.numpy(), dz.numpy())

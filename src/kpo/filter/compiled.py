@@ -1,13 +1,12 @@
 """Compiled CPU loops of the filter (numba, the optional extra ``fast``).
 
-The recurrence x_t = keep_t * x_{t-1} + gain_t * z_t is a chain of dependent multiply-adds, so one row
-is bound by latency, not by memory. Four rows (a group, one per lane) therefore advance together, four
-independent chains in flight, in step over tiles of TILE tokens, so that they share each table load:
+The recurrence x_t = keep_t * x_{t-1} + gain_t * z_t is a chain of dependent multiply-adds. Four rows (a group,
+one per lane) advance together in step over tiles of TILE tokens:
 
 - a tile whose tokens are all valid in all four rows (checked once per tile: the only read of those mask
-  bytes) runs with no per-token mask work, on the gain table (skip mode: offset by the count of valid
-  tokens, which rows share until they differ in holes), in three passes over the tile: gain * z into a
-  float64 buffer (vectorized), the four chains of fused multiply-adds, the results out;
+  bytes) runs with no per-token mask work, on the gain table (skip mode: offset by each row's count of
+  valid tokens), as 8-token vector blocks along time (the vector blocks section below; ~1.5x the four
+  scalar chains it replaced), and consecutive such tiles run back to back with the states in registers;
 - any other tile runs the per-token step (mask read, masked z replaced by a select: it may be NaN).
 
 A row's trailing padding is found by scanning its mask backwards, a tile at a time, and is zero-filled
@@ -32,7 +31,11 @@ Modes: NOMASK (every token valid), SKIP, ADVANCE, ZERO.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.core.errors import TypingError
+from numba.extending import intrinsic
 
 NOMASK, SKIP, ADVANCE, ZERO = 0, 1, 2, 3
 ROWS = 4  # lanes: rows in flight
@@ -43,6 +46,239 @@ FMA = {"contract"}
 TILE = 64
 # per-row facts the forward records for the backward: aux[r] = (end, valid count, first hole)
 END, COUNT, HOLE = 0, 1, 2
+
+
+# ---- Vector blocks: the all-valid tiles, in LLVM IR through numba's ``intrinsic`` ----
+#
+# A scalar chain costs a multiply-add, a conversion and a store per token and lane, and LLVM does not
+# vectorize across a group's lanes. Here each row advances LANES tokens per vector, along time (b = gain * z,
+# n = a token's table index):
+#
+#     w1_n = b_n + keep[n] b_{n-1}
+#     w2_n = w1_n + keep2[n] w1_{n-2}
+#     w4_n = w2_n + keep4[n] w2_{n-4}      = sum over the 8 tokens up to n of (product of the keeps after each) b
+#     y_n  = w4_n + keep8[n] y_{n-8}
+#
+# with keepK[n] = keep[n-K+1] ... keep[n], made by three more shifts per block and shared by the rows at one
+# table offset (tables of them would double the memory read per token). The shifts take their first lanes
+# from the block before (one shuffle each) and the last line chains each lane to the same lane of the block
+# before, so nothing is extracted or broadcast inside a tile. A tile's first block has no block before: its
+# shifts take zeros and y_n = w4_n + (keep[o] ... keep[n]) x, with x the state entering the tile (the one
+# broadcast); its last lane is the state leaving it (the one extraction). The backward is the same in
+# reverse, with the keep of the token after each token.
+#
+# Exactness: the float64 sums run in another order than the chain's (a few ulps of the state's scale); float32
+# results are the float64 values rounded once, as before. The four rows are written block by block in turn,
+# so the out-of-order core overlaps their chains. Any CPU: LLVM splits the 8-wide vectors where the hardware's
+# are narrower. These live in this module, not their own, because numba's cache of the loops is keyed on this
+# file alone: a change to an intrinsic elsewhere would leave stale compiled loops.
+
+LANES = 8  # tokens per vector: float64 x 8 fills an AVX-512 register
+_F64 = ir.DoubleType()
+_VEC = ir.VectorType(_F64, LANES)
+_I32 = ir.IntType(32)
+
+
+class _Emit:
+    """IR helpers over one builder: vector loads and stores at element pointers, shifts, fused multiply-adds."""
+
+    def __init__(self, context, builder, elt):
+        self.context, self.builder, self.elt = context, builder, elt
+
+    def pointer(self, arrty, arr, index):
+        """Element pointer of a C-contiguous array at a flat index."""
+        data = self.context.make_array(arrty)(self.context, self.builder, arr).data
+        return self.builder.gep(data, [index])
+
+    def load(self, ptr, elt=None):
+        """LANES elements from ``ptr`` as a float64 vector."""
+        elt = elt or self.elt
+        vec = self.builder.load(self.builder.bitcast(ptr, ir.VectorType(elt, LANES).as_pointer()), align=4)
+        return vec if elt == _F64 else self.builder.fpext(vec, _VEC)
+
+    def store(self, ptr, vec):
+        """A float64 vector into LANES elements at ``ptr``, rounded once to the element type."""
+        if self.elt != _F64:
+            vec = self.builder.fptrunc(vec, ir.VectorType(self.elt, LANES))
+        self.builder.store(vec, self.builder.bitcast(ptr, vec.type.as_pointer()), align=4)
+
+    def offset(self, ptr, k):
+        return self.builder.gep(ptr, [ir.Constant(ir.IntType(64), k)])
+
+    def window(self, lo, hi, start):
+        """Lanes start..start+LANES-1 of the 2 * LANES lanes (lo, hi)."""
+        mask = ir.Constant(ir.VectorType(_I32, LANES), list(range(start, start + LANES)))
+        return self.builder.shuffle_vector(lo, hi, mask)
+
+    def fma(self, a, b, c):
+        """a * b + c, rounded once."""
+        module = self.builder.module
+        name = f"llvm.fma.v{LANES}f64"
+        fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(_VEC, [_VEC] * 3), name)
+        return self.builder.call(fn, [a, b, c])
+
+    def splat(self, x):
+        one = self.builder.insert_element(ir.Constant(_VEC, ir.Undefined), x, ir.Constant(_I32, 0))
+        return self.builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
+
+    def lane(self, vec, j):
+        return self.builder.extract_element(vec, ir.Constant(_I32, j))
+
+    def running_product(self, a, forward):
+        """Lane j <- a_0 ... a_j (forward) or a_j ... a_{LANES-1} (not): three shifts that bring in ones."""
+        ones = ir.Constant(_VEC, [1.0] * LANES)
+        d = 1
+        while d < LANES:
+            shifted = self.window(ones, a, LANES - d) if forward else self.window(a, ones, d)
+            a = self.builder.fmul(a, shifted)
+            d *= 2
+        return a
+
+
+def _check_types(z, out, gain, keep, tile, shared):
+    for name, arr in (("z", z), ("out", out), ("gain", gain), ("keep", keep)):
+        if not isinstance(arr, types.Array) or arr.layout != "C":
+            raise TypingError(f"{name} must be a C-contiguous array, got {arr}")
+    if z.dtype != out.dtype or z.dtype not in (types.float32, types.float64):
+        raise TypingError(f"z and out must share float32 or float64, got {z.dtype} and {out.dtype}")
+    if gain.dtype != types.float64 or keep.dtype != types.float64:
+        raise TypingError(f"gain and keep must be float64, got {gain.dtype} and {keep.dtype}")
+    if not isinstance(tile, types.IntegerLiteral) or tile.literal_value % LANES:
+        raise TypingError(f"tile must be a literal multiple of {LANES}, got {tile}")
+    if not isinstance(shared, types.BooleanLiteral):
+        raise TypingError(f"shared must be a literal bool, got {shared}")
+
+
+def _setup(context, builder, sig, args):
+    """(emitter, per-row element pointers of z and out at token t, per-row table offsets, gain and keep pointers)."""
+    z, out, t, rows, offsets, _, gain, keep = args[:8]
+    zty, outty = sig.args[0], sig.args[1]
+    emit = _Emit(context, builder, context.get_value_type(zty.dtype))
+    T = cgutils.unpack_tuple(builder, context.make_array(zty)(context, builder, z).shape)[1]
+    gain_keep = tuple(context.make_array(sig.args[i])(context, builder, args[i]).data for i in (6, 7))
+    zp, op = [], []
+    for r in cgutils.unpack_tuple(builder, rows, ROWS):
+        flat = builder.add(builder.mul(r, T), t)
+        zp.append(emit.pointer(zty, z, flat))
+        op.append(emit.pointer(outty, out, flat))
+    return emit, zp, op, cgutils.unpack_tuple(builder, offsets, ROWS), gain_keep
+
+
+def _products(emit, keep, before, forward):
+    """(keep2, keep4, keep8) of a block from its keeps and the block before's (keep, keep2, keep4) (forward),
+    or after's (backward): lane j holds the product of the 2, 4, 8 keeps up to j (forward) or from j on."""
+    out, level = [], keep
+    for span, prior in zip((1, 2, 4), before, strict=True):
+        shifted = emit.window(prior, level, LANES - span) if forward else emit.window(level, prior, span)
+        level = emit.builder.fmul(level, shifted)
+        out.append(level)
+    return out
+
+
+@intrinsic
+def forward_tile(typingctx, z, out, t, rows, offsets, states, gain, keep, tile, shared):
+    """Filter tokens t..t+tile-1 (all valid) of four rows: out[row, t + i] <- the state after token i.
+
+    z, out: [B, T] C-contiguous float32/64; rows, offsets: 4-tuples of row and table index of token t;
+    states: the four states entering; gain, keep: float64 tables [>= offset + tile]; tile: a literal
+    multiple of LANES; shared: a literal, True when the four offsets are equal (the table products are then
+    computed once for the four rows). Returns the four states leaving.
+    """
+    _check_types(z, out, gain, keep, tile, shared)
+    sig = types.UniTuple(types.float64, ROWS)(z, out, t, rows, offsets, states, gain, keep, tile, shared)
+
+    def codegen(context, builder, sig, args):
+        emit, zp, op, offs, (gain_p, keep_p) = _setup(context, builder, sig, args)
+        zero, one = ir.Constant(_VEC, [0.0] * LANES), ir.Constant(_VEC, [1.0] * LANES)
+        xs = cgutils.unpack_tuple(builder, args[5], ROWS)
+        sets = 1 if shared.literal_value else ROWS  # coefficient sets: one per distinct offset
+        prior = [(one, one, one)] * sets  # the block before's keep, keep2, keep4 (ones: none before)
+        before = [(zero, zero, zero, None)] * ROWS  # per row, the block before's b, w1, w2, y
+        for s in range(0, tile.literal_value, LANES):
+            coef = []
+            for c in range(sets):
+                n = builder.add(offs[c], ir.Constant(offs[c].type, s))
+                keep = emit.load(builder.gep(keep_p, [n]), _F64)
+                keep2, keep4, keep8 = _products(emit, keep, prior[c], True)
+                prior[c] = (keep, keep2, keep4)
+                first = emit.running_product(keep, True) if s == 0 else None
+                coef.append((emit.load(builder.gep(gain_p, [n]), _F64), keep, keep2, keep4, keep8, first))
+            for k in range(ROWS):
+                gain, keep, keep2, keep4, keep8, first = coef[k % sets]
+                b0, w10, w20, y0 = before[k]
+                b = builder.fmul(gain, emit.load(emit.offset(zp[k], s)))
+                w1 = emit.fma(keep, emit.window(b0, b, LANES - 1), b)
+                w2 = emit.fma(keep2, emit.window(w10, w1, LANES - 2), w1)
+                w4 = emit.fma(keep4, emit.window(w20, w2, LANES - 4), w2)
+                if s == 0:  # the state entering the tile, carried by keep[o] ... keep[n]
+                    y = emit.fma(first, emit.splat(xs[k]), w4)
+                else:
+                    y = emit.fma(keep8, y0, w4)
+                emit.store(emit.offset(op[k], s), y)
+                before[k] = (b, w1, w2, y)
+        last = [emit.lane(y, LANES - 1) for _, _, _, y in before]
+        return context.make_tuple(builder, sig.return_type, last)
+
+    return sig, codegen
+
+
+@intrinsic
+def backward_tile(typingctx, g, dz, t, rows, offsets, states, gain, keep, tile, shared):
+    """The reverse scan over tokens t+tile-1 down to t (all valid) of four rows.
+
+    u_n = g_n + keep[n + 1] u_{n+1}, dz[row, t + i] <- gain[n] u_n (n the table index of token t + i).
+    states: 4-tuple of (u, a) entering from above: the reverse state and the keep of the token after the tile
+    (1 at a row's end, where u is 0); gain, keep: [>= offset + tile + 1]; the rest as forward_tile.
+    Returns the four u leaving (the token below takes keep[offset] as its a).
+    """
+    _check_types(g, dz, gain, keep, tile, shared)
+    sig = types.UniTuple(types.float64, ROWS)(g, dz, t, rows, offsets, states, gain, keep, tile, shared)
+
+    def codegen(context, builder, sig, args):
+        emit, gp, dp, offs, (gain_p, keep_p) = _setup(context, builder, sig, args)
+        zero, one = ir.Constant(_VEC, [0.0] * LANES), ir.Constant(_VEC, [1.0] * LANES)
+        entering = [
+            cgutils.unpack_tuple(builder, pair, 2) for pair in cgutils.unpack_tuple(builder, args[5], ROWS)
+        ]
+        sets = 1 if shared.literal_value else ROWS
+        prior = [(one, one, one)] * sets  # the block after's keep_after, keep2, keep4
+        after = [(zero, zero, zero, None)] * ROWS  # per row, the block after's g, w1, w2, u
+        top = tile.literal_value - LANES
+        for s in range(top, -1, -LANES):
+            coef = []
+            for c in range(sets):
+                n = builder.add(offs[c], ir.Constant(offs[c].type, s))
+                # keep_after[j] = keep[n + j + 1], the keep of the token after token j
+                keep_after = emit.load(builder.gep(keep_p, [builder.add(n, ir.Constant(n.type, 1))]), _F64)
+                keep2, keep4, keep8 = _products(emit, keep_after, prior[c], False)
+                prior[c] = (keep_after, keep2, keep4)
+                first = None
+                if s == top:  # keep[n + j + 1] ... keep[o + tile - 1]: from lane j to the tile's top
+                    inner = builder.insert_element(
+                        keep_after, ir.Constant(_F64, 1.0), ir.Constant(_I32, LANES - 1)
+                    )
+                    first = emit.running_product(inner, False)
+                coef.append(
+                    (emit.load(builder.gep(gain_p, [n]), _F64), keep_after, keep2, keep4, keep8, first)
+                )
+            for k in range(ROWS):
+                gain, keep_after, keep2, keep4, keep8, first = coef[k % sets]
+                g0, w10, w20, u0 = after[k]
+                gv = emit.load(emit.offset(gp[k], s))
+                w1 = emit.fma(keep_after, emit.window(gv, g0, 1), gv)
+                w2 = emit.fma(keep2, emit.window(w1, w10, 2), w1)
+                w4 = emit.fma(keep4, emit.window(w2, w20, 4), w2)
+                if s == top:  # u entering from above, carried by the keeps to the tile's top and a
+                    u_in, a_in = entering[k]
+                    u = emit.fma(first, emit.splat(builder.fmul(a_in, u_in)), w4)
+                else:
+                    u = emit.fma(keep8, u0, w4)
+                emit.store(emit.offset(dp[k], s), builder.fmul(gain, u))
+                after[k] = (gv, w1, w2, u)
+        first_lanes = [emit.lane(u, 0) for _, _, _, u in after]
+        return context.make_tuple(builder, sig.return_type, first_lanes)
+
+    return sig, codegen
 
 
 @njit(inline="always")
@@ -61,10 +297,12 @@ def _row_end(mode, m, r, T):
 
 @njit(inline="always")
 def _any_valid(m, r, t):
-    """Whether any of tokens t..t+TILE-1 of row r is valid."""
+    """Whether any of tokens t..t+TILE-1 of row r is valid (slices, not indices: their bounds are known, so
+    no negative-index wrap is compiled and the loop vectorizes)."""
+    mr = m[r, t : t + TILE]
     acc = 0
-    for i in range(t, t + TILE):
-        acc |= m[r, i]
+    for i in range(TILE):
+        acc |= mr[i]
     return acc != 0
 
 
@@ -74,9 +312,10 @@ def _all_valid(mode, m, ra, rb, rc, rd, t):
     (four rows in one vectorized pass and one reduction: a reduction per row costs ~30% of the loop)."""
     if mode == NOMASK:
         return True
+    ma, mb, mc, md = m[ra, t : t + TILE], m[rb, t : t + TILE], m[rc, t : t + TILE], m[rd, t : t + TILE]
     acc = np.uint8(1)
-    for i in range(t, t + TILE):
-        acc &= m[ra, i] & m[rb, i] & m[rc, i] & m[rd, i]
+    for i in range(TILE):
+        acc &= ma[i] & mb[i] & mc[i] & md[i]
     return acc != 0
 
 
@@ -113,44 +352,6 @@ def _fstep(mode, z, m, r, t, x, c, p, gain, keep, q, v):
         x = (v / (prior + v)) * x + (prior / (prior + v)) * zt
         return x, c + 1, v * prior / (prior + v), x
     return x, c, prior, 0.0
-
-
-@njit(inline="always")
-def _observe(z, gain, y, k, r, t, g):
-    """y[k] <- gain[g + i] * z[r, t + i] for the TILE tokens from t, in float64: no chain runs through it, so
-    it vectorizes (slices, not indices: their bounds are known, so no negative-index wrap is compiled)."""
-    zr, gr, yk = z[r, t : t + TILE], gain[g : g + TILE], y[k]
-    for i in range(TILE):
-        yk[i] = gr[i] * np.float64(zr[i])
-
-
-@njit(inline="always")
-def _fast_forward(z, out, gain, keep, y, t, ra, ga, xa, rb, gb, xb, rc, gc, xc, rd, gd, xd):
-    """Tokens t..t+TILE-1, all valid, in four lanes (row r, table offset g, state x) -> the four states.
-
-    The gain times z of each lane is computed first, into ``y`` (float64 [ROWS, TILE]); the loop that
-    carries the four chains then holds one multiply-add per token and lane (~15% faster than one pass).
-    Called with one offset variable for all four lanes where they share it, so that each keep is loaded
-    once for four rows (separate table loads per lane cost ~1.8x the loop).
-    """
-    _observe(z, gain, y, 0, ra, t, ga)
-    _observe(z, gain, y, 1, rb, t, gb)
-    _observe(z, gain, y, 2, rc, t, gc)
-    _observe(z, gain, y, 3, rd, t, gd)
-    ya, yb, yc, yd = y[0], y[1], y[2], y[3]
-    ka, kb, kc, kd = keep[ga : ga + TILE], keep[gb : gb + TILE], keep[gc : gc + TILE], keep[gd : gd + TILE]
-    oa, ob = out[ra, t : t + TILE], out[rb, t : t + TILE]
-    oc, od = out[rc, t : t + TILE], out[rd, t : t + TILE]
-    for i in range(TILE):
-        xa = ka[i] * xa + ya[i]
-        xb = kb[i] * xb + yb[i]
-        xc = kc[i] * xc + yc[i]
-        xd = kd[i] * xd + yd[i]
-        oa[i] = xa
-        ob[i] = xb
-        oc[i] = xc
-        od[i] = xd
-    return xa, xb, xc, xd
 
 
 @njit(inline="always")
@@ -205,7 +406,6 @@ def _forward_rows(mode, z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo,
     rows, ends = _by_length(mode, m, T, row_lo, row_hi)
     row, end, cnt, hole, lanes = _lane_state(), _lane_state(), _lane_state(), _lane_state(), _lane_state()
     x, p = np.zeros(ROWS), np.zeros(ROWS)
-    y = np.empty((ROWS, TILE))  # the fast tiles' gain * z
     for g0 in range(0, rows.shape[0], ROWS):
         # four rows walk the tiles in step (one position: the positional gains are shared); the last
         # group may hold fewer rows, its empty lanes start finished
@@ -242,50 +442,31 @@ def _forward_rows(mode, z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo,
                 fast = fast and not (mode == ADVANCE and end[k] >= 0 and hole[k] <= T)
             a, b, c, d = lanes[0], lanes[1], lanes[2], lanes[3]
             fast = fast and _all_valid(mode, m, row[a], row[b], row[c], row[d], t)
-            if fast and (mode != SKIP or cnt[a] == cnt[b] == cnt[c] == cnt[d]):
-                o = cnt[a] if mode == SKIP else t
-                x[a], x[b], x[c], x[d] = _fast_forward(
-                    z,
-                    out,
-                    gain,
-                    keep,
-                    y,
-                    t,
-                    row[a],
-                    o,
-                    x[a],
-                    row[b],
-                    o,
-                    x[b],
-                    row[c],
-                    o,
-                    x[c],
-                    row[d],
-                    o,
-                    x[d],
-                )
-            elif fast:  # skip mode, rows that skipped different numbers of tokens
-                x[a], x[b], x[c], x[d] = _fast_forward(
-                    z,
-                    out,
-                    gain,
-                    keep,
-                    y,
-                    t,
-                    row[a],
-                    cnt[a],
-                    x[a],
-                    row[b],
-                    cnt[b],
-                    x[b],
-                    row[c],
-                    cnt[c],
-                    x[c],
-                    row[d],
-                    cnt[d],
-                    x[d],
-                )
+            if fast:  # a run of such tiles, while every lane holds a whole one: the states stay in registers
+                rows4, xs = (row[a], row[b], row[c], row[d]), (x[a], x[b], x[c], x[d])
+                stop = T
+                for k in range(ROWS):
+                    if end[k] >= 0:
+                        stop = min(stop, end[k])
+                run = 0
+                shared = mode != SKIP or cnt[a] == cnt[b] == cnt[c] == cnt[d]
+                while True:
+                    if mode == SKIP:
+                        o = (cnt[a] + run, cnt[b] + run, cnt[c] + run, cnt[d] + run)
+                    else:
+                        o = (t + run, t + run, t + run, t + run)
+                    if shared:  # one set of table products for the four rows
+                        xs = forward_tile(z, out, t + run, rows4, o, xs, gain, keep, TILE, True)
+                    else:  # skip mode, rows that skipped different numbers of tokens
+                        xs = forward_tile(z, out, t + run, rows4, o, xs, gain, keep, TILE, False)
+                    run += TILE
+                    if t + run + TILE > stop or not _all_valid(
+                        mode, m, rows4[0], rows4[1], rows4[2], rows4[3], t + run
+                    ):
+                        break
+                x[a], x[b], x[c], x[d] = xs
             else:
+                run = TILE
                 for k in range(ROWS):
                     if mode == ADVANCE and end[k] >= 0 and hole[k] > T:  # no hole yet: the table's variance
                         p[k] = _posterior(gain, t, p0, v)
@@ -293,17 +474,18 @@ def _forward_rows(mode, z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo,
             for k in range(ROWS):
                 if end[k] >= 0:
                     if fast:
-                        cnt[k] += TILE
+                        cnt[k] += run
                     elif hole[k] > T and cnt[k] < t + TILE:
                         # the row's first hole (until then its valid count equals its position)
                         hole[k] = _first_hole(m, row[k], t)
-            t += TILE
+            t += run
 
 
 # One compiled entry point per mode, so that a run compiles only the modes it uses (each is several
 # seconds): out[r] <- filtered z[r] for rows [lo, hi); x_end[r] <- the final state (non-finite iff a valid z
 # was); aux[r] <- (end, valid count, first hole) of row r, for the backward.
-# z, out: [B, T] float32/64; m: uint8 [B, T] (any [1, 1] array in NOMASK); gain, keep: float64 [>= T].
+# z, out: [B, T] float32/64, C-contiguous; m: uint8 [B, T] (any [1, 1] array in NOMASK); gain, keep: float64
+# [>= T + 1] (the backward's vector blocks read the keep after the last token).
 @njit(cache=True, nogil=True, fastmath=FMA)
 def _forward_nomask(z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo, row_hi):
     _forward_rows(NOMASK, z, m, gain, keep, q, v, p0, x0, out, x_end, aux, row_lo, row_hi)
@@ -349,52 +531,6 @@ def _bstep(mode, g, m, r, t, u, c, a, gain, keep, kb, ab, k, h):
     if t < h:
         return u, c, keep[t], gain[t] * u
     return u, c, ab[k, t], kb[k, t] * u
-
-
-@njit(inline="always")
-def _load(g, y, k, r, t):
-    """y[k] <- g[r, t:t+TILE] in float64 (vectorized: no chain runs through it)."""
-    gr, yk = g[r, t : t + TILE], y[k]
-    for i in range(TILE):
-        yk[i] = np.float64(gr[i])
-
-
-@njit(inline="always")
-def _scale(dz, gain, y, k, r, t, o):
-    """dz[r, t:t+TILE] <- gain[o:o+TILE] * y[k] (vectorized)."""
-    dr, gr, yk = dz[r, t : t + TILE], gain[o : o + TILE], y[k]
-    for i in range(TILE):
-        dr[i] = gr[i] * yk[i]
-
-
-@njit(inline="always")
-def _fast_backward(g, dz, gain, keep, y, t, ra, oa, ua, aa, rb, ob, ub, ab, rc, oc, uc, ac, rd, od, ud, ad):
-    """Tokens t..t+TILE-1, all valid, in reverse, in four lanes (table offset o; reverse state u and the
-    keep a of the token after) -> (u, a) of each lane. One offset variable where the lanes share it.
-
-    As in the forward, the loop that carries the chains does only their multiply-adds: g is read into
-    ``y`` before it, and dz = gain * u is written from ``y`` after it."""
-    _load(g, y, 0, ra, t)
-    _load(g, y, 1, rb, t)
-    _load(g, y, 2, rc, t)
-    _load(g, y, 3, rd, t)
-    ya, yb, yc, yd = y[0], y[1], y[2], y[3]
-    ka, kb, kc, kd = keep[oa : oa + TILE], keep[ob : ob + TILE], keep[oc : oc + TILE], keep[od : od + TILE]
-    for i in range(TILE - 1, -1, -1):
-        ua = aa * ua + ya[i]
-        ub = ab * ub + yb[i]
-        uc = ac * uc + yc[i]
-        ud = ad * ud + yd[i]
-        ya[i] = ua
-        yb[i] = ub
-        yc[i] = uc
-        yd[i] = ud
-        aa, ab, ac, ad = ka[i], kb[i], kc[i], kd[i]
-    _scale(dz, gain, y, 0, ra, t, oa)
-    _scale(dz, gain, y, 1, rb, t, ob)
-    _scale(dz, gain, y, 2, rc, t, oc)
-    _scale(dz, gain, y, 3, rd, t, od)
-    return ua, aa, ub, ab, uc, ac, ud, ad
 
 
 @njit(inline="always")
@@ -464,13 +600,21 @@ def _advance_gains(m, row, hole, end, gain, q, v, p0, kb, ab):
 
 
 @njit(inline="always")
+def _fast_below(mode, m, rows4, top, hole, t):
+    """Whether the tile at t of a backward run is all valid in its lanes (every lane active: none joins)."""
+    clean = True
+    for k in range(ROWS):
+        clean = clean and not (top[k] > t and t + TILE > hole[k])
+    return clean or (mode != ADVANCE and _all_valid(mode, m, rows4[0], rows4[1], rows4[2], rows4[3], t))
+
+
+@njit(inline="always")
 def _backward_rows(mode, g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi):
     T = g.shape[1]
     order = np.argsort(aux[row_lo:row_hi, END]) + row_lo
     row, top, cnt, hole, lanes = _lane_state(), _lane_state(), _lane_state(), _lane_state(), _lane_state()
     end = _lane_state()
     u, an = np.zeros(ROWS), np.zeros(ROWS)
-    y = np.empty((ROWS, TILE))  # the fast tiles' g, then reverse states
     kb = np.empty((ROWS, T if mode == ADVANCE else 1))
     ab = np.empty((ROWS, T if mode == ADVANCE else 1))
     for g0 in range(0, order.shape[0], ROWS):
@@ -497,11 +641,14 @@ def _backward_rows(mode, g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi):
                 uk, ck, nk, d = _bstep(mode, g, m, r, t, uk, ck, nk, gain, keep, kb, ab, k, hole[k])
                 dz[r, t] = d
             u[k], cnt[k], an[k] = uk, ck, nk
-        for t in range(start - TILE, -1, -TILE):
-            src = -1
+        t = start - TILE
+        while t >= 0:
+            src, joins = -1, -1  # an active lane; the top of the next lane to join (lower tops join later)
             for k in range(ROWS):
                 if top[k] > t:
                     src = k
+                else:
+                    joins = max(joins, top[k])
             clean = True
             for k in range(ROWS):
                 lanes[k] = k if top[k] > t else src  # lanes not yet in (a lower top) mirror an active one
@@ -510,63 +657,40 @@ def _backward_rows(mode, g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi):
             # below every row's first hole all tokens are valid (the forward found it): no mask read; above
             # it advance mode's gains are the row's own, the other modes look at the mask
             fast = clean or (mode != ADVANCE and _all_valid(mode, m, row[a], row[b], row[c], row[d], t))
-            if fast and (mode != SKIP or cnt[a] == cnt[b] == cnt[c] == cnt[d]):
-                o = cnt[a] - TILE if mode == SKIP else t
-                u[a], an[a], u[b], an[b], u[c], an[c], u[d], an[d] = _fast_backward(
-                    g,
-                    dz,
-                    gain,
-                    keep,
-                    y,
-                    t,
-                    row[a],
-                    o,
-                    u[a],
-                    an[a],
-                    row[b],
-                    o,
-                    u[b],
-                    an[b],
-                    row[c],
-                    o,
-                    u[c],
-                    an[c],
-                    row[d],
-                    o,
-                    u[d],
-                    an[d],
-                )
-            elif fast:
-                u[a], an[a], u[b], an[b], u[c], an[c], u[d], an[d] = _fast_backward(
-                    g,
-                    dz,
-                    gain,
-                    keep,
-                    y,
-                    t,
-                    row[a],
-                    cnt[a] - TILE,
-                    u[a],
-                    an[a],
-                    row[b],
-                    cnt[b] - TILE,
-                    u[b],
-                    an[b],
-                    row[c],
-                    cnt[c] - TILE,
-                    u[c],
-                    an[c],
-                    row[d],
-                    cnt[d] - TILE,
-                    u[d],
-                    an[d],
-                )
-            else:
-                _general_backward(mode, g, m, dz, gain, keep, kb, ab, t, lanes, row, cnt, hole, u, an)
-            if fast:
+            if fast:  # a run of such tiles down to the next lane's top: the states stay in registers
+                rows4 = (row[a], row[b], row[c], row[d])
+                entering = ((u[a], an[a]), (u[b], an[b]), (u[c], an[c]), (u[d], an[d]))
+                run = 0
+                shared = mode != SKIP or cnt[a] == cnt[b] == cnt[c] == cnt[d]
+                while True:
+                    if mode == SKIP:
+                        o = (
+                            cnt[a] - run - TILE,
+                            cnt[b] - run - TILE,
+                            cnt[c] - run - TILE,
+                            cnt[d] - run - TILE,
+                        )
+                    else:
+                        o = (t - run, t - run, t - run, t - run)
+                    if shared:
+                        us = backward_tile(g, dz, t - run, rows4, o, entering, gain, keep, TILE, True)
+                    else:
+                        us = backward_tile(g, dz, t - run, rows4, o, entering, gain, keep, TILE, False)
+                    keeps = (keep[o[0]], keep[o[1]], keep[o[2]], keep[o[3]])  # the token below takes these
+                    entering = ((us[0], keeps[0]), (us[1], keeps[1]), (us[2], keeps[2]), (us[3], keeps[3]))
+                    run += TILE
+                    below = t - run
+                    if below < max(joins, 0) or not _fast_below(mode, m, rows4, top, hole, below):
+                        break
+                u[a], u[b], u[c], u[d] = us
+                an[a], an[b], an[c], an[d] = keeps
                 for k in range(ROWS):
                     if top[k] > t:
-                        cnt[k] -= TILE
+                        cnt[k] -= run
+            else:
+                run = TILE
+                _general_backward(mode, g, m, dz, gain, keep, kb, ab, t, lanes, row, cnt, hole, u, an)
+            t -= run
 
 
 # dz[r] <- gradient of sum(g * filter(z)) w.r.t. z[r] (the reverse scan) for rows [lo, hi), one entry
