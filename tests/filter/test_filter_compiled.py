@@ -1,8 +1,13 @@
 """The numba path's tiles: masks built around the tile grid (rows shorter than a tile, ends and holes on
 and beside tile edges, rows that differ in holes, groups of fewer than four rows), every mode, forward
-values and exact gradients against the float64 loop. NaN under the mask must never be read."""
+values and exact gradients against the float64 loop. NaN under the mask must never be read. Threads: the same
+bits however rows are split, safe after a fork and from concurrent callers."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -150,3 +155,63 @@ def test_threads_split_rows_without_changing_a_bit(mode, B, monkeypatch):
         assert torch.equal(out, results[0][0]) and torch.equal(grad, results[0][1])
     ref = kalman_filter_reference(z, mask, q=1e-3, p0=0.2, x0=0.1, mask_mode=mode)
     assert float((results[0][0].double() - ref).abs().max()) <= float32_bound(z.nan_to_num())
+
+
+def _threaded(monkeypatch):
+    """Two torch threads and ranges of one group, so that a 64x256 call runs over numba's threads."""
+    import kpo.filter
+
+    monkeypatch.setattr(kpo.filter, "MIN_CHUNK_TOKENS", 1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    return before
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_filters_on_one_thread(monkeypatch):
+    # GNU OpenMP cannot start again in a child forked after the parent used it: numba ends such a child
+    # ("fork() called from a process already using GNU OpenMP"). The child takes the serial path instead.
+    z = torch.from_numpy(np.random.default_rng(0).normal(0, 1, (64, 256))).float()
+    before = _threaded(monkeypatch)
+    try:
+        parent = kalman_filter(z, backend="numba").numpy()  # threads start in the parent
+        pid = os.fork()
+        if pid == 0:  # only numpy besides the filter here: torch's own thread pool is not fork-safe either
+            child = kalman_filter(z, backend="numba").numpy()
+            os._exit(0 if (child == parent).all() else 3)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        torch.set_num_threads(before)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+_CONCURRENT = """
+import numpy as np, torch
+from concurrent.futures import ThreadPoolExecutor
+import kpo.filter
+from kpo.filter import kalman_filter
+
+rng = np.random.default_rng(1)
+inputs = [torch.from_numpy(rng.normal(0, 1, (64, 256))).float() for _ in range(8)]
+torch.set_num_threads(1)
+expected = [kalman_filter(z, backend="numba") for z in inputs]  # one thread: the serial path
+torch.set_num_threads(2)
+kpo.filter.MIN_CHUNK_TOKENS = 1
+with ThreadPoolExecutor(4) as pool:
+    results = list(pool.map(lambda z: kalman_filter(z, backend="numba"), inputs * 8))
+assert all(torch.equal(got, want) for got, want in zip(results, expected * 8, strict=True))
+import numba
+print(numba.threading_layer())
+"""
+
+
+def test_calls_from_two_python_threads_at_once():
+    # numba's workqueue layer (the one left where neither OpenMP nor TBB is installed) aborts the process on
+    # two parallel launches at once; kpo takes a lock around its launches, so concurrent callers get the
+    # serial results. Run in a child on that layer.
+    env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue", "NUMBA_NUM_THREADS": "2"}
+    done = subprocess.run(
+        [sys.executable, "-c", _CONCURRENT], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "workqueue"

@@ -21,7 +21,7 @@ import functools
 import importlib
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
+import threading
 
 import numpy as np
 import torch
@@ -33,6 +33,8 @@ from kpo.filter.gains import check_params, gain_tables, kalman_gains
 from kpo.filter.reference import MASK_MODES, kalman_filter_reference
 
 try:
+    import numba
+
     from kpo.filter import compiled
 except ImportError:  # numba missing: the torch path serves CPU tensors
     compiled = None
@@ -149,43 +151,46 @@ def _resolve(backend: str, z: torch.Tensor) -> str:
     return backend
 
 
-@functools.cache
-def _pool(workers: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kpo-filter")
+def _numba_rows(serial, threaded, B: int, T: int, *args) -> None:
+    """Run ``serial(*args, 0, B)``, or ``threaded(*args, per)`` over row ranges when the work is large enough.
 
-
-def _numba_rows(kernel, B: int, T: int, *args) -> None:
-    """Run ``kernel(*args, lo, hi)`` over row ranges, in parallel threads when the work is large enough.
-
-    Threads: torch.get_num_threads() (so kpo never runs more threads than torch beside it), at most the
-    cores and the groups of rows. The rows are cut into about CHUNKS_PER_THREAD ranges per thread (multiples
-    of ROWS, each at least MIN_CHUNK_TOKENS) that the threads take in turn, the caller's thread too: on a
-    shared machine a thread that gets no core leaves its ranges to the others instead of holding the call.
+    Threads: torch.get_num_threads() (so kpo never runs more threads than torch beside it), at most numba's
+    and the groups of rows. The rows are cut into about CHUNKS_PER_THREAD ranges per thread (multiples of
+    ROWS, each at least MIN_CHUNK_TOKENS) that the threads take one at a time. A process forked from one
+    that ran threads stays on one: GNU OpenMP, numba's threading layer where it is installed, cannot start
+    again after a fork, and numba ends such a child ("fork() called from a process already using GNU OpenMP").
     """
     groups = -(-B // compiled.ROWS)
-    threads = min(torch.get_num_threads(), _CORES, groups)
-    if threads <= 1 or B * T < 2 * MIN_CHUNK_TOKENS:
-        kernel(*args, 0, B)
+    threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS, groups)
+    if threads <= 1 or B * T < 2 * MIN_CHUNK_TOKENS or _forked:
+        serial(*args, 0, B)
         return
     per = max(-(-groups // (threads * CHUNKS_PER_THREAD)), -(-MIN_CHUNK_TOKENS // (T * compiled.ROWS)))
-    per *= compiled.ROWS
-    ranges = iter([(lo, min(lo + per, B)) for lo in range(0, B, per)])  # next() on it is atomic (the GIL)
-
-    def work() -> None:
-        for lo, hi in ranges:
-            kernel(*args, lo, hi)
-
-    futures = [_pool(threads - 1).submit(work) for _ in range(threads - 1)]
-    work()
-    for future in futures:
-        future.result()
+    with _THREADS_LOCK:  # numba's workqueue layer (where no OpenMP or TBB) aborts on concurrent launches
+        before = numba.get_num_threads()
+        numba.set_num_threads(threads)
+        try:
+            with numba.parallel_chunksize(1):
+                threaded(*args, per * compiled.ROWS)
+        finally:
+            numba.set_num_threads(before)
 
 
-# row ranges per thread, and the fewest tokens in one: on the 2-core machine of the README a second thread
-# paid off only from ~500k tokens a call (1.15x there, 1.3x at 1M)
+# row ranges per thread, and the fewest tokens in one: on the 2-core machine of the README two threads pay off
+# from ~256k tokens a call (1.1x there, 1.4-1.6x at 1M, 1.6-1.8x at 2M)
 CHUNKS_PER_THREAD = 4
-MIN_CHUNK_TOKENS = 1 << 18
-_CORES = os.cpu_count() or 1  # read once: the call costs ~15 us
+MIN_CHUNK_TOKENS = 1 << 17
+_THREADS_LOCK = threading.Lock()
+_forked = False
+
+
+def _after_fork_in_child() -> None:
+    global _forked
+    _forked = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _numba_mask(mask, mode):
@@ -206,7 +211,7 @@ def _numba_forward(z, mask, mode, q, v, p0, x0):
     aux = torch.empty(B, 3, dtype=torch.int64)
     m, code = _numba_mask(mask, mode)
     args = (z.detach().numpy(), m, gain, keep, q, v, p0, x0, out.numpy(), x_end.numpy(), aux.numpy())
-    _numba_rows(compiled.FORWARD[code], B, T, *args)
+    _numba_rows(compiled.FORWARD[code], compiled.FORWARD_THREADS[code], B, T, *args)
     return out, x_end, aux
 
 
@@ -215,7 +220,8 @@ def _numba_backward(grad, mask, aux, mode, q, v, p0):
     gain, keep = gain_tables(T + 1, q, v, p0)
     dz = torch.empty_like(grad)
     m, code = _numba_mask(mask, mode)
-    _numba_rows(compiled.BACKWARD[code], B, T, grad.numpy(), m, gain, keep, q, v, p0, aux.numpy(), dz.numpy())
+    args = (grad.numpy(), m, gain, keep, q, v, p0, aux.numpy(), dz.numpy())
+    _numba_rows(compiled.BACKWARD[code], compiled.BACKWARD_THREADS[code], B, T, *args)
     return dz
 
 
