@@ -641,15 +641,6 @@ def _advance_gains(m, row, hole, end, gain, q, v, p0, kb, ab):
 
 
 @njit(inline="always")
-def _fast_below(mode, m, rows4, top, hole, t):
-    """Whether the tile at t of a backward run is all valid in its lanes (every lane active: none joins)."""
-    clean = True
-    for k in range(ROWS):
-        clean = clean and not (top[k] > t and t + TILE > hole[k])
-    return clean or (mode != ADVANCE and _all_valid(mode, m, rows4[0], rows4[1], rows4[2], rows4[3], t))
-
-
-@njit(inline="always")
 def _backward_rows(mode, g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi):
     T = g.shape[1]
     order = np.argsort(aux[row_lo:row_hi, END]) + row_lo
@@ -703,6 +694,10 @@ def _backward_rows(mode, g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi):
                 entering = ((u[a], an[a]), (u[b], an[b]), (u[c], an[c]), (u[d], an[d]))
                 run = 0
                 shared = mode != SKIP or cnt[a] == cnt[b] == cnt[c] == cnt[d]
+                floor, hole_min = max(joins, 0), T  # the run's lanes stay; clean down to their first hole
+                for k in range(ROWS):
+                    if top[k] > t:
+                        hole_min = min(hole_min, hole[k])
                 while True:
                     if mode == SKIP:
                         o = (
@@ -721,7 +716,13 @@ def _backward_rows(mode, g, m, gain, keep, q, v, p0, aux, dz, row_lo, row_hi):
                     entering = ((us[0], keeps[0]), (us[1], keeps[1]), (us[2], keeps[2]), (us[3], keeps[3]))
                     run += TILE
                     below = t - run
-                    if below < max(joins, 0) or not _fast_below(mode, m, rows4, top, hole, below):
+                    if below < floor:
+                        break
+                    # scalars only in this loop: an array handed to a helper here costs reference counts
+                    if below + TILE > hole_min and (
+                        mode == ADVANCE
+                        or not _all_valid(mode, m, rows4[0], rows4[1], rows4[2], rows4[3], below)
+                    ):
                         break
                 u[a], u[b], u[c], u[d] = us
                 an[a], an[b], an[c], an[d] = keeps
