@@ -74,6 +74,17 @@ def test_tiles_forward_float64_and_float32(T, mode):
     )
 
 
+def jacobian_product(z, mask, g, kwargs):
+    """g^T J of the float64 loop (affine in z: its response to a unit bump of z[:, j] is column j of J)."""
+    base = kalman_filter_reference(z, mask, **kwargs)
+    expected = torch.zeros(z.shape, dtype=torch.float64)
+    for j in range(z.shape[1]):
+        bumped = z.detach().clone()
+        bumped[:, j] += 1.0
+        expected[:, j] = ((kalman_filter_reference(bumped, mask, **kwargs) - base) * g).sum(1)
+    return expected
+
+
 @pytest.mark.parametrize("mode", MASK_MODES)
 def test_tiles_gradient_is_the_exact_jacobian(mode):
     # affine in z: the float64 loop's response to a unit bump of z[:, j] is column j of the Jacobian
@@ -87,13 +98,7 @@ def test_tiles_gradient_is_the_exact_jacobian(mode):
     (grad,) = torch.autograd.grad(
         kalman_filter(z, mask, q=0.01, v=1.0, p0=0.3, x0=0.2, mask_mode=mode, backend="numba"), z, g
     )
-    base = kalman_filter_reference(z, mask, **kwargs)
-    expected = torch.zeros(B, T, dtype=torch.float64)
-    for j in range(T):
-        bumped = z.detach().clone()
-        bumped[:, j] += 1.0
-        expected[:, j] = ((kalman_filter_reference(bumped, mask, **kwargs) - base) * g).sum(1)
-    assert float((grad - expected).abs().max()) <= 1e-12
+    assert float((grad - jacobian_product(z, mask, g, kwargs)).abs().max()) <= 1e-12
     # the outputs at masked tokens are constant 0: NaN upstream gradients there are never read
     (grad_nan,) = torch.autograd.grad(
         kalman_filter(z, mask, q=0.01, v=1.0, p0=0.3, x0=0.2, mask_mode=mode, backend="numba"),
@@ -101,6 +106,22 @@ def test_tiles_gradient_is_the_exact_jacobian(mode):
         nan_where_masked(g, mask),
     )
     assert torch.equal(grad_nan, grad)
+
+
+@pytest.mark.parametrize("mode", MASK_MODES)
+def test_backward_run_of_valid_tiles_stops_at_a_hole(mode):
+    # one group of four rows whose top tiles are all valid (the backward runs them back to back) above holes
+    # in lower tiles: the run must stop at the first tile holding one (130: row 2), whatever the rows' holes
+    rng = np.random.default_rng(14)
+    T = 4 * TILE + 9
+    mask = torch.ones(4, T, dtype=torch.bool)
+    for row, t in ((0, 5), (1, TILE + 6), (2, 3), (2, 2 * TILE + 2)):
+        mask[row, t] = False
+    z = torch.from_numpy(rng.normal(0, 1, (4, T))).requires_grad_()
+    g = torch.from_numpy(rng.normal(0, 1, (4, T))) * mask
+    kwargs = {"q": 0.01, "v": 1.0, "p0": 0.3, "x0": 0.2, "mask_mode": mode}
+    (grad,) = torch.autograd.grad(kalman_filter(z, mask, backend="numba", **kwargs), z, g)
+    assert float((grad - jacobian_product(z, mask, g, kwargs)).abs().max()) <= 1e-12
 
 
 def test_float32_gradient_is_the_float64_one_rounded_once():
