@@ -6,7 +6,8 @@
 REV's ``src/kpo`` is exported (git archive) into a temporary folder as the package ``kpo_before``, so both
 versions run side by side and every load change on a shared machine hits both alike. Prints, for every mode,
 size, direction and path (numba, torch), the minimum and median milliseconds and G tokens/s of both, with
-the authors' float32 closed form and a copy into a warm buffer as references (ratios of minima).
+the authors' float32 closed form and a copy into a warm buffer as references (ratios of minima). Each round
+of repeats runs the calls in a new (seeded) order.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import importlib
 import inspect
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -86,8 +88,12 @@ def time_size(before, after, B: int, T: int, args: argparse.Namespace, gen: torc
     for fn in fns.values():
         fn()  # compile, warm caches and buffers
     times: dict[str, list[float]] = {label: [] for label in fns}
+    order = list(fns.items())
     for _ in range(args.repeats):
-        for label, fn in fns.items():
+        # a new order each round: a call right after one that freed much memory pays page faults for its
+        # fresh output; in a fixed order that would always be the same call
+        random.Random(len(times[order[0][0]])).shuffle(order)
+        for label, fn in order:
             start = time.perf_counter()
             fn()
             times[label].append(time.perf_counter() - start)
