@@ -236,3 +236,19 @@ def test_calls_from_two_python_threads_at_once():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-1] == "workqueue"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_before_any_threads_may_use_them(monkeypatch):
+    # only a fork after threads ran pins the child to one thread: a child of a parent that never started
+    # them (a fresh worker process) starts its own
+    import kpo.filter
+
+    monkeypatch.setattr(kpo.filter, "_threads_started", False)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, b"1" if kpo.filter._forked else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"0"

@@ -166,7 +166,9 @@ def _numba_rows(serial, threaded, B: int, T: int, *args) -> None:
         serial(*args, 0, B)
         return
     per = max(-(-groups // (threads * CHUNKS_PER_THREAD)), -(-MIN_CHUNK_TOKENS // (T * compiled.ROWS)))
+    global _threads_started
     with _THREADS_LOCK:  # numba's workqueue layer (where no OpenMP or TBB) aborts on concurrent launches
+        _threads_started = True
         before = numba.get_num_threads()
         numba.set_num_threads(threads)
         try:
@@ -181,12 +183,13 @@ def _numba_rows(serial, threaded, B: int, T: int, *args) -> None:
 CHUNKS_PER_THREAD = 4
 MIN_CHUNK_TOKENS = 1 << 17
 _THREADS_LOCK = threading.Lock()
-_forked = False
+_threads_started = False  # in this process or the one it was forked from
+_forked = False  # from a process whose threads had started
 
 
 def _after_fork_in_child() -> None:
     global _forked
-    _forked = True
+    _forked = _threads_started
 
 
 if hasattr(os, "register_at_fork"):
