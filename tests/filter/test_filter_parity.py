@@ -31,16 +31,7 @@ def test_float32_within_contract(backend, seed, T, mode):
     mask = make_mask(rng, B, T)
     params = make_params(rng)
     params["x0"] *= scale
-    ours = kalman_filter(
-        z,
-        mask,
-        q=params["q"],
-        v=params["v"],
-        p0=params["p0"],
-        x0=params["x0"],
-        mask_mode=mode,
-        backend=backend,
-    )
+    ours = kalman_filter(z, mask, mask_mode=mode, backend=backend, **params)
     ref = kalman_filter_reference(z, mask, mask_mode=mode, **params)
     assert ours.dtype == torch.float32
     assert float((ours.double() - ref).abs().max()) <= float32_bound(z)
@@ -56,16 +47,7 @@ def test_float64_to_1e11(backend, seed, T, mode):
     z = torch.from_numpy(rng.normal(0.0, 2.0, (B, T)))
     mask = make_mask(rng, B, T)
     params = make_params(rng)
-    ours = kalman_filter(
-        z,
-        mask,
-        q=params["q"],
-        v=params["v"],
-        p0=params["p0"],
-        x0=params["x0"],
-        mask_mode=mode,
-        backend=backend,
-    )
+    ours = kalman_filter(z, mask, mask_mode=mode, backend=backend, **params)
     ref = kalman_filter_reference(z, mask, mask_mode=mode, **params)
     assert ours.dtype == torch.float64
     assert float((ours - ref).abs().max()) <= 1e-11

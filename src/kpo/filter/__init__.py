@@ -160,13 +160,13 @@ def _numba_rows(serial, threaded, B: int, T: int, *args) -> None:
     that ran threads stays on one: GNU OpenMP, numba's threading layer where it is installed, cannot start
     again after a fork, and numba ends such a child ("fork() called from a process already using GNU OpenMP").
     """
+    global _threads_started
     groups = -(-B // compiled.ROWS)
     threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS, groups)
     if threads <= 1 or B * T < 2 * MIN_CHUNK_TOKENS or _forked:
         serial(*args, 0, B)
         return
     per = max(-(-groups // (threads * CHUNKS_PER_THREAD)), -(-MIN_CHUNK_TOKENS // (T * compiled.ROWS)))
-    global _threads_started
     with _THREADS_LOCK:  # numba's workqueue layer (where no OpenMP or TBB) aborts on concurrent launches
         _threads_started = True
         before = numba.get_num_threads()
@@ -206,9 +206,7 @@ def _numba_mask(mask, mode):
 def _numba_forward(z, mask, mode, q, v, p0, x0):
     """-> (out [B, T] in z's dtype, final states float64 [B], per-row facts int64 [B, 3] for the backward)."""
     B, T = z.shape
-    gain, keep = gain_tables(
-        T + 1, q, v, p0
-    )  # + 1: the compiled backward reads the keep after the last token
+    gain, keep = gain_tables(T, q, v, p0)
     out = torch.empty_like(z)
     x_end = torch.empty(B, dtype=torch.float64)
     aux = torch.empty(B, 3, dtype=torch.int64)
@@ -220,7 +218,7 @@ def _numba_forward(z, mask, mode, q, v, p0, x0):
 
 def _numba_backward(grad, mask, aux, mode, q, v, p0):
     B, T = grad.shape
-    gain, keep = gain_tables(T + 1, q, v, p0)
+    gain, keep = gain_tables(T + 1, q, v, p0)  # + 1: the vector blocks read the keep after the last token
     dz = torch.empty_like(grad)
     m, code = _numba_mask(mask, mode)
     args = (grad.numpy(), m, gain, keep, q, v, p0, aux.numpy(), dz.numpy())

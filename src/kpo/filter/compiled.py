@@ -124,16 +124,6 @@ class _Emit:
     def lane(self, vec, j):
         return self.builder.extract_element(vec, ir.Constant(_I32, j))
 
-    def running_product(self, a, forward):
-        """Lane j <- a_0 ... a_j (forward) or a_j ... a_{LANES-1} (not): three shifts that bring in ones."""
-        ones = ir.Constant(_VEC, [1.0] * LANES)
-        d = 1
-        while d < LANES:
-            shifted = self.window(ones, a, LANES - d) if forward else self.window(a, ones, d)
-            a = self.builder.fmul(a, shifted)
-            d *= 2
-        return a
-
 
 def _check_types(z, out, gain, keep, tile, shared):
     for name, arr in (("z", z), ("out", out), ("gain", gain), ("keep", keep)):
@@ -164,15 +154,28 @@ def _setup(context, builder, sig, args):
     return emit, zp, op, cgutils.unpack_tuple(builder, offsets, ROWS), gain_keep
 
 
-def _products(emit, keep, before, forward):
-    """(keep2, keep4, keep8) of a block from its keeps and the block before's (keep, keep2, keep4) (forward),
-    or after's (backward): lane j holds the product of the 2, 4, 8 keeps up to j (forward) or from j on."""
-    out, level = [], keep
-    for span, prior in zip((1, 2, 4), before, strict=True):
+def _doubling(emit, x, before, forward, combine):
+    """The three doubling steps of a block -> their levels: level_i = combine(i, level_{i-1}, shifted), level_0 = x,
+    where ``shifted`` takes each lane's value 1, 2, 4 lanes back (forward) or ahead, from the neighbouring
+    block's level (``before``) where that lies outside the block."""
+    levels, level = [], x
+    for i, (span, prior) in enumerate(zip((1, 2, 4), before, strict=True)):
         shifted = emit.window(prior, level, LANES - span) if forward else emit.window(level, prior, span)
-        level = emit.builder.fmul(level, shifted)
-        out.append(level)
-    return out
+        level = combine(i, level, shifted)
+        levels.append(level)
+    return levels
+
+
+def _keep_products(emit, keep, before, forward):
+    """(keep2, keep4, keep8): lane j holds the product of the 2, 4, 8 keeps up to j (forward) or from j on.
+    With ``before`` all ones (no neighbouring block), keep8 is the product from the block's edge to lane j."""
+    return _doubling(emit, keep, before, forward, lambda i, level, shifted: emit.builder.fmul(level, shifted))
+
+
+def _window_sums(emit, x, before, keeps, forward):
+    """(w1, w2, w4): lane j sums x over the 2, 4, 8 tokens up to j (forward) or from j on, each times the keeps
+    between it and j; ``keeps`` = (keep, keep2, keep4) of the block, ``before`` the neighbour's (x, w1, w2)."""
+    return _doubling(emit, x, before, forward, lambda i, level, shifted: emit.fma(keeps[i], shifted, level))
 
 
 @intrinsic
@@ -199,21 +202,16 @@ def forward_tile(typingctx, z, out, t, rows, offsets, states, gain, keep, tile, 
             for c in range(sets):
                 n = builder.add(offs[c], ir.Constant(offs[c].type, s))
                 keep = emit.load(builder.gep(keep_p, [n]), _F64)
-                keep2, keep4, keep8 = _products(emit, keep, prior[c], True)
+                # in the tile's first block (``prior`` all ones) keep8 is keep[o] ... keep[n], which carries
+                # the state entering the tile
+                keep2, keep4, keep8 = _keep_products(emit, keep, prior[c], True)
                 prior[c] = (keep, keep2, keep4)
-                first = emit.running_product(keep, True) if s == 0 else None
-                coef.append((emit.load(builder.gep(gain_p, [n]), _F64), keep, keep2, keep4, keep8, first))
+                coef.append((emit.load(builder.gep(gain_p, [n]), _F64), (keep, keep2, keep4), keep8))
             for k in range(ROWS):
-                gain, keep, keep2, keep4, keep8, first = coef[k % sets]
-                b0, w10, w20, y0 = before[k]
+                gain, keeps, keep8 = coef[k % sets]
                 b = builder.fmul(gain, emit.load(emit.offset(zp[k], s)))
-                w1 = emit.fma(keep, emit.window(b0, b, LANES - 1), b)
-                w2 = emit.fma(keep2, emit.window(w10, w1, LANES - 2), w1)
-                w4 = emit.fma(keep4, emit.window(w20, w2, LANES - 4), w2)
-                if s == 0:  # the state entering the tile, carried by keep[o] ... keep[n]
-                    y = emit.fma(first, emit.splat(xs[k]), w4)
-                else:
-                    y = emit.fma(keep8, y0, w4)
+                w1, w2, w4 = _window_sums(emit, b, before[k][:3], keeps, True)
+                y = emit.fma(keep8, emit.splat(xs[k]) if s == 0 else before[k][3], w4)
                 emit.store(emit.offset(op[k], s), y)
                 before[k] = (b, w1, w2, y)
         last = [emit.lane(y, LANES - 1) for _, _, _, y in before]
@@ -250,29 +248,26 @@ def backward_tile(typingctx, g, dz, t, rows, offsets, states, gain, keep, tile, 
                 n = builder.add(offs[c], ir.Constant(offs[c].type, s))
                 # keep_after[j] = keep[n + j + 1], the keep of the token after token j
                 keep_after = emit.load(builder.gep(keep_p, [builder.add(n, ir.Constant(n.type, 1))]), _F64)
-                keep2, keep4, keep8 = _products(emit, keep_after, prior[c], False)
+                keep2, keep4, keep8 = _keep_products(emit, keep_after, prior[c], False)
                 prior[c] = (keep_after, keep2, keep4)
-                first = None
-                if s == top:  # keep[n + j + 1] ... keep[o + tile - 1]: from lane j to the tile's top
-                    inner = builder.insert_element(
-                        keep_after, ir.Constant(_F64, 1.0), ir.Constant(_I32, LANES - 1)
-                    )
-                    first = emit.running_product(inner, False)
-                coef.append(
-                    (emit.load(builder.gep(gain_p, [n]), _F64), keep_after, keep2, keep4, keep8, first)
-                )
+                carry = keep8
+                if s == top:
+                    # keep[n + j + 1] ... keep[o + tile - 1], from lane j to the tile's top: the keep after
+                    # the top token is the row's own ``a``, applied with u
+                    last = ir.Constant(_I32, LANES - 1)
+                    inner = builder.insert_element(keep_after, ir.Constant(_F64, 1.0), last)
+                    carry = _keep_products(emit, inner, (one, one, one), False)[2]
+                coef.append((emit.load(builder.gep(gain_p, [n]), _F64), (keep_after, keep2, keep4), carry))
             for k in range(ROWS):
-                gain, keep_after, keep2, keep4, keep8, first = coef[k % sets]
-                g0, w10, w20, u0 = after[k]
+                gain, keeps, carry = coef[k % sets]
                 gv = emit.load(emit.offset(gp[k], s))
-                w1 = emit.fma(keep_after, emit.window(gv, g0, 1), gv)
-                w2 = emit.fma(keep2, emit.window(w1, w10, 2), w1)
-                w4 = emit.fma(keep4, emit.window(w2, w20, 4), w2)
+                w1, w2, w4 = _window_sums(emit, gv, after[k][:3], keeps, False)
                 if s == top:  # u entering from above, carried by the keeps to the tile's top and a
                     u_in, a_in = entering[k]
-                    u = emit.fma(first, emit.splat(builder.fmul(a_in, u_in)), w4)
+                    u_next = emit.splat(builder.fmul(a_in, u_in))
                 else:
-                    u = emit.fma(keep8, u0, w4)
+                    u_next = after[k][3]
+                u = emit.fma(carry, u_next, w4)
                 emit.store(emit.offset(dp[k], s), builder.fmul(gain, u))
                 after[k] = (gv, w1, w2, u)
         first_lanes = [emit.lane(u, 0) for _, _, _, u in after]
@@ -513,7 +508,8 @@ FORWARD = {NOMASK: _forward_nomask, SKIP: _forward_skip, ADVANCE: _forward_advan
 # (each links its serial one, so it compiles in ~1 s). Its native threads start and join in microseconds
 # (Python threads took ~0.13 ms a call: 1.1x on two cores against 1.9x here). The caller sets the thread
 # count and a chunk size of 1, so threads take the ranges one at a time and one that gets no core on a
-# shared machine holds up no one.
+# shared machine holds up no one. Written out per mode, not made by a factory: numba's cache misses closures
+# (each process would add and compile a new entry).
 @njit(cache=True, nogil=True, parallel=True)
 def _forward_nomask_threads(z, m, gain, keep, q, v, p0, x0, out, x_end, aux, per):
     B = z.shape[0]
