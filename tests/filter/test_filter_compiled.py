@@ -178,22 +178,16 @@ def test_threads_split_rows_without_changing_a_bit(mode, B, monkeypatch):
     assert float((results[0][0].double() - ref).abs().max()) <= float32_bound(z.nan_to_num())
 
 
-def _threaded(monkeypatch):
-    """Two torch threads and ranges of one group, so that a 64x256 call runs over numba's threads."""
-    import kpo.filter
-
-    monkeypatch.setattr(kpo.filter, "MIN_CHUNK_TOKENS", 1)
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    return before
-
-
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_child_filters_on_one_thread(monkeypatch):
     # GNU OpenMP cannot start again in a child forked after the parent used it: numba ends such a child
     # ("fork() called from a process already using GNU OpenMP"). The child takes the serial path instead.
+    import kpo.filter
+
     z = torch.from_numpy(np.random.default_rng(0).normal(0, 1, (64, 256))).float()
-    before = _threaded(monkeypatch)
+    monkeypatch.setattr(kpo.filter, "MIN_CHUNK_TOKENS", 1)  # ranges of one group: 64x256 runs on threads
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
     try:
         parent = kalman_filter(z, backend="numba").numpy()  # threads start in the parent
         pid = os.fork()
