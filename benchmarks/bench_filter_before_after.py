@@ -88,11 +88,11 @@ def time_size(before, after, B: int, T: int, args: argparse.Namespace, gen: torc
     for fn in fns.values():
         fn()  # compile, warm caches and buffers
     times: dict[str, list[float]] = {label: [] for label in fns}
-    order = list(fns.items())
+    order, rng = list(fns.items()), random.Random(0)
     for _ in range(args.repeats):
         # a new order each round: a call right after one that freed much memory pays page faults for its
         # fresh output; in a fixed order that would always be the same call
-        random.Random(len(times[order[0][0]])).shuffle(order)
+        rng.shuffle(order)
         for label, fn in order:
             start = time.perf_counter()
             fn()
