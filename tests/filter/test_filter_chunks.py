@@ -1,5 +1,6 @@
-"""The torch path's two routes: positional gains (no mask, right padding, ``zero`` mode) as batched chunk
-matrices, and per-row gains (holes) as the stepwise chunked scan; both with float64 carries over chunks."""
+"""The torch path's two routes: positional gains (no mask, right padding, ``zero`` mode) as a weighted cumsum
+along each chunk rescaled per token, and per-row gains (holes) as the stepwise chunked scan; both with float64
+carries over chunks."""
 
 from __future__ import annotations
 
@@ -34,6 +35,27 @@ def test_positional_route_float32_and_float64(T, mode):
                 z.double(), mask, q=q, v=1.0, p0=p0, x0=-0.4, mask_mode=mode, backend="torch"
             )
             assert float((out64 - ref).abs().max()) <= 1e-11, (mask is None, q)
+
+
+@pytest.mark.parametrize("q", [1.0, 1e2, 1e8, 1e30])
+def test_positional_route_shortens_chunks_where_keeps_are_small(q):
+    # the positional route rescales by 1 / (keeps of the chunk's later tokens): with keeps near v / q a
+    # chunk of CHUNK tokens would need a factor up to (q / v)^31, past float32's range from q / v ~ 17.
+    # The route halves the chunk until every factor is at most MAX_UNSCALE (q = 1: 0.38^31 ~ 1e-13 fits
+    # whole chunks; q = 1e2: keeps ~1e-2, 8 tokens; q = 1e8 and 1e30: chunks of 2 and 1), and stays exact
+    # for z up to float32's largest values
+    T = 3 * scan.CHUNK + 5
+    weight, unscale, _ = scan._positional_factors(q, 1.0, 0.0, T, torch.device("cpu"), torch.float32)
+    L = weight.shape[1]
+    assert L == {1.0: scan.CHUNK, 1e2: 8, 1e8: 2, 1e30: 1}[q]
+    assert float(unscale.max()) <= scan.MAX_UNSCALE and bool(torch.isfinite(weight).all())
+    rng = np.random.default_rng(3)
+    for scale in (1.0, 1e38):
+        z = torch.from_numpy((scale * rng.uniform(-3, 3, (2, T))).astype(np.float32))
+        ref = kalman_filter_reference(z, q=q, v=1.0, x0=0.5)
+        out = kalman_filter(z, q=q, v=1.0, x0=0.5, backend="torch")
+        assert bool(torch.isfinite(out).all())
+        assert float((out.double() - ref).abs().max()) <= float32_bound(z), scale
 
 
 @pytest.mark.parametrize("mode", MASK_MODES)

@@ -4,10 +4,12 @@ With data-independent gains the filter is the first-order linear recurrence
     x_t = keep_t * x_{t-1} + gain_t * y_t          (keep = 1 - gain; skipped tokens: keep 1, gain 0)
 whose backward is the same recurrence run in reverse. T is cut into chunks of CHUNK tokens. Each chunk is
 scanned from 0 in the input's dtype, all chunks of all rows at once: when every row takes the positional
-gains (no mask, right padding, ``zero`` mode) as one batched matrix product with cached per-chunk matrices,
-otherwise by CHUNK vectorized steps. The state entering each chunk is an exact float64 scan over chunks,
-recursive in chunks of chunks, so the Python steps grow as CHUNK log_CHUNK T. Nothing divides by a
-cumulative product (the authors' overflow).
+gains (no mask, right padding, ``zero`` mode) as a cumsum of weighted z, rescaled per token by cached
+factors, in the output buffer itself; otherwise by CHUNK vectorized steps. The state entering each chunk is
+an exact float64 scan over chunks, recursive in chunks of chunks, so the Python steps grow as
+CHUNK log_CHUNK T. The rescaling is by inverse products of keeps within one chunk only, at most MAX_UNSCALE
+(chunks shorten where the keeps are small); the authors divide by the product over the whole response,
+which overflows.
 
 Precision: the float32 forward is a convex combination of the carry and the chunk's z with weights kept to
 float32's relative precision (gains, not 1 - gain, are rounded), so its error stays a few ulps of
@@ -26,6 +28,9 @@ from kpo.filter.gains import gain_tensors
 _F64 = torch.float64
 # tokens per chunk scanned in the compute dtype: float32 rounding grows with it (~CHUNK/2 ulps at worst)
 CHUNK = 32
+# chunks whose carries one dense product computes ([B, 256] @ [256, 257]: T up to 8192 at CHUNK tokens; one
+# product beats the blocks below in Python steps); beyond, blocks of CHUNK chunks
+MAX_CHUNKS_IN_ONE_PRODUCT = 256
 # blocks of CHUNK chunks whose carries one dense product computes (64: T up to 65536 in one product of
 # [B, 64] @ [64, 65]); beyond, the recursive carry scan
 MAX_BLOCKS_IN_ONE_PRODUCT = 64
@@ -198,35 +203,77 @@ def _positional_scan(y, x0, q, v, p0):
     positional gains -> (states [B, T] in y's dtype, unmasked; states after the last chunk [B], float64,
     non-finite iff a y is).
 
-    Each chunk's scan from 0 is linear in its y, with a matrix shared by all rows: one batched product in
-    y's dtype does every chunk at once, reading the chunks in place (a strided batch; faster than a
-    chunk-major copy first). Then the float64 carries over chunks (``_chunk_carries``), and each token adds its
-    chunk's carry times the product of keeps since the chunk start, written straight back in row-major order.
+    Within a chunk, with after_k the product of the keeps of the chunk's tokens after token k, the state
+    after token i is
+        x_i = (carry * the chunk's product of keeps + sum over k <= i of gain_k after_k y_k) / after_i,
+    so one broadcast product, an in-place cumsum along each chunk, then (once the float64 carries over chunks
+    are known, ``_chunk_carries``) an in-place add and multiply give every state in one [B, T] buffer: the
+    output itself. A second [B, T] buffer (a chunk-major batched product, then a transposing pass) costs
+    about as much when memory is warm, but both fresh buffers pay page faults where the allocator has
+    returned them to the system: 3x slower at 256x4096 in a plain loop on the README's machine.
     """
     B, T = y.shape
-    L = min(CHUNK, T)
-    n = -(-T // L)
-    (maps,) = _chunk_maps(q, v, p0, n, L, y.device, y.dtype)
+    weight, unscale, chunk_keep = _positional_factors(q, v, p0, T, y.device, y.dtype)
+    n, L = weight.shape
     if n * L != T:
         y = torch.nn.functional.pad(y, (0, n * L - T))
-    local = torch.bmm(y.view(B, n, L).transpose(0, 1), maps[:, :L])  # [n, B, L]
-    carry, x_end = _chunk_carries(local[:, :, L - 1].T.to(_F64).contiguous(), q, v, p0, L, x0)
-    out = y.new_empty(B, n * L)
-    torch.addcmul(local.transpose(0, 1), maps[:, L], carry.to(y.dtype).unsqueeze(2), out=out.view(B, n, L))
-    return (out if n * L == T else out[:, :T].contiguous()), x_end
+    x = torch.mul(y.view(B, n, L), weight)
+    x.cumsum_(2)  # the chunk's own part of each state, times after_i (the chunk's last state: after = 1)
+    carry, x_end = _chunk_carries(x[:, :, L - 1].to(_F64), q, v, p0, L, x0)
+    x.add_((carry * chunk_keep).to(y.dtype).unsqueeze(2)).mul_(unscale)
+    return (x.view(B, n * L) if n * L == T else x.view(B, n * L)[:, :T].contiguous()), x_end
+
+
+def _positional_factors(q, v, p0, T, device, dtype):
+    """(weight, unscale: [n, L] in dtype, chunk_keep: float64 [n]) for T tokens in n chunks of L (see
+    ``_positional_scan``): gain_k after_k, 1 / after_i, and each chunk's product of keeps."""
+    weight, unscale, chunk_keep = _positional_factor_table(
+        q, v, p0, 1 << max(0, T - 1).bit_length(), device, dtype
+    )
+    n = -(-T // weight.shape[1])
+    return weight[:n], unscale[:n], chunk_keep[:n]
+
+
+# the largest 1 / after_k a chunk may hold: weights gain_k after_k below float32's normal range (2^-126) then
+# lose at most 2^-149 * 2^64 of a z's unit, far below the float32 contract
+MAX_UNSCALE = 2.0**64
+
+
+@functools.lru_cache(maxsize=8)
+def _positional_factor_table(q, v, p0, tokens, device, dtype):
+    """``_positional_factors`` for a power of two of tokens, with the chunk length L: CHUNK, halved while
+    a chunk's 1 / after_k exceeds MAX_UNSCALE (keeps far below 1, e.g. q >> v, need shorter chunks; L = 1
+    always fits, with after = 1)."""
+    gain, keep = gain_tensors(tokens, q, v, p0, device, _F64)
+    L = min(CHUNK, tokens)
+    while True:
+        k = keep.view(-1, L)
+        # after[:, i]: the keeps of the chunk's tokens i+1..L-1 (1 for the last), products only
+        after = torch.ones_like(k)
+        after[:, :-1] = k[:, 1:].flip(1).cumprod(1).flip(1)
+        if L == 1 or float(after.min()) * MAX_UNSCALE >= 1.0:
+            break
+        L //= 2
+    weight = gain.view(-1, L) * after  # each token's weight in its chunk's last state (they sum to < 1)
+    return weight.to(dtype), (1.0 / after).to(dtype), (k[:, 0] * after[:, 0]).contiguous()
 
 
 def _chunk_carries(ends, q, v, p0, L, x0):
     """States entering each chunk of positional gains, float64 [B, n], and the state after the last [B].
 
     ends: float64 [B, n], each chunk's last state scanned from 0. The carries are linear in them with maps
-    shared by all rows, so one batched product does every block of CHUNK chunks (Python steps: one per
-    block, not one per chunk), then a carry scan over the blocks.
+    shared by all rows: up to MAX_CHUNKS_IN_ONE_PRODUCT chunks one product does them all; beyond, one
+    batched product does every block of CHUNK chunks (Python steps: one per block, not one per chunk), then
+    a carry scan over the blocks.
     """
     B, n = ends.shape
+    size = 1 << max(0, n - 1).bit_length()
+    if n <= MAX_CHUNKS_IN_ONE_PRODUCT:
+        across, from_x0 = _dense_carry_table(q, v, p0, size, L, ends.device)
+        states = torch.addmm(from_x0[: n + 1].unsqueeze(0), ends, across[:n, : n + 1], beta=float(x0))
+        return states[:, :n], states[:, n]
     G = CHUNK
     nb = -(-n // G)
-    size = 1 << max(0, n - 1).bit_length()
     maps, decay, block_keep, across, from_x0 = _carry_map_table(q, v, p0, size, L, ends.device)
     maps, decay, block_keep = maps[:nb], decay[:nb], block_keep[:nb]
     if nb * G != n:
@@ -234,13 +281,40 @@ def _chunk_carries(ends, q, v, p0, L, x0):
     parts = torch.bmm(ends.view(B, nb, G).transpose(0, 1), maps)  # [nb, B, G + 1]
     if across is not None:  # few blocks: the carries over them in one product, not a loop
         states = torch.addmm(
-            from_x0[: nb + 1].unsqueeze(0), parts[:, :, G].T, across[:nb, : nb + 1], alpha=1.0, beta=float(x0)
+            from_x0[: nb + 1].unsqueeze(0), parts[:, :, G].T, across[:nb, : nb + 1], beta=float(x0)
         )
         block_in, x_end = states[:, :nb], states[:, nb]
     else:
         block_in, x_end = _carry_scan(block_keep.unsqueeze(0), parts[:, :, G].T, x0)
     before = torch.addcmul(parts[:, :, :G], decay.unsqueeze(1), block_in.T.unsqueeze(2))  # [nb, B, G]
     return before.transpose(0, 1).reshape(B, nb * G)[:, :n], x_end
+
+
+def _carry_weights(keeps):
+    """Weights of x_i = keeps_i x_{i-1} + inc_i over m steps: keeps float64 [..., m] -> (across [..., m, m + 1]:
+    the weight of inc_j in the state before step i (column m: after the last), i.e. the keeps of steps
+    j+1..i-1; start [..., m + 1]: the weight of the state before step 0 there). Built by the recurrence
+    itself: products only, nothing divided."""
+    *lead, m = keeps.shape
+    across = keeps.new_zeros(*lead, m, m + 1)
+    start = keeps.new_ones(*lead, m + 1)
+    for i in range(1, m + 1):
+        across[..., : i - 1, i] = across[..., : i - 1, i - 1] * keeps[..., i - 1 : i]
+        across[..., i - 1, i] = 1.0
+        start[..., i] = start[..., i - 1] * keeps[..., i - 1]
+    return across, start
+
+
+def _chunk_keeps(q, v, p0, n, L, device):
+    """Each chunk's product of keeps, float64 [n], for n chunks of L positional tokens."""
+    _, keep = gain_tensors(n * L, q, v, p0, device, _F64)
+    return torch.cumprod(keep.view(n, L), dim=1)[:, L - 1]
+
+
+@functools.lru_cache(maxsize=8)
+def _dense_carry_table(q, v, p0, n, L, device):
+    """``_carry_weights`` of n chunks of L positional tokens: (across [n, n + 1], from_x0 [n + 1])."""
+    return _carry_weights(_chunk_keeps(q, v, p0, n, L, device))
 
 
 @functools.lru_cache(maxsize=8)
@@ -252,52 +326,19 @@ def _carry_map_table(q, v, p0, n, L, device):
     states entering each block = block ends @ across + x0 * from_x0)."""
     G = CHUNK
     nb = -(-n // G)
-    _, keep = gain_tensors(n * L, q, v, p0, device, _F64)
     chunk_keep = torch.ones(nb * G, dtype=_F64, device=device)
-    chunk_keep[:n] = torch.cumprod(keep.view(n, L), dim=1)[:, L - 1]
-    k = chunk_keep.view(nb, G)
-    # column i: the state entering chunk i = keep_{i-1} (state entering chunk i-1) + end_{i-1}, built by
-    # the recurrence itself (products only, nothing divided)
-    maps = torch.zeros(nb, G, G + 1, dtype=_F64, device=device)
-    for i in range(1, G + 1):
-        maps[:, : i - 1, i] = maps[:, : i - 1, i - 1] * k[:, i - 1 : i]
-        maps[:, i - 1, i] = 1.0
-    through = torch.cumprod(k, dim=1)
-    decay = torch.cat([torch.ones(nb, 1, dtype=_F64, device=device), through[:, : G - 1]], dim=1)
-    block_keep = through[:, G - 1].contiguous()
+    chunk_keep[:n] = _chunk_keeps(q, v, p0, n, L, device)
+    maps, through = _carry_weights(chunk_keep.view(nb, G))
+    decay, block_keep = through[:, :G].contiguous(), through[:, G].contiguous()
     across = from_x0 = None
     if nb <= MAX_BLOCKS_IN_ONE_PRODUCT:
-        # across[j, i]: the weight of block j's own end in the state entering block i (the keeps of blocks
-        # j+1..i-1); from_x0[i]: the weight of x0 there. Built by the recurrence, products only.
-        across = torch.zeros(nb, nb + 1, dtype=_F64, device=device)
-        from_x0 = torch.ones(nb + 1, dtype=_F64, device=device)
-        for i in range(1, nb + 1):
-            across[: i - 1, i] = across[: i - 1, i - 1] * block_keep[i - 1]
-            across[i - 1, i] = 1.0
-            from_x0[i] = from_x0[i - 1] * block_keep[i - 1]
+        across, from_x0 = _carry_weights(block_keep)
     return maps, decay, block_keep, across, from_x0
 
 
 @functools.lru_cache(maxsize=8)
-def _chunk_map_table(q, v, p0, n, L, device, dtype):
-    """Per-chunk maps of the positional gains for n chunks of L tokens (see ``_chunk_maps``)."""
-    gain, keep = gain_tensors(n * L, q, v, p0, device, _F64)
-    g, k = gain.view(n, L), keep.view(n, L)
-    # column i of chunk j: the weights of the chunk's z in its state after token i (scanned from 0), built
-    # by the recurrence itself (col_i = keep_i col_{i-1} + gain_i e_i), so no ratio of products can
-    # underflow; the last row: the weight of the state entering the chunk (the keeps since its start)
-    maps = torch.zeros(n, L + 1, L, dtype=_F64, device=device)
-    for i in range(L):
-        if i:
-            maps[:, :i, i] = maps[:, :i, i - 1] * k[:, i : i + 1]
-        maps[:, i, i] = g[:, i]
-    maps[:, L] = torch.cumprod(k, dim=1)
-    return (maps.to(dtype),)
-
-
-@functools.lru_cache(maxsize=8)
 def _chunk_back_table(q, v, p0, n, L, device, dtype):
-    """Per-chunk maps of the backward's positional gains for n chunks of L tokens (see ``_chunk_maps``)."""
+    """``_chunk_back_maps`` for n chunks of L tokens."""
     gain, keep = gain_tensors(n * L + 1, q, v, p0, device, _F64)
     g = gain[: n * L].view(n, L)
     keep_after = keep[1 : n * L + 1].view(n, L)  # the keep of the token after each token
@@ -314,19 +355,14 @@ def _chunk_back_table(q, v, p0, n, L, device, dtype):
     return back.to(dtype).contiguous(), ends, span[:, 0, :L].to(dtype), span[:, 0, L].contiguous()
 
 
-def _chunk_maps(q, v, p0, n, L, device, dtype, reverse=False):
-    """Per-chunk maps of the positional gains, cached by powers of two of n (tables are built once).
-
-    forward: (maps [n, L + 1, L] in dtype: the states of chunk j = [its z, the state entering it] @
-    maps[j],).
-    reverse: (back [n, L, L]: dz from the chunk's own w = w_chunk @ back[j]; ends [n, L]: the weight of
-    the reverse state entering from the next chunk; head [n, L]: weights of w in the reverse state at the
-    chunk's first token, all in dtype; chunk_keep [n] float64: keeps from the chunk's second token to the
-    next chunk's first).
+def _chunk_back_maps(q, v, p0, n, L, device, dtype):
+    """Per-chunk maps of the backward's positional gains, cached by powers of two of n (built once): back
+    [n, L, L]: dz from the chunk's own w = w_chunk @ back[j]; ends [n, L]: the weight of the reverse state
+    entering from the next chunk; head [n, L]: weights of w in the reverse state at the chunk's first token,
+    all in dtype; chunk_keep [n] float64: keeps from the chunk's second token to the next chunk's first.
     """
     size = 1 << max(0, n - 1).bit_length()
-    table = (_chunk_back_table if reverse else _chunk_map_table)(q, v, p0, size, L, device, dtype)
-    return tuple(part[:n] for part in table)
+    return tuple(part[:n] for part in _chunk_back_table(q, v, p0, size, L, device, dtype))
 
 
 def backward(grad, mask, mode, q, v, p0):
@@ -355,7 +391,7 @@ def _positional_reverse_scan(w, q, v, p0):
     B, T = w.shape
     L = min(CHUNK, T)
     n = -(-T // L)
-    back, ends, head, chunk_keep = _chunk_maps(q, v, p0, n, L, w.device, w.dtype, reverse=True)
+    back, ends, head, chunk_keep = _chunk_back_maps(q, v, p0, n, L, w.device, w.dtype)
     if n * L != T:
         w = torch.nn.functional.pad(w, (0, n * L - T), value=0.0)
     w3 = w.view(B, n, L)
