@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from kpo.filter import MASK_MODES, kalman_filter, scan
+from kpo.filter import MASK_MODES, kalman_filter, kalman_gains, scan
 from kpo.filter.reference import kalman_filter_reference
 
 from .helpers import float32_bound, make_mask
@@ -56,6 +56,27 @@ def test_positional_route_shortens_chunks_where_keeps_are_small(q):
         out = kalman_filter(z, q=q, v=1.0, x0=0.5, backend="torch")
         assert bool(torch.isfinite(out).all())
         assert float((out.double() - ref).abs().max()) <= float32_bound(z), scale
+
+
+@pytest.mark.parametrize("T", [3 * scan.CHUNK + 5, 9000])
+@pytest.mark.parametrize("q", [1e-6, 1e2])
+def test_positional_backward_matches_the_reverse_loop(T, q):
+    # the backward is the reverse recurrence u_t = w_t + (1 - K_{t+1}) u_{t+1}, dz_t = K_t u_t: written
+    # out here as a float64 loop. T = 101: the reverse carries in one product; 9000 (282 chunks): by the
+    # scan. q = 1e2: chunks of 8 tokens (keeps ~1e-2)
+    rng = np.random.default_rng(int(T + q))
+    z = torch.from_numpy(rng.normal(0, 1, (2, T))).requires_grad_()
+    w = rng.normal(0, 1, (2, T))
+    (dz,) = torch.autograd.grad(
+        (kalman_filter(z, q=q, v=1.0, backend="torch") * torch.from_numpy(w)).sum(), z
+    )
+    gain = kalman_gains(T, q=q, v=1.0).numpy()
+    expected, u = np.zeros((2, T)), np.zeros(2)
+    for t in range(T - 1, -1, -1):
+        u = w[:, t] + (1 - gain[t + 1]) * u if t + 1 < T else w[:, t]
+        expected[:, t] = gain[t] * u
+    scale = np.abs(expected).max()
+    assert float(np.abs(dz.numpy() - expected).max()) <= 1e-12 * max(1.0, scale)
 
 
 @pytest.mark.parametrize("mode", MASK_MODES)

@@ -239,21 +239,25 @@ def _positional_factors(q, v, p0, T, device, dtype):
 MAX_UNSCALE = 2.0**64
 
 
+def _chunk_length(keep):
+    """Tokens per chunk for the positional keeps, float64 [tokens] (a power of two): CHUNK, halved while some
+    chunk's product of keeps after its first token is below 1 / MAX_UNSCALE (keeps far below 1, e.g.
+    q >> v, need shorter chunks; L = 1 always fits). Both directions rescale by these products' inverses."""
+    L = min(CHUNK, keep.numel())
+    while L > 1 and float(keep.view(-1, L)[:, 1:].prod(dim=1).min()) * MAX_UNSCALE < 1.0:
+        L //= 2
+    return L
+
+
 @functools.lru_cache(maxsize=8)
 def _positional_factor_table(q, v, p0, tokens, device, dtype):
-    """``_positional_factors`` for a power of two of tokens, with the chunk length L: CHUNK, halved while
-    a chunk's 1 / after_k exceeds MAX_UNSCALE (keeps far below 1, e.g. q >> v, need shorter chunks; L = 1
-    always fits, with after = 1)."""
+    """``_positional_factors`` for a power of two of tokens, in chunks of ``_chunk_length``."""
     gain, keep = gain_tensors(tokens, q, v, p0, device, _F64)
-    L = min(CHUNK, tokens)
-    while True:
-        k = keep.view(-1, L)
-        # after[:, i]: the keeps of the chunk's tokens i+1..L-1 (1 for the last), products only
-        after = torch.ones_like(k)
-        after[:, :-1] = k[:, 1:].flip(1).cumprod(1).flip(1)
-        if L == 1 or float(after.min()) * MAX_UNSCALE >= 1.0:
-            break
-        L //= 2
+    L = _chunk_length(keep)
+    k = keep.view(-1, L)
+    # after[:, i]: the keeps of the chunk's tokens i+1..L-1 (1 for the last), products only
+    after = torch.ones_like(k)
+    after[:, :-1] = k[:, 1:].flip(1).cumprod(1).flip(1)
     weight = gain.view(-1, L) * after  # each token's weight in its chunk's last state (they sum to < 1)
     return weight.to(dtype), (1.0 / after).to(dtype), (k[:, 0] * after[:, 0]).contiguous()
 
@@ -336,69 +340,77 @@ def _carry_map_table(q, v, p0, n, L, device):
     return maps, decay, block_keep, across, from_x0
 
 
-@functools.lru_cache(maxsize=8)
-def _chunk_back_table(q, v, p0, n, L, device, dtype):
-    """``_chunk_back_maps`` for n chunks of L tokens."""
-    gain, keep = gain_tensors(n * L + 1, q, v, p0, device, _F64)
-    g = gain[: n * L].view(n, L)
-    keep_after = keep[1 : n * L + 1].view(n, L)  # the keep of the token after each token
-    # span[j, i, k]: keeps of tokens i+1..k of chunk j (1 at k = i), column L reaching the next chunk's
-    # first token; built by the recurrence from the chunk end, so no ratio of products can underflow
-    span = torch.zeros(n, L, L + 1, dtype=_F64, device=device)
-    span[:, L - 1, L - 1] = 1.0
-    span[:, L - 1, L] = keep_after[:, L - 1]
-    for i in range(L - 2, -1, -1):
-        span[:, i, i] = 1.0
-        span[:, i, i + 1 :] = span[:, i + 1, i + 1 :] * keep_after[:, i : i + 1]
-    back = (g.unsqueeze(2) * span[:, :, :L]).transpose(1, 2)  # back[j, k, i]: weight of w_k in dz_i
-    ends = (g * span[:, :, L]).to(dtype)
-    return back.to(dtype).contiguous(), ends, span[:, 0, :L].to(dtype), span[:, 0, L].contiguous()
-
-
-def _chunk_back_maps(q, v, p0, n, L, device, dtype):
-    """Per-chunk maps of the backward's positional gains, cached by powers of two of n (built once): back
-    [n, L, L]: dz from the chunk's own w = w_chunk @ back[j]; ends [n, L]: the weight of the reverse state
-    entering from the next chunk; head [n, L]: weights of w in the reverse state at the chunk's first token,
-    all in dtype; chunk_keep [n] float64: keeps from the chunk's second token to the next chunk's first.
-    """
-    size = 1 << max(0, n - 1).bit_length()
-    return tuple(part[:n] for part in _chunk_back_table(q, v, p0, size, L, device, dtype))
-
-
 def backward(grad, mask, mode, q, v, p0):
     """Gradient w.r.t. z of sum(grad * filter(z)): u_t = w_t + keep_{t+1} u_{t+1}, dz_t = gain_t u_t, in float64."""
     B, T = grad.shape
     gain, keep = token_gains(mask, mode, T, q, v, p0, grad.device)
-    w = (grad if mask is None else torch.where(mask, grad, 0.0)).to(_F64)
+    w = grad if mask is None else torch.where(mask, grad, 0.0)
     if gain.dim() == 1:
         dz = _positional_reverse_scan(w, q, v, p0)
     else:
         keep_next = torch.nn.functional.pad(keep[..., 1:], (0, 1), value=1.0)
-        u, _ = chunked_scan(keep_next.flip(-1), w.flip(1), 0.0)
-        dz = gain * u.flip(1)
-    if mask is not None:
-        dz = torch.where(mask, dz, 0.0)
-    return dz.to(grad.dtype)
+        u, _ = chunked_scan(keep_next.flip(-1), w.to(_F64).flip(1), 0.0)
+        dz = (gain * u.flip(1)).to(grad.dtype)
+    return dz if mask is None else torch.where(mask, dz, 0.0)
 
 
 def _positional_reverse_scan(w, q, v, p0):
-    """dz [B, T] of the backward when every row takes the positional gains, in w's dtype.
+    """dz [B, T] in w's dtype of the backward when every row takes the positional gains; the sums in float64.
 
-    Within a chunk dz_i = gain_i (sum over k >= i of the keeps of tokens i+1..k times w_k) + gain_i (keeps
-    of tokens i+1..L) u_L, with u_L the reverse state entering from the next chunk: one batched matrix
-    product for the first part, a float64 reverse scan over chunks for u_L.
+    Within a chunk, with before_i the product of the keeps of the chunk's tokens 1..i (1 at i = 0), the
+    reverse state is
+        u_i = (sum over k >= i of before_k w_k + before_{L-1} keep_next u_next) / before_i,   dz_i = gain_i u_i,
+    with keep_next, u_next the keep and the reverse state of the next chunk's first token. So: a broadcast
+    product, a product with a triangular matrix of ones for the suffix sums, the reverse carries over chunks
+    (one product up to MAX_CHUNKS_IN_ONE_PRODUCT chunks, else a float64 scan), then an add and a multiply in
+    place and the cast to w's dtype. The chunks are the forward's (the same inverse products, at most MAX_UNSCALE).
     """
     B, T = w.shape
-    L = min(CHUNK, T)
-    n = -(-T // L)
-    back, ends, head, chunk_keep = _chunk_back_maps(q, v, p0, n, L, w.device, w.dtype)
+    weight, unscale, chunk_keep, across = _positional_back_factors(q, v, p0, T, w.device)
+    n, L = weight.shape
     if n * L != T:
-        w = torch.nn.functional.pad(w, (0, n * L - T), value=0.0)
-    w3 = w.view(B, n, L)
-    totals = (w3 * head).sum(2).to(_F64)  # u at each chunk's first token, from the chunk's own w
-    before, _ = _carry_scan(chunk_keep.flip(0).unsqueeze(0), totals.flip(1), 0.0)
-    u_next = before.flip(1)  # u entering each chunk from the right (0 after the last)
-    local = torch.bmm(w3.transpose(0, 1).contiguous(), back)  # [n, B, L]
-    out = torch.empty(B, n * L, dtype=w.dtype, device=w.device)
-    torch.addcmul(local.transpose(0, 1), ends, u_next.to(w.dtype).unsqueeze(2), out=out.view(B, n, L))
-    return out[:, :T]
+        w = torch.nn.functional.pad(w, (0, n * L - T))
+    # a float64 copy scaled in place, then the float64 result cast: a mixed-dtype product takes twice as long
+    weighted = w.view(B, n, L).to(_F64, copy=True).mul_(weight)
+    sums = torch.mm(weighted.view(B * n, L), _suffix_sum_matrix(L, w.device)).view(B, n, L)
+    heads = sums[:, :, 0]  # u at each chunk's first token, from the chunk's own w
+    if across is not None:
+        u_next = heads @ across.T
+    else:
+        before, _ = _carry_scan(chunk_keep.flip(0).unsqueeze(0), heads.flip(1), 0.0)
+        u_next = before.flip(1)
+    dz = sums.add_((chunk_keep * u_next).unsqueeze(2)).mul_(unscale).to(w.dtype)
+    return dz.view(B, n * L) if n * L == T else dz.view(B, n * L)[:, :T].contiguous()
+
+
+def _positional_back_factors(q, v, p0, T, device):
+    """(weight [n, L]: before_k; unscale [n, L]: gain_i / before_i; chunk_keep [n]: before_{L-1} keep_next;
+    across [n, n] or None: u_next = heads @ across.T) for T tokens in n chunks of L, all float64 (see
+    ``_positional_reverse_scan``)."""
+    weight, unscale, chunk_keep, across = _positional_back_table(
+        q, v, p0, 1 << max(0, T - 1).bit_length(), device
+    )
+    n = -(-T // weight.shape[1])
+    return weight[:n], unscale[:n], chunk_keep[:n], None if across is None else across[:n, :n]
+
+
+@functools.lru_cache(maxsize=8)
+def _positional_back_table(q, v, p0, tokens, device):
+    """``_positional_back_factors`` for a power of two of tokens."""
+    gain, keep = gain_tensors(tokens + 1, q, v, p0, device, _F64)
+    L = _chunk_length(keep[:tokens])
+    k = keep[:tokens].view(-1, L)
+    before = torch.ones_like(k)
+    before[:, 1:] = k[:, 1:].cumprod(dim=1)
+    chunk_keep = before[:, L - 1] * keep[L : tokens + 1 : L]
+    # across[j, i] (i > j): the keeps from chunk j + 1's first token to chunk i's, u_next's weight of heads_i
+    across = (
+        _carry_weights(chunk_keep)[0][:, :-1] if chunk_keep.numel() <= MAX_CHUNKS_IN_ONE_PRODUCT else None
+    )
+    return before, gain[:tokens].view(-1, L) / before, chunk_keep, across
+
+
+@functools.lru_cache(maxsize=8)
+def _suffix_sum_matrix(L, device):
+    """[L, L] float64 lower-triangular ones: row-vector @ it = its suffix sums."""
+    return torch.ones(L, L, dtype=_F64, device=device).tril_()
