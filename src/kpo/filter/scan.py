@@ -2,7 +2,7 @@
 
 With data-independent gains the filter is the first-order linear recurrence
     x_t = keep_t * x_{t-1} + gain_t * y_t          (keep = 1 - gain; skipped tokens: keep 1, gain 0)
-whose backward is the same recurrence run in reverse. T is cut into chunks of CHUNK tokens. Each chunk is
+whose backward is the same recurrence run in reverse. T is cut into chunks of up to CHUNK tokens. Each chunk is
 scanned from 0 in the input's dtype, all chunks of all rows at once: when every row takes the positional
 gains (no mask, right padding, ``zero`` mode) as a cumsum of weighted z, rescaled per token by cached
 factors, in the output buffer itself; otherwise by CHUNK vectorized steps. The state entering each chunk is
