@@ -4,8 +4,9 @@ With data-independent gains the filter is the first-order linear recurrence
     x_t = keep_t * x_{t-1} + gain_t * y_t          (keep = 1 - gain; skipped tokens: keep 1, gain 0)
 whose backward is the same recurrence run in reverse. T is cut into chunks of up to CHUNK tokens. Each chunk is
 scanned from 0 in the input's dtype, all chunks of all rows at once: when every row takes the positional
-gains (no mask, right padding, ``zero`` mode) as a cumsum of weighted z, rescaled per token by cached
-factors, in the output buffer itself; otherwise by CHUNK vectorized steps. The state entering each chunk is
+gains (no mask, right padding, ``zero`` mode, and ``skip`` mode with holes once each row's valid tokens are
+moved left) as a cumsum of weighted z, rescaled per token by cached factors, in the output buffer itself;
+otherwise (``advance`` mode with holes: per-row gains) by CHUNK vectorized steps. The state entering each chunk is
 an exact float64 scan over chunks, recursive in chunks of chunks, so the Python steps grow as
 CHUNK log_CHUNK T. The rescaling is by inverse products of keeps within one chunk only, at most MAX_UNSCALE
 (chunks shorten where the keeps are small); the authors divide by the product over the whole response,
@@ -36,22 +37,9 @@ MAX_CHUNKS_IN_ONE_PRODUCT = 256
 MAX_BLOCKS_IN_ONE_PRODUCT = 64
 
 
-def token_gains(
-    mask: torch.Tensor | None, mode: str, T: int, q: float, v: float, p0: float, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token (gain, keep), float64 [B, T], or the shared [T] table entries when they serve every row.
-
-    mask: bool [B, T] or None. A masked token gets gain 0 and keep 1, except in ``zero`` mode (a masked
-    token is an observation of 0) and in trailing padding: when every row is a valid prefix followed by
-    padding, the positional table serves all rows, since nothing valid follows the padding.
-    """
-    gain, keep = gain_tensors(T, q, v, p0, device, _F64)
-    if mask is None or mode == "zero" or right_padded(mask):
-        return gain, keep
-    if mode == "skip":
-        # a valid token takes the table entry of its rank among the row's valid tokens
-        rank = (torch.cumsum(mask, dim=1) - 1).clamp_(min=0)
-        return torch.where(mask, gain[rank], 0.0), torch.where(mask, keep[rank], 1.0)
+def advance_gains(mask: torch.Tensor, q: float, v: float, p0: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token (gain, keep), float64 [B, T], of ``advance`` mode for bool [B, T] ``mask``: a masked token
+    gets gain 0 and keep 1 (no observation; its time step only grows the variance of the tokens after it)."""
     prior = _advance_priors(mask, q, v, p0)
     return torch.where(mask, prior / (prior + v), 0.0), torch.where(mask, v / (prior + v), 1.0)
 
@@ -99,7 +87,8 @@ def chunked_scan(
 
     With ``gain``: x_t = x_{t-1} + gain_t (y_t - x_{t-1}) (the filter; keep = 1 - gain);
     without:       x_t = keep_t x_{t-1} + y_t           (the reverse scan of the backward).
-    keep, gain: float64 [T] (shared by every row) or [B, T]; y: [B, T] float32 or float64, the compute dtype.
+    keep, gain: float64 [B, T]; y: [B, T] float32 or float64, the compute dtype. (Rows with per-row gains:
+    ``advance`` mode with holes; the positional gains take ``_positional_scan``.)
 
     Chunks of ``CHUNK`` tokens are scanned from 0 in y's dtype, all chunks of all rows at once (CHUNK Python
     steps); the chunk-to-chunk carries are an exact float64 scan over chunks (``_carry_scan``); each token
@@ -109,10 +98,6 @@ def chunked_scan(
     L = min(CHUNK, T)
     n = -(-T // L)
     pad = n * L - T
-    rows = 1 if keep.dim() == 1 else B
-    keep = keep.reshape(rows, T)
-    if gain is not None:
-        gain = gain.reshape(rows, T)
     if pad:
         keep = torch.nn.functional.pad(keep, (0, pad), value=1.0)
         y = torch.nn.functional.pad(y, (0, pad), value=0.0)
@@ -121,7 +106,7 @@ def chunked_scan(
     dtype = y.dtype
     # [L, B, n]: step i reads one contiguous slab holding token i of every chunk of every row
     y3 = y.reshape(B, n, L).permute(2, 0, 1).contiguous()
-    step = (keep if gain is None else gain).reshape(rows, n, L).permute(2, 0, 1).to(dtype).contiguous()
+    step = (keep if gain is None else gain).reshape(B, n, L).permute(2, 0, 1).to(dtype).contiguous()
     local = torch.empty_like(y3)
     local[0] = y3[0] if gain is None else step[0] * y3[0]
     for i in range(1, L):
@@ -130,7 +115,7 @@ def chunked_scan(
         else:
             # lerp: x + g (y - x) keeps the gain's relative precision (1 - g in float32 would round it)
             torch.lerp(local[i - 1], y3[i], step[i], out=local[i])
-    decay = torch.cumprod(keep.reshape(rows, n, L), dim=2)  # float64 [rows, n, L], products since chunk start
+    decay = torch.cumprod(keep.reshape(B, n, L), dim=2)  # float64 [B, n, L], products since chunk start
     carry, x_end = _carry_scan(decay[:, :, L - 1], local[L - 1].to(_F64), x0)
     out = torch.empty(B, n * L, dtype=dtype, device=y.device)
     torch.addcmul(
@@ -192,10 +177,27 @@ def forward(z, mask, mode, q, v, p0, x0):
     y = torch.where(mask, z, 0.0)  # a masked z is never read (it may be NaN)
     if mode == "zero":  # a masked token is an observation of 0: the positional gains still serve every row
         x, x_end = _positional_scan(y, x0, q, v, p0)
-    else:  # gains differ per row (holes): the stepwise chunked scan
-        gain, keep = token_gains(mask, mode, z.shape[1], q, v, p0, z.device)
+    elif mode == "skip":  # a masked token takes no step: the valid tokens moved left are right-padded rows
+        rank, slot = _skip_slots(mask)
+        x, x_end = _positional_scan(_compact(y, slot), x0, q, v, p0)
+        x = x.gather(1, rank)
+    else:  # advance: gains differ per row (holes), the stepwise chunked scan
+        gain, keep = advance_gains(mask, q, v, p0)
         x, x_end = chunked_scan(keep, y, x0, gain)
     return torch.where(mask, x, 0.0), x_end
+
+
+def _skip_slots(mask):
+    """For skip mode's compaction of bool [B, T] ``mask``: (rank: each valid token's index among its row's
+    valid tokens, where its state lies in the compacted row; slot: the same, but the last column for masked
+    tokens, which holds padding in every row that has a masked token), int64 [B, T]."""
+    rank = torch.cumsum(mask, dim=1).sub_(1).clamp_(min=0)
+    return rank, torch.where(mask, rank, mask.shape[1] - 1)
+
+
+def _compact(t, slot):
+    """t [B, T] (0 at masked tokens) with each row's valid entries moved left in order, zeros after."""
+    return torch.zeros_like(t).scatter_(1, slot, t)
 
 
 def _positional_scan(y, x0, q, v, p0):
@@ -342,14 +344,16 @@ def _carry_map_table(q, v, p0, n, L, device):
 
 def backward(grad, mask, mode, q, v, p0):
     """Gradient w.r.t. z of sum(grad * filter(z)): u_t = w_t + keep_{t+1} u_{t+1}, dz_t = gain_t u_t, in float64."""
-    B, T = grad.shape
-    gain, keep = token_gains(mask, mode, T, q, v, p0, grad.device)
     w = grad if mask is None else torch.where(mask, grad, 0.0)
-    if gain.dim() == 1:
+    if mask is None or mode == "zero" or right_padded(mask):  # the positional gains serve every row
         dz = _positional_reverse_scan(w, q, v, p0)
+    elif mode == "skip":  # the forward's compaction, transposed
+        rank, slot = _skip_slots(mask)
+        dz = _positional_reverse_scan(_compact(w, slot), q, v, p0).gather(1, rank)
     else:
-        keep_next = torch.nn.functional.pad(keep[..., 1:], (0, 1), value=1.0)
-        u, _ = chunked_scan(keep_next.flip(-1), w.to(_F64).flip(1), 0.0)
+        gain, keep = advance_gains(mask, q, v, p0)
+        keep_next = torch.nn.functional.pad(keep[:, 1:], (0, 1), value=1.0)
+        u, _ = chunked_scan(keep_next.flip(1), w.to(_F64).flip(1), 0.0)
         dz = (gain * u.flip(1)).to(grad.dtype)
     return dz if mask is None else torch.where(mask, dz, 0.0)
 
