@@ -137,6 +137,35 @@ def test_right_padding_is_never_read_even_when_not_finite(mode):
         kalman_filter(poisoned, mask, q=1e-3, v=1.0, p0=0.0, x0=0.1, mask_mode=mode, backend="torch")
 
 
+@pytest.mark.parametrize("mode", MASK_MODES)
+def test_holes_are_never_read_even_when_not_finite(mode):
+    # interior holes: skip mode moves each row's valid tokens left (one scatter), advance takes per-row gains,
+    # zero observes 0 there. NaN/Inf under the mask must give what zeros give, values and gradients, and a
+    # fully masked row comes out all 0
+    rng = np.random.default_rng(23)
+    B, T = 4, 3 * scan.CHUNK + 5
+    mask = make_mask(rng, B, T)
+    mask[0] = False
+    mask[1] = True
+    mask[1, 7:40] = False
+    z = torch.from_numpy(rng.normal(0.3, 1.0, (B, T)))
+    poisoned = z.clone()
+    poisoned[~mask] = float("nan")
+    poisoned[1, 8] = float("inf")
+    g = torch.from_numpy(rng.normal(0, 1, (B, T)))
+    ref = kalman_filter_reference(z, mask, q=1e-3, v=1.0, x0=0.1, mask_mode=mode)
+    grads = []
+    for zz in (z, poisoned):
+        leaf = zz.clone().requires_grad_()
+        out = kalman_filter(leaf, mask, q=1e-3, v=1.0, x0=0.1, mask_mode=mode, backend="torch")
+        assert float((out.detach() - ref).abs().max()) <= 1e-11
+        assert bool((out[0] == 0).all())
+        (grad,) = torch.autograd.grad((out * g).sum(), leaf)
+        grads.append(grad)
+    assert bool(torch.isfinite(grads[1]).all()) and bool((grads[1][~mask] == 0).all())
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("blocks_in_one_product", [0, 64])
 def test_carries_over_many_blocks_by_product_and_by_scan(blocks_in_one_product, monkeypatch):
     # the carries over blocks of chunks: one dense product up to MAX_BLOCKS_IN_ONE_PRODUCT blocks, else the
