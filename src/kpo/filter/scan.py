@@ -39,9 +39,57 @@ MAX_BLOCKS_IN_ONE_PRODUCT = 64
 
 def advance_gains(mask: torch.Tensor, q: float, v: float, p0: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token (gain, keep), float64 [B, T], of ``advance`` mode for bool [B, T] ``mask``: a masked token
-    gets gain 0 and keep 1 (no observation; its time step only grows the variance of the tokens after it)."""
-    prior = _advance_priors(mask, q, v, p0)
-    return torch.where(mask, prior / (prior + v), 0.0), torch.where(mask, v / (prior + v), 1.0)
+    gets gain 0 and keep 1 (no observation; its time step only grows the variance of the tokens after it).
+
+    The posterior variance steps are Moebius maps with non-negative 2x2 matrices: an update
+    P -> v(P+q)/(P+q+v) is U = [[v, vq], [1, q+v]], h holes P -> P+hq are [[1, hq], [0, 1]]. Within a run of
+    valid tokens the posterior before the k-th is U^k (cached powers) applied to the run's first one; from
+    run to run that first posterior moves by [[1, hq], [0, 1]] U^len (len: the run's length, h: the holes
+    after it), composed by a doubling scan over runs: log2 of the most runs in a row steps, not log2 T, on
+    [B, runs] entries, not [B, T]. Every product is rescaled to entries summing to 1 (the same map, finite
+    entries); non-negative entries mean no cancellation.
+    """
+    B, T = mask.shape
+    t = torch.arange(T, device=mask.device).expand(B, T)
+    start = mask.clone()
+    start[:, 1:] &= ~mask[:, :-1]
+    run = torch.cumsum(start, dim=1).sub_(1)  # each valid token's run, counted from 0 in its row
+    R = int(run[:, -1].max()) + 1  # runs in the row that has the most
+    if R == 0:  # nothing valid
+        gain = torch.zeros(B, T, dtype=_F64, device=mask.device)
+        return gain, torch.ones_like(gain)
+    # first position and length of each run, [B, R]; column R takes what belongs to no run
+    first = torch.zeros(B, R + 1, dtype=torch.long, device=mask.device)
+    first = first.scatter_(1, torch.where(start, run, R), t)[:, :R]
+    length = torch.zeros(B, R + 1, dtype=torch.long, device=mask.device)
+    length = length.scatter_add_(1, torch.where(mask, run, R), torch.ones_like(run))[:, :R]
+    holes = first.clone()  # before each run (the rows' unused runs: none)
+    holes[:, 1:] -= first[:, :-1] + length[:, :-1]
+    holes.clamp_(min=0)
+    powers = _update_powers(q, v, 1 << T.bit_length(), mask.device)  # U^0 .. U^T at least
+    # maps[:, :, r]: run r's first posterior from run 0's, composed left to right by doubling
+    steps = powers[:, length[:, :-1]]
+    shift_by = holes[:, 1:].to(_F64) * q
+    maps = _normalized(
+        torch.stack([steps[0] + shift_by * steps[2], steps[1] + shift_by * steps[3], steps[2], steps[3]])
+    )
+    shift = 1
+    while shift < R - 1:
+        maps[:, :, shift:] = _compose(maps[:, :, shift:], maps[:, :, :-shift])
+        shift *= 2
+    head = p0 + q * holes[:, :1].to(_F64)  # run 0's first posterior
+    firsts = torch.cat([head, (maps[0] * head + maps[1]) / (maps[2] * head + maps[3])], dim=1)
+    at = run.clamp(min=0)
+    place = (t - first.gather(1, at)).clamp_(min=0).view(-1)  # k: each token's place in its run
+    a, b, c, d = (torch.index_select(entry, 0, place).view(B, T) for entry in powers)  # U^k
+    base = firsts.gather(1, at)
+    # the posterior before each token is (a base + b) / (c base + d), its prior that + q: with D = c base + d
+    # and N = a base + b + q D, gain = N / (N + v D) and keep = v D / (N + v D), sums of non-negative terms
+    den = c.mul_(base).add_(d)
+    num = a.mul_(base).add_(b).add_(den, alpha=q)
+    total = torch.add(num, den, alpha=v)
+    masked = ~mask
+    return num.div_(total).masked_fill_(masked, 0.0), den.mul_(v).div_(total).masked_fill_(masked, 1.0)
 
 
 def right_padded(mask: torch.Tensor) -> bool:
@@ -49,35 +97,39 @@ def right_padded(mask: torch.Tensor) -> bool:
     return bool((mask[:, 1:] <= mask[:, :-1]).all())
 
 
-def _advance_priors(mask: torch.Tensor, q: float, v: float, p0: float) -> torch.Tensor:
-    """Prior variances P_{t|t-1}, float64 [B, T], of ``advance`` mode with masked holes.
+def _normalized(m: torch.Tensor) -> torch.Tensor:
+    """Moebius matrices, float64 [4, ...] entries (a, b, c, d), rescaled to entries summing to 1."""
+    return m / m.sum(dim=0)
 
-    Both variance steps are Moebius maps with non-negative 2x2 matrices: an update
-    P -> v(P+q)/(P+q+v) is [[v, vq], [1, q+v]], a hole P -> P+q is [[1, q], [0, 1]]. Their running
-    products compose by a doubling scan (log2 T steps); each product is rescaled to entries summing to 1,
-    which leaves the map unchanged and keeps the entries finite. Non-negative entries mean no cancellation.
-    """
-    B, T = mask.shape
 
-    def pick(on_update: float, on_hole: float) -> torch.Tensor:
-        return torch.where(mask, torch.tensor(on_update, dtype=_F64), torch.tensor(on_hole, dtype=_F64))
+def _compose(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The Moebius maps x after y, [4, ...] entries (a, b, c, d) of each matrix: x @ y, ``_normalized``."""
+    return _normalized(
+        torch.stack(
+            [
+                x[0] * y[0] + x[1] * y[2],
+                x[0] * y[1] + x[1] * y[3],
+                x[2] * y[0] + x[3] * y[2],
+                x[2] * y[1] + x[3] * y[3],
+            ]
+        )
+    )
 
-    m11, m12, m21, m22 = pick(v, 1.0), pick(v * q, q), pick(1.0, 0.0), pick(q + v, 1.0)
-    shift = 1
-    while shift < T:
-        # C_t <- C_t @ C_{t-shift}: later maps act after earlier ones
-        a11, a12, a21, a22 = (x[:, shift:] for x in (m11, m12, m21, m22))
-        b11, b12, b21, b22 = (x[:, :-shift] for x in (m11, m12, m21, m22))
-        c11, c12 = a11 * b11 + a12 * b21, a11 * b12 + a12 * b22
-        c21, c22 = a21 * b11 + a22 * b21, a21 * b12 + a22 * b22
-        scale = c11 + c12 + c21 + c22
-        for full, new in ((m11, c11), (m12, c12), (m21, c21), (m22, c22)):
-            full[:, shift:] = new / scale
-        shift *= 2
-    # posterior before token t is the product up to t-1 applied to p0 (the empty product before token 0)
-    post = (m11 * p0 + m12) / (m21 * p0 + m22)
-    before = torch.cat([torch.full((B, 1), p0, dtype=_F64, device=mask.device), post[:, :-1]], dim=1)
-    return before + q
+
+@functools.lru_cache(maxsize=8)
+def _update_powers(q: float, v: float, n: int, device: torch.device) -> torch.Tensor:
+    """U^k for k = 0..n-1 (n a power of two), U = [[v, vq], [1, q+v]] the posterior variance update:
+    float64 [4, n], entries (a, b, c, d), ``_normalized``; by doubling (log2 n products)."""
+    powers = torch.empty(4, n, dtype=_F64, device=device)
+    powers[:, 0] = torch.tensor([0.5, 0.0, 0.0, 0.5], dtype=_F64)
+    if n > 1:
+        powers[:, 1] = _normalized(torch.tensor([v, v * q, 1.0, q + v], dtype=_F64))
+    size = 2
+    while size < n:
+        top = _compose(powers[:, size // 2 : size // 2 + 1], powers[:, size // 2 : size // 2 + 1])  # U^size
+        powers[:, size : 2 * size] = _compose(top, powers[:, :size])
+        size *= 2
+    return powers
 
 
 def chunked_scan(
