@@ -11,7 +11,7 @@ import torch
 from kpo.filter import MASK_MODES, kalman_filter, kalman_gains, scan
 from kpo.filter.reference import kalman_filter_reference
 
-from .helpers import float32_bound, make_mask
+from .helpers import float32_bound, make_mask, make_params
 
 
 def right_padded(rng: np.random.Generator, B: int, T: int) -> torch.Tensor:
@@ -164,6 +164,32 @@ def test_holes_are_never_read_even_when_not_finite(mode):
         grads.append(grad)
     assert bool(torch.isfinite(grads[1]).all()) and bool((grads[1][~mask] == 0).all())
     torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)
+
+
+def test_advance_gains_match_the_variance_loop():
+    # advance mode's gains come from runs of valid tokens (powers of the update within a run, maps composed
+    # over runs): against the variance recursion written out, for random parameters and masks with leading
+    # holes, single valid tokens, half the tokens masked at random and a row with nothing valid
+    rng = np.random.default_rng(31)
+    for trial in range(40):
+        params = make_params(rng)
+        q, v, p0 = params["q"], params["v"], params["p0"]
+        B, T = 4, int(rng.choice([1, 2, 9, 200]))
+        mask = make_mask(rng, B, T) if trial % 2 else torch.from_numpy(rng.random((B, T)) < 0.5)
+        mask[0] = False
+        gain, keep = scan.advance_gains(mask, q, v, p0)
+        expected_gain, expected_keep = np.zeros((B, T)), np.ones((B, T))
+        for b in range(B):
+            p = p0
+            for t in range(T):
+                prior = p + q
+                if mask[b, t]:
+                    expected_gain[b, t], expected_keep[b, t] = prior / (prior + v), v / (prior + v)
+                    p = v * prior / (prior + v)
+                else:
+                    p = prior
+        np.testing.assert_allclose(gain.numpy(), expected_gain, rtol=1e-12, atol=0)
+        np.testing.assert_allclose(keep.numpy(), expected_keep, rtol=1e-12, atol=0)
 
 
 @pytest.mark.parametrize("blocks_in_one_product", [0, 64])
