@@ -225,7 +225,7 @@ def forward(z, mask, mode, q, v, p0, x0):
         x, x_end = _positional_scan(z, x0, q, v, p0)
         if not math.isfinite(float(x_end.sum())):
             x, x_end = _positional_scan(torch.where(mask, z, 0.0), x0, q, v, p0)
-        return torch.where(mask, x, 0.0), x_end
+        return x.masked_fill_(~mask, 0.0), x_end
     y = torch.where(mask, z, 0.0)  # a masked z is never read (it may be NaN)
     if mode == "zero":  # a masked token is an observation of 0: the positional gains still serve every row
         x, x_end = _positional_scan(y, x0, q, v, p0)
@@ -236,7 +236,7 @@ def forward(z, mask, mode, q, v, p0, x0):
     else:  # advance: gains differ per row (holes), the stepwise chunked scan
         gain, keep = advance_gains(mask, q, v, p0)
         x, x_end = chunked_scan(keep, y, x0, gain)
-    return torch.where(mask, x, 0.0), x_end
+    return x.masked_fill_(~mask, 0.0), x_end
 
 
 def _skip_slots(mask):
@@ -407,7 +407,7 @@ def backward(grad, mask, mode, q, v, p0):
         keep_next = torch.nn.functional.pad(keep[:, 1:], (0, 1), value=1.0)
         u, _ = chunked_scan(keep_next.flip(1), w.to(_F64).flip(1), 0.0)
         dz = (gain * u.flip(1)).to(grad.dtype)
-    return dz if mask is None else torch.where(mask, dz, 0.0)
+    return dz if mask is None else dz.masked_fill_(~mask, 0.0)
 
 
 def _positional_reverse_scan(w, q, v, p0):
