@@ -2,15 +2,15 @@
 
 With data-independent gains the filter is the first-order linear recurrence
     x_t = keep_t * x_{t-1} + gain_t * y_t          (keep = 1 - gain; skipped tokens: keep 1, gain 0)
-whose backward is the same recurrence run in reverse. T is cut into chunks of up to CHUNK tokens. Each chunk is
-scanned from 0 in the input's dtype, all chunks of all rows at once: when every row takes the positional
+whose backward is the same recurrence run in reverse. T is cut into chunks of up to CHUNK tokens. Each chunk
+is scanned from 0 in the input's dtype, all chunks of all rows at once: when every row takes the positional
 gains (no mask, right padding, ``zero`` mode, and ``skip`` mode with holes once each row's valid tokens are
 moved left) as a cumsum of weighted z, rescaled per token by cached factors, in the output buffer itself;
-otherwise (``advance`` mode with holes: per-row gains) by CHUNK vectorized steps. The state entering each chunk is
-an exact float64 scan over chunks, recursive in chunks of chunks, so the Python steps grow as
-CHUNK log_CHUNK T. The rescaling is by inverse products of keeps within one chunk only, at most MAX_UNSCALE
-(chunks shorten where the keeps are small); the authors divide by the product over the whole response,
-which overflows.
+otherwise (``advance`` mode with holes: per-row gains) by CHUNK vectorized steps. The state entering each
+chunk is an exact float64 scan over chunks, recursive in chunks of chunks, so the Python steps grow as CHUNK
+log_CHUNK T. The rescaling is by inverse products of keeps within one chunk only, at most MAX_UNSCALE (chunks
+shorten where the keeps are small); the authors divide by the product over the whole response, which
+overflows.
 
 Precision: the float32 forward is a convex combination of the carry and the chunk's z with weights kept to
 float32's relative precision (gains, not 1 - gain, are rounded), so its error stays a few ulps of
@@ -395,7 +395,8 @@ def _carry_map_table(q, v, p0, n, L, device):
 
 
 def backward(grad, mask, mode, q, v, p0):
-    """Gradient w.r.t. z of sum(grad * filter(z)): u_t = w_t + keep_{t+1} u_{t+1}, dz_t = gain_t u_t, in float64."""
+    """Gradient w.r.t. z of sum(grad * filter(z)), summed in float64: the reverse scan
+    u_t = w_t + keep_{t+1} u_{t+1}, dz_t = gain_t u_t."""
     w = grad if mask is None else torch.where(mask, grad, 0.0)
     if mask is None or mode == "zero" or right_padded(mask):  # the positional gains serve every row
         dz = _positional_reverse_scan(w, q, v, p0)
@@ -419,7 +420,8 @@ def _positional_reverse_scan(w, q, v, p0):
     with keep_next, u_next the keep and the reverse state of the next chunk's first token. So: a broadcast
     product, a product with a triangular matrix of ones for the suffix sums, the reverse carries over chunks
     (one product up to MAX_CHUNKS_IN_ONE_PRODUCT chunks, else a float64 scan), then an add and a multiply in
-    place and the cast to w's dtype. The chunks are the forward's (the same inverse products, at most MAX_UNSCALE).
+    place and the cast to w's dtype. The chunks are the forward's (the same inverse products, at most
+    MAX_UNSCALE).
     """
     B, T = w.shape
     weight, unscale, chunk_keep, across = _positional_back_factors(q, v, p0, T, w.device)
