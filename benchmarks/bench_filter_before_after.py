@@ -1,6 +1,6 @@
 """The public ``kalman_filter`` of an earlier commit against this checkout's, interleaved in one process.
 
-    PYTHONPATH=src python benchmarks/bench_filter_before_after.py REV [--repeats 15] [--mask full|padded]
+    PYTHONPATH=src python benchmarks/bench_filter_before_after.py REV [--repeats 15] [--mask full|padded|holes]
         [--threads N]
 
 REV's ``src/kpo`` is exported (git archive) into a temporary folder as the package ``kpo_before``, so both
@@ -48,8 +48,14 @@ def time_size(before, after, B: int, T: int, args: argparse.Namespace, gen: torc
     grad = torch.randn(B, T, generator=gen)
     if args.mask == "full":
         mask = torch.ones(B, T, dtype=torch.bool)
-    else:
+    else:  # right padding: lengths T/2 to T
         mask = torch.arange(T)[None] < torch.randint(T // 2, T + 1, (B, 1), generator=gen)
+    if args.mask == "holes":  # and inside the responses: 5% single tokens and one span of up to T/8 per row
+        mask &= torch.rand(B, T, generator=gen) >= 0.05
+        starts = torch.randint(0, T, (B, 1), generator=gen)
+        spans = torch.randint(1, T // 8 + 1, (B, 1), generator=gen)
+        position = torch.arange(T)[None]
+        mask &= (position < starts) | (position >= starts + spans)
     warm, warm_grad = torch.empty_like(z), torch.empty_like(grad)
 
     def both_ways(filter_fn):
@@ -114,7 +120,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rev", help="the earlier commit, e.g. 6b7df81")
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--mask", choices=("full", "padded"), default="full")
+    parser.add_argument("--mask", choices=("full", "padded", "holes"), default="full")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
