@@ -20,6 +20,24 @@ def right_padded(rng: np.random.Generator, B: int, T: int) -> torch.Tensor:
     return torch.from_numpy(np.arange(T)[None] < lengths)
 
 
+def test_right_padded_finds_any_valid_token_after_a_hole():
+    # the route test behind the positional route for masks: a row passes iff it is 1...1 0...0. Every
+    # single-token change of a right-padded row that breaks this (a hole inside the valid part, a valid token
+    # inside the padding, first or last position included) must be caught, in any row, at any T
+    rng = np.random.default_rng(5)
+    for T in (1, 2, 7, 8, 9, 64, 1000):
+        mask = right_padded(rng, 4, T)
+        assert scan.right_padded(mask)
+        assert scan.right_padded(torch.zeros(4, T, dtype=torch.bool))
+        for row in range(4):
+            for t in range(T):
+                flipped = mask.clone()
+                flipped[row, t] = ~flipped[row, t]
+                values = flipped[row].tolist()
+                expected = values == sorted(values, reverse=True)
+                assert scan.right_padded(flipped) == expected, (T, row, t)
+
+
 @pytest.mark.parametrize("T", [1, scan.CHUNK - 1, scan.CHUNK, 3 * scan.CHUNK + 5, 40 * scan.CHUNK**2 + 7])
 @pytest.mark.parametrize("mode", MASK_MODES)
 def test_positional_route_float32_and_float64(T, mode):
