@@ -55,17 +55,27 @@ def test_positional_route_float32_and_float64(T, mode):
             assert float((out64 - ref).abs().max()) <= 1e-11, (mask is None, q)
 
 
-@pytest.mark.parametrize("q", [1.0, 1e2, 1e8, 1e30])
-def test_positional_route_shortens_chunks_where_keeps_are_small(q):
+@pytest.mark.parametrize(
+    "q, T, L",
+    [
+        (1.0, 101, scan.CHUNK),
+        (1e2, 101, 8),
+        (1e8, 101, 2),
+        (1e30, 101, 1),
+        (1e-2, 8192, 256),
+        (0.1, 8192, 128),
+    ],
+)
+def test_positional_route_shortens_chunks_where_keeps_are_small(q, T, L):
     # the positional route rescales by 1 / (keeps of the chunk's later tokens): with keeps near v / q a
     # chunk of CHUNK tokens would need a factor up to (q / v)^31, past float32's range from q / v ~ 17.
-    # The route halves the chunk until every factor is at most MAX_UNSCALE (q = 1: 0.38^31 ~ 1e-13 fits
-    # whole chunks; q = 1e2: keeps ~1e-2, 8 tokens; q = 1e8 and 1e30: chunks of 2 and 1), and stays exact
-    # for z up to float32's largest values
-    T = 3 * scan.CHUNK + 5
+    # The route halves the chunk until every factor is at most MAX_UNSCALE = 2^64 ~ 1.8e19 (q = 1: 0.38^31
+    # ~ 1e-13 fits whole chunks; q = 1e2: keeps ~1e-2, 8 tokens; q = 1e8 and 1e30: chunks of 2 and 1), and
+    # stays exact for z up to float32's largest values. Long float32 rows on CPU start from WIDE_CHUNK: q =
+    # 1e-2 has steady keeps ~0.905 and 0.905^255 ~ 8e-12 fits; q = 0.1 has keeps ~0.73, 0.73^255 ~ 1e-35
+    # does not and 0.73^127 ~ 5e-18 does
     weight, unscale, _ = scan._positional_factors(q, 1.0, 0.0, T, torch.device("cpu"), torch.float32)
-    L = weight.shape[1]
-    assert L == {1.0: scan.CHUNK, 1e2: 8, 1e8: 2, 1e30: 1}[q]
+    assert weight.shape[1] == L
     assert float(unscale.max()) <= scan.MAX_UNSCALE and bool(torch.isfinite(weight).all())
     rng = np.random.default_rng(3)
     for scale in (1.0, 1e38):
@@ -74,6 +84,26 @@ def test_positional_route_shortens_chunks_where_keeps_are_small(q):
         out = kalman_filter(z, q=q, v=1.0, x0=0.5, backend="torch")
         assert bool(torch.isfinite(out).all())
         assert float((out.double() - ref).abs().max()) <= float32_bound(z), scale
+
+
+def test_wide_chunks_only_where_the_cumsum_accumulates_wider(monkeypatch):
+    # long chunks are exact only because the cumsum adds float32 in float64 (torch's CPU kernel does): the
+    # probe must see that on CPU, and not for float64 (nothing wider to add in); where it does not hold,
+    # chunks keep CHUNK tokens. Both chunkings match the float64 loop on a 4096-token row (table 4096: the
+    # wide chunk is min(WIDE_CHUNK, 4096 / 16) = 256)
+    cpu = torch.device("cpu")
+    assert scan._cumsum_is_wide(cpu, torch.float32) and not scan._cumsum_is_wide(cpu, torch.float64)
+    z = torch.from_numpy(np.random.default_rng(4).standard_normal((2, 4096)).astype(np.float32))
+    ref = kalman_filter_reference(z, q=1e-4, v=1.0)
+    try:
+        for wide, L in ((True, scan.WIDE_CHUNK), (False, scan.CHUNK)):
+            monkeypatch.setattr(scan, "_cumsum_is_wide", lambda device, dtype, wide=wide: wide)
+            scan._positional_factor_table.cache_clear()
+            assert scan._positional_factors(1e-4, 1.0, 0.0, 4096, cpu, torch.float32)[0].shape[1] == L
+            out = kalman_filter(z, q=1e-4, v=1.0, backend="torch")
+            assert float((out.double() - ref).abs().max()) <= float32_bound(z), wide
+    finally:  # no chunking of the patched probe outlives the test
+        scan._positional_factor_table.cache_clear()
 
 
 @pytest.mark.parametrize("T", [3 * scan.CHUNK + 5, 9000])

@@ -2,14 +2,15 @@
 
 With data-independent gains the filter is the first-order linear recurrence
     x_t = keep_t * x_{t-1} + gain_t * y_t          (keep = 1 - gain; skipped tokens: keep 1, gain 0)
-whose backward is the same recurrence run in reverse. T is cut into chunks of up to CHUNK tokens. Each chunk
-is scanned from 0 in the input's dtype, all chunks of all rows at once: when every row takes the positional
-gains (no mask, right padding, ``zero`` mode, and ``skip`` mode with holes once each row's valid tokens are
-moved left) as a cumsum of weighted z, rescaled per token by cached factors, in the output buffer itself;
-otherwise (``advance`` mode with holes: per-row gains) by CHUNK vectorized steps. The state entering each
-chunk is an exact float64 scan over chunks, recursive in chunks of chunks, so the Python steps grow as CHUNK
-log_CHUNK T. The rescaling is by inverse products of keeps within one chunk only, at most MAX_UNSCALE (chunks
-shorten where the keeps are small); the authors divide by the product over the whole response, which
+whose backward is the same recurrence run in reverse. T is cut into chunks of up to CHUNK tokens (WIDE_CHUNK
+in the positional forward where the cumsum accumulates in a wider type than the data: float32 on CPU). Each
+chunk is scanned from 0 in the input's dtype, all chunks of all rows at once: when every row takes the
+positional gains (no mask, right padding, ``zero`` mode, and ``skip`` mode with holes once each row's valid
+tokens are moved left) as a cumsum of weighted z, rescaled per token by cached factors, in the output buffer
+itself; otherwise (``advance`` mode with holes: per-row gains) by CHUNK vectorized steps. The state entering
+each chunk is an exact float64 scan over chunks, recursive in chunks of chunks, so the Python steps grow as
+CHUNK log_CHUNK T. The rescaling is by inverse products of keeps within one chunk only, at most MAX_UNSCALE
+(chunks shorten where the keeps are small); the authors divide by the product over the whole response, which
 overflows.
 
 Precision: the float32 forward is a convex combination of the carry and the chunk's z with weights kept to
@@ -29,6 +30,11 @@ from kpo.filter.gains import gain_tensors
 _F64 = torch.float64
 # tokens per chunk scanned in the compute dtype: float32 rounding grows with it (~CHUNK/2 ulps at worst)
 CHUNK = 32
+# tokens per chunk of the positional forward where the cumsum accumulates in a wider type than the data
+# (torch's CPU cumsum adds float32 in float64): its rounding then does not grow with the chunk, and longer
+# chunks leave fewer ends to gather and a smaller carry product (256x4096: 0.88 -> 0.65 ms). At most 1/16
+# of the table's tokens, so padding T to whole chunks wastes at most ~1/8
+WIDE_CHUNK = 256
 # chunks whose carries one dense product computes ([B, 256] @ [256, 257]: T up to 8192 at CHUNK tokens; one
 # product beats the blocks below in Python steps); beyond, blocks of CHUNK chunks
 MAX_CHUNKS_IN_ONE_PRODUCT = 256
@@ -305,11 +311,12 @@ def _positional_factors(q, v, p0, T, device, dtype):
 MAX_UNSCALE = 2.0**64
 
 
-def _chunk_length(keep):
-    """Tokens per chunk for the positional keeps, float64 [tokens] (a power of two): CHUNK, halved while some
-    chunk's product of keeps after its first token is below 1 / MAX_UNSCALE (keeps far below 1, e.g.
-    q >> v, need shorter chunks; L = 1 always fits). Both directions rescale by these products' inverses."""
-    L = min(CHUNK, keep.numel())
+def _chunk_length(keep, longest):
+    """Tokens per chunk for the positional keeps, float64 [tokens] (a power of two): ``longest`` (a power of
+    two), halved while some chunk's product of keeps after its first token is below 1 / MAX_UNSCALE (keeps
+    far below 1, e.g. q >> v, need shorter chunks; L = 1 always fits). Both directions rescale by these
+    products' inverses."""
+    L = min(longest, keep.numel())
     while L > 1 and float(keep.view(-1, L)[:, 1:].prod(dim=1).min()) * MAX_UNSCALE < 1.0:
         L //= 2
     return L
@@ -319,13 +326,23 @@ def _chunk_length(keep):
 def _positional_factor_table(q, v, p0, tokens, device, dtype):
     """``_positional_factors`` for a power of two of tokens, in chunks of ``_chunk_length``."""
     gain, keep = gain_tensors(tokens, q, v, p0, device, _F64)
-    L = _chunk_length(keep)
+    longest = min(WIDE_CHUNK, max(CHUNK, tokens // 16)) if _cumsum_is_wide(device, dtype) else CHUNK
+    L = _chunk_length(keep, longest)
     k = keep.view(-1, L)
     # after[:, i]: the keeps of the chunk's tokens i+1..L-1 (1 for the last), products only
     after = torch.ones_like(k)
     after[:, :-1] = k[:, 1:].flip(1).cumprod(1).flip(1)
     weight = gain.view(-1, L) * after  # each token's weight in its chunk's last state (they sum to < 1)
     return weight.to(dtype), (1.0 / after).to(dtype), (k[:, 0] * after[:, 0]).contiguous()
+
+
+@functools.cache
+def _cumsum_is_wide(device, dtype) -> bool:
+    """Whether torch.cumsum of ``dtype`` on ``device`` accumulates in a wider type: then 2/eps + 1 + 1 - 2/eps
+    comes out 2, not 0 (2/eps + 1 rounds to 2/eps in dtype). Probed once per device and dtype, not assumed."""
+    big = 2.0 / torch.finfo(dtype).eps
+    probe = torch.tensor([big, 1.0, 1.0, -big], dtype=dtype, device=device)
+    return float(probe.cumsum(0)[-1]) == 2.0
 
 
 def _chunk_carries(ends, q, v, p0, L, x0):
@@ -469,7 +486,7 @@ def _positional_back_factors(q, v, p0, T, device):
 def _positional_back_table(q, v, p0, tokens, device):
     """``_positional_back_factors`` for a power of two of tokens."""
     gain, keep = gain_tensors(tokens + 1, q, v, p0, device, _F64)
-    L = _chunk_length(keep[:tokens])
+    L = _chunk_length(keep[:tokens], CHUNK)  # the suffix sums' product costs L per token
     k = keep[:tokens].view(-1, L)
     before = torch.ones_like(k)
     before[:, 1:] = k[:, 1:].cumprod(dim=1)
