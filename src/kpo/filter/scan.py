@@ -338,11 +338,14 @@ def _positional_factor_table(q, v, p0, tokens, device, dtype):
 
 @functools.cache
 def _cumsum_is_wide(device, dtype) -> bool:
-    """Whether torch.cumsum of ``dtype`` on ``device`` accumulates in a wider type: then 2/eps + 1 + 1 - 2/eps
-    comes out 2, not 0 (2/eps + 1 rounds to 2/eps in dtype). Probed once per device and dtype, not assumed."""
+    """Whether torch's in-place cumsum of ``dtype`` on ``device`` accumulates in a wider type: then
+    2/eps + 1 + 1 - 2/eps comes out 2, not 0 (2/eps + 1 rounds to 2/eps in dtype). Probed once per device and
+    dtype, not assumed, on rows of WIDE_CHUNK as ``_positional_scan`` calls it (a kernel may pick its route by
+    shape)."""
     big = 2.0 / torch.finfo(dtype).eps
-    probe = torch.tensor([big, 1.0, 1.0, -big], dtype=dtype, device=device)
-    return float(probe.cumsum(0)[-1]) == 2.0
+    probe = torch.zeros(2, 2, WIDE_CHUNK, dtype=dtype, device=device)
+    probe[..., :4] = torch.tensor([big, 1.0, 1.0, -big], dtype=dtype)
+    return bool((probe.cumsum_(2)[..., -1] == 2.0).all())
 
 
 def _chunk_carries(ends, q, v, p0, L, x0):
