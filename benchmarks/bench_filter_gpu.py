@@ -1,9 +1,14 @@
-"""One-shot GPU check of the filter (issue 9): CUDA parity tests, then `kpo bench filter --device cuda`.
+"""One-shot GPU check of the filter (issues 9 and 17): `kpo bench filter --device cuda`, the tile/warps sweep,
+40 steps of `kpo train` on the GPU, then the CUDA parity tests.
 
-Run from the repository root on a CUDA machine (no install needed):
-    PYTHONPATH=src:. python3 benchmarks/bench_filter_gpu.py [OUT_DIR]
-Writes gpu.txt, bench_cuda.log, pytest_cuda.log, sweep_cuda.log (tile size and warps) under OUT_DIR (default:
-$OUT or ./gpu-out) and echoes them. `--sweep` runs only the tile/warps sweep.
+Run from the repository root on a CUDA machine (no install needed but for `kpo train`'s wheels that the lent
+machine's image lacks: `scripts/gpu_wheels.sh` puts them in .whl/ here, and the run carries .whl):
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+    PYTHONPATH=/tmp/site:src:. PYTHONUNBUFFERED=1 python3 benchmarks/bench_filter_gpu.py [OUT_DIR]
+Writes gpu.txt, bench_cuda.log, sweep_cuda.log (tile size and warps), train_cuda.log (step times) and
+pytest_cuda.log under OUT_DIR (default: $OUT or ./gpu-out) and echoes them; each step's time limit keeps the
+whole under 10 minutes. `--sweep` runs only the sweep; `--train` only the 40 training steps, on whatever device
+torch finds (on a CPU machine: the step times to put beside the GPU's).
 """
 
 from __future__ import annotations
@@ -47,7 +52,9 @@ def main() -> int:
     # numbers first (device time is short), then parity on the device, then tile-size sensitivity
     # --plot refuses to start without matplotlib, which the device machine may lack: the numbers come first
     plot = ["--plot", str(out / "bench_cuda.png")] if importlib.util.find_spec("matplotlib") else []
-    run([*bench, "--repeats", "20", *plot], out / "bench_cuda.log", 150)
+    run([*bench, "--repeats", "20", *plot], out / "bench_cuda.log", 120)
+    run([py, __file__, "--sweep"], out / "sweep_cuda.log", 120)
+    run([py, __file__, "--train"], out / "train_cuda.log", 180, env=OFFLINE)
     run(
         [
             py,
@@ -63,9 +70,8 @@ def main() -> int:
             "tests/filter/test_filter_inputs.py",
         ],
         out / "pytest_cuda.log",
-        180,
-    )
-    run([py, __file__, "--sweep"], out / "sweep_cuda.log", 180)  # the steps total < 9 min: run's 600 s limit
+        150,
+    )  # the steps' limits total 570 s: inside one device call's 600
     return 0
 
 
@@ -100,5 +106,37 @@ def sweep() -> int:
     return 0
 
 
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+TRAIN_STEPS = 40
+
+
+def train() -> int:
+    """`kpo train` on the embedded default for TRAIN_STEPS steps (warm start built first if not cached), then
+    its step times from metrics.jsonl: generation steps (every `minibatches`-th) apart from update-only ones."""
+    import json
+    import statistics
+    import tempfile
+
+    from kpo.cli import main as kpo
+
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.time()
+        code = kpo(["train", "--output-dir", tmp, "--max-steps", str(TRAIN_STEPS), "--report-to", "none"])
+        wall = time.time() - start
+        rows = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
+        config = (Path(tmp) / "config.yaml").read_text()
+    every = int(next(line.split(":")[1] for line in config.splitlines() if line.startswith("minibatches:")))
+    times = [row["step_time"] for row in rows]
+    generation, update = times[::every], [t for i, t in enumerate(times) if i % every]
+    print(
+        f"kpo train, {len(times)} steps (exit {code}), {wall:.0f} s wall with start-up: step_time mean "
+        f"{statistics.mean(times):.3f} s; generation steps (1 in {every}) median {statistics.median(generation):.3f} "
+        f"s; update-only steps median {statistics.median(update):.3f} s",
+        flush=True,
+    )
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(sweep() if sys.argv[1:] == ["--sweep"] else main())
+    mode = {"--sweep": sweep, "--train": train}.get(sys.argv[1] if sys.argv[1:] else "", main)
+    sys.exit(mode())
