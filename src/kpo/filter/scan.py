@@ -35,8 +35,8 @@ CHUNK = 32
 # chunks leave fewer ends to gather and a smaller carry product (256x4096: 0.88 -> 0.65 ms). At most 1/16
 # of the table's tokens, so padding T to whole chunks wastes at most ~1/8
 WIDE_CHUNK = 256
-# chunks whose carries one dense product computes ([B, 256] @ [256, 257]: T up to 8192 at CHUNK tokens; one
-# product beats the blocks below in Python steps); beyond, blocks of CHUNK chunks
+# chunks whose carries one dense product computes ([B, 256] @ [256, 257]: T up to 8192 at CHUNK tokens, 65536
+# at WIDE_CHUNK; one product beats the blocks below in Python steps); beyond, blocks of CHUNK chunks
 MAX_CHUNKS_IN_ONE_PRODUCT = 256
 # blocks of CHUNK chunks whose carries one dense product computes (64: T up to 65536 in one product of
 # [B, 64] @ [64, 65]); beyond, the recursive carry scan
