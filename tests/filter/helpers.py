@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from kpo.filter import compiled
+from kpo.filter.reference import kalman_filter_reference
 
 # every path runnable on this machine; numba only where the extra is installed
 CPU_BACKENDS = ["torch"] + (["numba"] if compiled is not None else [])
@@ -37,3 +38,17 @@ def make_params(rng: np.random.Generator) -> dict:
 def float32_bound(z: torch.Tensor) -> float:
     """The contract for float32 input: 2e-6 * max(1, max |z|)."""
     return 2e-6 * max(1.0, float(z.abs().max()) if z.numel() else 0.0)
+
+
+def jacobian_product(
+    z: torch.Tensor, mask: torch.Tensor | None, g: torch.Tensor, kwargs: dict
+) -> torch.Tensor:
+    """g^T J of the float64 loop, float64 [B, T]: the filter is affine in z, so its response to a unit bump of
+    z[:, j] is column j of the Jacobian (exact, no step size to choose)."""
+    base = kalman_filter_reference(z, mask, **kwargs)
+    expected = torch.zeros(z.shape, dtype=torch.float64)
+    for j in range(z.shape[1]):
+        bumped = z.detach().clone()
+        bumped[:, j] += 1.0
+        expected[:, j] = ((kalman_filter_reference(bumped, mask, **kwargs) - base) * g).sum(1)
+    return expected

@@ -16,7 +16,7 @@ import torch
 from kpo.filter import MASK_MODES, compiled, kalman_filter
 from kpo.filter.reference import kalman_filter_reference
 
-from .helpers import float32_bound
+from .helpers import float32_bound, jacobian_product
 
 pytestmark = pytest.mark.skipif(compiled is None, reason="numba is not installed (extra 'fast')")
 TILE = compiled.TILE if compiled is not None else 64
@@ -72,17 +72,6 @@ def test_tiles_forward_float64_and_float32(T, mode):
         )
         <= 1e-11
     )
-
-
-def jacobian_product(z, mask, g, kwargs):
-    """g^T J of the float64 loop (affine in z: its response to a unit bump of z[:, j] is column j of J)."""
-    base = kalman_filter_reference(z, mask, **kwargs)
-    expected = torch.zeros(z.shape, dtype=torch.float64)
-    for j in range(z.shape[1]):
-        bumped = z.detach().clone()
-        bumped[:, j] += 1.0
-        expected[:, j] = ((kalman_filter_reference(bumped, mask, **kwargs) - base) * g).sum(1)
-    return expected
 
 
 @pytest.mark.parametrize("mode", MASK_MODES)
