@@ -366,9 +366,7 @@ def _chunk_carries(ends, q, v, p0, L, x0):
     size = _table_size(n)
     if n <= MAX_CHUNKS_IN_ONE_PRODUCT:
         across, from_x0 = _dense_carry_table(q, v, p0, size, L, ends.device)
-        states = torch.mm(ends, across[:n, : n + 1])
-        if x0:  # the default x0 = 0 adds nothing: addmm's broadcast add took 0.03 of its 0.08 ms at 256x4096
-            states.add_(from_x0[: n + 1], alpha=x0)
+        states = _states_from(ends, across[:n, : n + 1], from_x0[: n + 1], x0)
         return states[:, :n], states[:, n]
     G = CHUNK
     nb = -(-n // G)
@@ -378,14 +376,22 @@ def _chunk_carries(ends, q, v, p0, L, x0):
         ends = torch.nn.functional.pad(ends, (0, nb * G - n))
     parts = torch.bmm(ends.view(B, nb, G).transpose(0, 1), maps)  # [nb, B, G + 1]
     if across is not None:  # few blocks: the carries over them in one product, not a loop
-        states = torch.addmm(
-            from_x0[: nb + 1].unsqueeze(0), parts[:, :, G].T, across[:nb, : nb + 1], beta=float(x0)
-        )
+        states = _states_from(parts[:, :, G].T, across[:nb, : nb + 1], from_x0[: nb + 1], x0)
         block_in, x_end = states[:, :nb], states[:, nb]
     else:
         block_in, x_end = _carry_scan(block_keep.unsqueeze(0), parts[:, :, G].T, x0)
     before = torch.addcmul(parts[:, :, :G], decay.unsqueeze(1), block_in.T.unsqueeze(2))  # [nb, B, G]
     return before.transpose(0, 1).reshape(B, nb * G)[:, :n], x_end
+
+
+def _states_from(ends, across, from_x0, x0):
+    """The states entering m steps and after the last, float64 [B, m + 1], from their increments ends [B, m]
+    and ``_carry_weights``' (across [m, m + 1], from_x0 [m + 1]): ends @ across + x0 from_x0. The default
+    x0 = 0 adds nothing (addmm's broadcast add took 0.03 of its 0.08 ms at 256x4096)."""
+    states = torch.mm(ends, across)
+    if x0:
+        states.add_(from_x0, alpha=x0)
+    return states
 
 
 def _carry_weights(keeps):
