@@ -118,14 +118,14 @@ def train() -> int:
     import tempfile
 
     from kpo.cli import main as kpo
+    from kpo.train.config import TrainConfig
 
     with tempfile.TemporaryDirectory() as tmp:
         start = time.time()
         code = kpo(["train", "--output-dir", tmp, "--max-steps", str(TRAIN_STEPS), "--report-to", "none"])
         wall = time.time() - start
         rows = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
-        config = (Path(tmp) / "config.yaml").read_text()
-    every = int(next(line.split(":")[1] for line in config.splitlines() if line.startswith("minibatches:")))
+        every = TrainConfig.from_yaml(Path(tmp) / "config.yaml").minibatches
     times = [row["step_time"] for row in rows]
     generation, update = times[::every], [t for i, t in enumerate(times) if i % every]
     print(
