@@ -42,8 +42,8 @@ TOY_TRAIN = (
 
 @pytest.fixture
 def compare_config(tmp_path):
-    """Factory of a toy CompareConfig (vanilla and kpo, one seed, 4 steps, no matched-memory arm, a 2-point
-    memory sweep) in tmp_path."""
+    """Factory of a toy CompareConfig (vanilla and kpo, one seed, 4 steps, no matched-memory arm, no ablations,
+    no A/A arm, a 2-point memory sweep) in tmp_path."""
 
     def make(**overrides) -> CompareConfig:
         base = dict(
@@ -53,6 +53,8 @@ def compare_config(tmp_path):
             steps=4,
             minibatches=2,
             matched=False,
+            ablations=False,
+            aa_seeds=0,
             sweep_memory=("paper", "2"),
             sweep_seeds=1,
             eval_n=2,

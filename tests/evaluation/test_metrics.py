@@ -129,3 +129,197 @@ def test_bootstrap_inputs_are_checked():
         bootstrap_diff_ci([[1, 2]], [[1]], 4)
     with pytest.raises(ValueError, match="level"):
         bootstrap_avg_ci([[1]], 4, level=1.5)
+
+
+def test_paired_diff_ci_hand_worked_three_seeds():
+    from math import sqrt
+
+    from kpo.evaluation.metrics import paired_diff_ci
+
+    # n = 4, S = 3 seeds of P = 4 problems; a count may be a real number (2.5, 1.5).
+    a = [[4, 2, 1, 3], [3, 3, 0, 2], [2, 3, 1, 1.5]]
+    b = [[3, 2, 1, 2], [3, 2, 0, 2], [2, 3, 1, 2.5]]
+    # per-problem differences: seed 0 [1, 0, 0, 1] (sum 2), seed 1 [0, 1, 0, 0] (sum 1), seed 2 [0, 0, 0, -1]
+    # (sum -1); d_s = sum / (P * n) = sum / 16 -> d = [2, 1, -1] / 16.
+    # mean = (2 + 1 - 1) / 3 / 16 = 1/24  (= avg@4(a) - avg@4(b) = (25.5 - 23.5) / 48)
+    # sd: deviations from 2/3 are [4/3, 1/3, -5/3] / 16, squares sum to 42/9 / 256, / (S - 1) = 7/3 / 256,
+    #     so sd = sqrt(7/3) / 16.
+    # t_{0.975, 2}: for df = 2, P(|T| < t) = t / sqrt(2 + t^2) = 0.95,
+    #     so t = 0.95 * sqrt(2 / 0.0975) = 4.302653
+    # half = t * sd / sqrt(3) = t * sqrt(7) / 48 = 4.302653 * 0.0551198 = 0.237161
+    t2 = 0.95 * sqrt(2 / 0.0975)
+    half = t2 * sqrt(7) / 48
+    mean, low, high = paired_diff_ci(a, b, 4)
+    assert mean == pytest.approx(1 / 24, abs=1e-12)
+    assert (low, high) == pytest.approx((1 / 24 - half, 1 / 24 + half), abs=1e-9)
+    assert half == pytest.approx(0.237161, abs=1e-6)
+    # swapping the sides negates everything
+    assert paired_diff_ci(b, a, 4) == pytest.approx((-1 / 24, -1 / 24 - half, -1 / 24 + half), abs=1e-9)
+    # level = 0.90: t_{0.95, 2} = 0.9 * sqrt(2 / 0.19) = 2.919986
+    half90 = 0.9 * sqrt(2 / 0.19) * sqrt(7) / 48
+    assert paired_diff_ci(a, b, 4, level=0.9)[2] == pytest.approx(1 / 24 + half90, abs=1e-9)
+
+
+def test_paired_diff_ci_hand_worked_one_seed_is_over_problems():
+    from math import sqrt
+
+    from kpo.evaluation.metrics import paired_diff_ci
+
+    # one seed, P = 3 problems, n = 4: the per-problem differences x_p = [2, 0, -1] / 4 are the units.
+    # mean = (2 + 0 - 1) / 3 / 4 = 1/12
+    # sd: deviations from 1/3 are [5/3, -1/3, -4/3] / 4, squares sum to 42/9 / 16, / (P - 1),
+    #     so sd = sqrt(7/3) / 4
+    # half = t_{0.975, 2} * sd / sqrt(3) = 4.302653 * sqrt(7) / 12 = 0.948646
+    half = 0.95 * sqrt(2 / 0.0975) * sqrt(7) / 12
+    mean, low, high = paired_diff_ci([[4, 3, 1]], [[2, 3, 2]], 4)
+    assert mean == pytest.approx(1 / 12, abs=1e-12)
+    assert (low, high) == pytest.approx((1 / 12 - half, 1 / 12 + half), abs=1e-9)
+    # P = 2 -> df = 1: x = [1, 0] / 4, mean 1/8, sd = sqrt(1/32),
+    #     half = t_{0.975, 1} * sd / sqrt(2) = tan(0.475 pi) / 8 = 12.706205 / 8
+    mean, low, high = paired_diff_ci([[2, 0]], [[1, 0]], 4)
+    assert (mean, high) == pytest.approx((1 / 8, 1 / 8 + 12.706204736174698 / 8), abs=1e-9)
+
+
+def test_paired_diff_ci_shared_warm_start_cancels():
+    from kpo.evaluation.metrics import bootstrap_diff_ci, paired_diff_ci
+
+    # the seeds differ a lot (a strong and a weak warm start) but within each pair a is one sample better on
+    # every problem: d_s = 1/4 for both seeds, sd 0, so the paired interval is the point 1/4.
+    a = [[4] * 10, [1] * 10]
+    b = [[3] * 10, [0] * 10]
+    assert paired_diff_ci(a, b, 4) == (0.25, 0.25, 0.25)
+    # the unpaired bootstrap resamples the seeds of each side independently and sees the warm-start spread
+    _, low, high = bootstrap_diff_ci(a, b, 4)
+    assert low < 0 < 0.5 < high
+
+
+@pytest.mark.parametrize(
+    "a, b, kwargs, match",
+    [
+        ([[1], [2]], [[1]], {}, "a has 2 seeds and b has 1: .*same number of seeds"),
+        ([], [], {}, "a has 0 seeds and b has 0"),
+        ([[1, 2], [1, 2]], [[1, 2], [1]], {}, r"b\[1\] has 1 problems and a\[0\] has 2: .*same problems"),
+        ([[1, 2], [1, 2, 3]], [[1, 2], [1, 2]], {}, r"a\[1\] has 3 problems and a\[0\] has 2"),
+        ([[[1, 2]]], [[1, 2]], {}, r"a\[0\] has shape \(1, 2\): .*flat, non-empty list"),
+        ([[1, 5]], [[1, 2]], {}, r"a\[0\]\[1\] = 5.0 \(seed 0, problem 1\): .*in \[0, n=4\]"),
+        ([[1, 2]], [[1, -0.5]], {}, r"b\[0\]\[1\] = -0.5 \(seed 0, problem 1\)"),
+        (
+            [[1, 2], [1, 2]],
+            [[1, 2], [1, float("nan")]],
+            {},
+            r"b\[1\]\[1\] = nan \(seed 1, problem 1\): .*finite",
+        ),
+        ([[1, float("inf")]], [[1, 2]], {}, r"a\[0\]\[1\] = inf \(seed 0, problem 1\)"),
+        ([[1]], [[2]], {}, "one seed with one problem: no spread to measure"),
+        ([[1, 2]], [[1, 2]], {"level": 1.0}, r"level=1.0: must lie in \(0, 1\)"),
+        ([[1, 2]], [[1, 2]], {"level": 0}, r"level=0: must lie in \(0, 1\)"),
+        ([[1, 2]], [[1, 2]], {"n": 0}, "n=0: .*positive number"),
+    ],
+)
+def test_paired_diff_ci_rejects_bad_inputs(a, b, kwargs, match):
+    from kpo.evaluation.metrics import paired_diff_ci
+
+    kwargs = {"n": 4, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        paired_diff_ci(a, b, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "p, df, table",
+    [
+        (0.975, 1, 12.706205),
+        (0.975, 2, 4.302653),
+        (0.975, 11, 2.200985),
+        (0.975, 15, 2.131450),
+        (0.995, 30, 2.749996),
+        (0.975, 200, 1.971896),
+        (0.025, 11, -2.200985),
+    ],
+)
+def test_t_quantile_matches_tables(p, df, table):
+    from kpo.evaluation.metrics import t_quantile
+
+    assert t_quantile(p, df) == pytest.approx(table, abs=1e-5)
+
+
+def test_t_quantile_is_exact_where_closed_forms_exist():
+    from math import pi, sqrt, tan
+
+    from kpo.evaluation.metrics import t_quantile
+
+    # df = 1 (Cauchy): F(t) = 1/2 + atan(t) / pi, so t_p = tan(pi (p - 1/2))
+    # df = 2: F(t) = 1/2 + t / (2 sqrt(2 + t^2)), so with q = 2p - 1, t_p = q sqrt(2 / (1 - q^2))
+    for p in (0.6, 0.9, 0.975, 0.995, 0.9995):
+        q = 2 * p - 1
+        assert t_quantile(p, 1) == pytest.approx(tan(pi * (p - 0.5)), rel=1e-12)
+        assert t_quantile(p, 2) == pytest.approx(q * sqrt(2 / (1 - q * q)), rel=1e-12)
+    assert t_quantile(0.5, 7) == 0.0
+    for df in (0, -1, 2.5):
+        with pytest.raises(ValueError, match="degrees of freedom >= 1"):
+            t_quantile(0.975, df)
+
+
+def _simulated_pairs(rng, repeats, seeds, shift=0.0, problems=256, n=8):
+    """[repeats, seeds, problems] counts of arms a and b out of n.
+
+    Each seed has a warm-start quality (logit offset, sd 1.5: seeds differ a lot) shared by its two arms,
+    each problem a difficulty logit (sd 2) shared by all seeds and arms of a repeat, and each arm x seed
+    its own training-noise shift (sd 0.3), identically distributed for both arms; arm a gets `shift` on top.
+    """
+    import numpy as np
+
+    warm = rng.normal(0, 1.5, size=(repeats, seeds, 1))
+    difficulty = rng.normal(0, 2.0, size=(repeats, 1, problems))
+    logit_a = warm + difficulty + shift + rng.normal(0, 0.3, size=(repeats, seeds, 1))
+    logit_b = warm + difficulty + rng.normal(0, 0.3, size=(repeats, seeds, 1))
+    return rng.binomial(n, 1 / (1 + np.exp(-logit_a))), rng.binomial(n, 1 / (1 + np.exp(-logit_b)))
+
+
+@pytest.mark.parametrize("seeds", [3, 8, 16])
+def test_paired_diff_ci_a_a_comparisons_exclude_zero_at_the_nominal_rate(seeds):
+    import numpy as np
+
+    from kpo.evaluation.metrics import paired_diff_ci
+
+    # 2000 A/A comparisons (no true difference) through paired_diff_ci itself. A 95% interval should exclude
+    # 0 in 5% of them; the Monte Carlo standard error of the share is sqrt(0.05 * 0.95 / 2000) ~ 0.005, so
+    # [0.03, 0.07] is a 4-sigma band (measured: 0.0545, 0.0380, 0.0465 for S = 3, 8, 16).
+    repeats = 2000
+    a, b = _simulated_pairs(np.random.default_rng(1000 + seeds), repeats, seeds)
+    out = np.array([paired_diff_ci(a[r], b[r], 8) for r in range(repeats)])
+    excluded = np.mean((out[:, 1] > 0) | (out[:, 2] < 0))
+    assert 0.03 <= excluded <= 0.07
+    assert abs(out[:, 0].mean()) < 0.01
+
+
+def test_unpaired_bootstrap_is_far_too_conservative_on_paired_seeds():
+    import numpy as np
+
+    from kpo.evaluation.metrics import bootstrap_diff_ci, paired_diff_ci
+
+    # The same A/A set-up at S = 3 (200 repeats, 1000 draws to stay fast). bootstrap_diff_ci resamples the
+    # seeds of each side independently, so the shared warm-start spread (sd 1.5 logits) enters its interval
+    # although it cancels within a pair: it excludes 0 in almost none of the repeats (5% expected, ~10 of
+    # 200; measured 2 of 200, the paired interval 12) and is wider on average than the paired t-interval
+    # (measured 0.45 vs 0.25), even though t_{0.975, 2} = 4.30 makes the latter wide.
+    repeats = 200
+    a, b = _simulated_pairs(np.random.default_rng(7), repeats, 3)
+    boot = np.array([bootstrap_diff_ci(a[r], b[r], 8, draws=1000, seed=r) for r in range(repeats)])
+    paired = np.array([paired_diff_ci(a[r], b[r], 8) for r in range(repeats)])
+    assert np.mean((boot[:, 1] > 0) | (boot[:, 2] < 0)) <= 0.02
+    assert np.mean(boot[:, 2] - boot[:, 1]) > 1.4 * np.mean(paired[:, 2] - paired[:, 1])
+
+
+def test_paired_diff_ci_detects_a_true_shift_at_sixteen_seeds():
+    import numpy as np
+
+    from kpo.evaluation.metrics import paired_diff_ci
+
+    # arm a's logit is +0.3 on every seed; at S = 16 the interval should exclude 0 (above it) in most repeats
+    # (measured 0.7235 over 2000 repeats, none below it) with a positive mean difference (measured 0.039).
+    repeats = 2000
+    a, b = _simulated_pairs(np.random.default_rng(16), repeats, 16, shift=0.3)
+    out = np.array([paired_diff_ci(a[r], b[r], 8) for r in range(repeats)])
+    assert np.mean(out[:, 1] > 0) > 0.5
+    assert np.mean(out[:, 2] < 0) < 0.01
+    assert out[:, 0].mean() > 0.02

@@ -4,8 +4,20 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from kpo.compare.plan import EVAL_N, MATCHED, PAPER, QUICK, STEPS, CompareConfig, CompareError
+from kpo.compare.plan import (
+    AA_SEEDS,
+    ABLATION_SEEDS,
+    EVAL_N,
+    MATCHED,
+    PAPER,
+    QUICK,
+    SEEDS,
+    STEPS,
+    CompareConfig,
+    CompareError,
+)
 from kpo.compare.run import run_compare
 
 
@@ -33,14 +45,21 @@ def build_parser() -> argparse.ArgumentParser:
     d = CompareConfig()
     p = argparse.ArgumentParser(
         prog="kpo compare",
-        description="Train every method with every seed on the embedded task under the paper's off-policy "
-        "protocol, evaluate, analyze, and write one report. Finished runs are reused.",
+        description="Train every arm with every seed on the embedded task under the paper's off-policy "
+        "protocol (KPO at the matched memory against the baselines, the ablations that isolate the filter, an A/A "
+        "arm), evaluate, analyze, and write one report whose differences are paired by seed. It prints the plan "
+        "(runs, time, expected half-widths) before anything trains. Finished runs are reused.",
     )
     p.add_argument("--out", default=d.out, help="Report and run directory (default: %(default)s).")
     p.add_argument(
         "--methods", default=",".join(d.methods), help="Comma-separated loss names (default: %(default)s)."
     )
-    p.add_argument("--seeds", type=int, default=d.seeds, help="Seeds per method (default: %(default)s).")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        help=f"Seeds of the methods and of KPO at the matched memory (default: {SEEDS}; --quick: {QUICK['seeds']}).",
+    )
     p.add_argument(
         "--steps",
         type=int,
@@ -56,14 +75,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-matched",
         action="store_true",
-        help="Leave out KPO at the length-matched memory (by default run at every seed beside the paper's Q/V).",
+        help="Leave out KPO at the length-matched memory (by default the arm the claims are about, every seed), "
+        "and with it the ablations; the A/A arm then repeats the first method.",
+    )
+    p.add_argument(
+        "--no-ablations",
+        action="store_true",
+        help="Leave out the ablations (KPO's clip band without the filter; the constant-gain moving average; KPO "
+        "at the paper's Q/V).",
+    )
+    p.add_argument(
+        "--ablation-seeds",
+        type=int,
+        default=None,
+        help=f"Seeds of each ablation (default: {ABLATION_SEEDS} or --seeds if fewer; --quick: "
+        f"{QUICK['ablation_seeds']}).",
+    )
+    p.add_argument(
+        "--aa-seeds",
+        type=int,
+        default=None,
+        help=f"Seeds of the A/A arm, the subject again with another RL seed from the same warm starts; 0 = none "
+        f"(default: {AA_SEEDS} or --seeds if fewer; --quick: {QUICK['aa_seeds']}).",
     )
     p.add_argument(
         "--sweep-memory",
         type=_sweep_memory,
         default=d.sweep_memory,
         help="KPO filter memories in tokens for the Figure 4 analog, 'matched' (the paper's memory-to-length "
-        f"ratio at this task's length) and 'paper' (Q/V = 1e-6); '' = no sweep (default: {','.join(d.sweep_memory)}).",
+        "ratio at this task's length) and 'paper' (Q/V = 1e-6), e.g. 8,matched,125,paper; '' = no sweep "
+        "(default: none).",
     )
     p.add_argument(
         "--sweep-seeds",
@@ -88,10 +129,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--jobs", type=int, default=None, help="Parallel runs (default: one per CPU).")
     p.add_argument(
+        "--plan",
+        action="store_true",
+        help="Print the plan (runs, estimated time, expected half-widths) and stop.",
+    )
+    p.add_argument(
+        "--pilot",
+        type=Path,
+        default=None,
+        help="A finished compare's report.json: the plan's half-widths from the paired-difference sd it measured "
+        "(default: the stored prior, kpo.compare.plan.DIFF_SD).",
+    )
+    p.add_argument(
         "--quick",
         action="store_true",
-        help=f"{QUICK['steps']} steps per run, {QUICK['eval_n']} samples per problem, where those options are "
-        "not given: a smoke test in minutes instead of the comparison in 90.",
+        help=f"{QUICK['steps']} steps per run, {QUICK['seeds']} seeds ({QUICK['ablation_seeds']} for the ablations "
+        "and the A/A arm), where those options are not given: a smoke test instead of the comparison in 90 "
+        "minutes.",
     )
     p.add_argument(
         "train_args",
@@ -103,7 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(argv: list[str] | None = None) -> CompareConfig:
     """The comparison the command line asks for (not yet validated: :meth:`CompareConfig.validate`)."""
-    args = build_parser().parse_args(argv)
+    return _config(build_parser().parse_args(argv))
+
+
+def _config(args) -> CompareConfig:
     extra = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     return CompareConfig(
         out=args.out,
@@ -112,6 +169,9 @@ def config_from_args(argv: list[str] | None = None) -> CompareConfig:
         steps=args.steps,
         minibatches=args.minibatches,
         matched=not args.no_matched,
+        ablations=not args.no_ablations,
+        ablation_seeds=args.ablation_seeds,
+        aa_seeds=args.aa_seeds,
         sweep_memory=args.sweep_memory,
         sweep_seeds=args.sweep_seeds,
         eval_n=args.eval_n,
@@ -124,10 +184,14 @@ def config_from_args(argv: list[str] | None = None) -> CompareConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
-        report = run_compare(config_from_args(argv))  # validates every setting before anything trains
+        # validates every setting and prints the plan before anything trains
+        report = run_compare(_config(args), pilot=args.pilot, plan_only=args.plan)
     except CompareError as e:
         print(e, file=sys.stderr)
         return 2
+    if report is None:
+        return 0
     print(f"report: {report}\nfigures: {', '.join(str(p) for p in sorted(report.parent.glob('*.png')))}")
     return 0

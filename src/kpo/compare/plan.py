@@ -6,19 +6,39 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-DEFAULT_METHODS = ("vanilla", "gspo", "gmpo", "kpo", "kpo_unclipped")
+DEFAULT_METHODS = ("vanilla", "gspo")  # the baselines, at their paper hyperparameters, every seed
 PAPER, MATCHED = "paper", "matched"  # KPO at the paper's Q/V; at the length-matched memory
-# Figure 4's points as filter memories in tokens (kpo.filter.memory); paper = Q/V 1e-6 = 1000 tokens
-SWEEP_MEMORY = ("8", MATCHED, "125", PAPER)
-STEPS = 200  # optimizer steps per run
-EVAL_N = 8  # samples per held-out problem
-QUICK = {"steps": 40, "eval_n": 4}  # what --quick sets where the option is not given
+MATCHED_KWARGS = (("memory", MATCHED),)
+# The ablations that isolate the filter, each against KPO at the matched memory: (a) the token ratio clipped at
+# KPO's band with no filter (memory -> 0); (b) a constant-gain moving average at the matched memory (the filter
+# started at its steady state: no ramp from the prior); (c) KPO at the paper's Q/V (memory 1000 tokens).
+ABLATIONS = (
+    ("vanilla", (("clip_ratio_low", 3e-4), ("clip_ratio_high", 4e-4))),
+    ("kpo", (("memory", MATCHED), ("p0", "steady"))),
+    ("kpo", ()),
+)
+# Figure 4's points as filter memories in tokens (kpo.filter.memory); paper = Q/V 1e-6 = 1000 tokens. The
+# default compare runs no sweep (--sweep-memory 8,matched,125,paper adds one).
+SWEEP_MEMORY = ()
+# optimizer steps per run: the long-testbed runs gained about 80% of their reward by step 100, and a 40-step pilot
+# from the new warm start rose from 0.21 to 0.45 training reward; 80 leaves the budget 12 paired seeds
+STEPS = 80
+EVAL_N = 4  # samples per held-out problem (the claims read the exact expected accuracy, which needs none)
+SEEDS = 12  # paired seeds of the key arms: KPO (matched) against vanilla and against GSPO
+ABLATION_SEEDS = 4  # seeds of each ablation (the plan shows their wider intervals)
+AA_SEEDS = 6  # seeds of the A/A arm (KPO at the matched memory again, another RL seed); 0 = none
+REPLICA_SEED = (
+    1000  # an A/A replica's RL seed is its seed + REPLICA_SEED x replica (its warm start: the seed's)
+)
+# what --quick sets where the option is not given: a smoke test in minutes
+QUICK = {"steps": 40, "eval_n": 4, "seeds": 2, "ablation_seeds": 1, "aa_seeds": 1}
 WARM_START = "warm_start"  # the Table 1 row of the models every run starts from
 # `kpo train` fields that kpo compare sets from its own options (or its run plan); a `--` flag for one of them
 # would override compare's value after compare.json recorded it.
 COMPARE_OWNED = {
     "loss": "--methods",
     "seed": "--seeds",
+    "warm_start_seed": "--seeds (each seed's runs share its warm start)",
     "output_dir": "--out",
     "max_steps": "--steps",
     "minibatches": "--minibatches",
@@ -43,10 +63,15 @@ class CompareConfig:
 
     out: str = "runs/compare"
     methods: tuple[str, ...] = DEFAULT_METHODS
-    seeds: int = 3
+    seeds: int | None = (
+        None  # seeds of the methods and of KPO at the matched memory; None = SEEDS (quick: QUICK)
+    )
     steps: int | None = None  # optimizer steps per run; None = STEPS (quick: QUICK)
     minibatches: int = 4  # optimizer steps per generation batch (3 of 4 off-policy in the paper)
-    matched: bool = True  # also KPO at the length-matched memory, every seed (needs kpo in methods)
+    matched: bool = True  # KPO at the length-matched memory, every seed: the arm the claims are about
+    ablations: bool = True  # the three ABLATIONS at ablation_seeds seeds (needs matched)
+    ablation_seeds: int | None = None  # None = ABLATION_SEEDS (quick: QUICK)
+    aa_seeds: int | None = None  # seeds of the A/A arm; 0 = none; None = AA_SEEDS (quick: QUICK)
     sweep_memory: tuple[str, ...] = SWEEP_MEMORY  # KPO's memory sweep (Figure 4); empty = no sweep
     sweep_seeds: int | None = 1  # seeds of the sweep's extra runs; None = all seeds
     eval_n: int | None = None  # samples per held-out problem; None = EVAL_N (quick: QUICK)
@@ -61,10 +86,13 @@ class CompareConfig:
             for name, value in QUICK.items():
                 if getattr(self, name) is None:
                     setattr(self, name, value)
-        if self.eval_n is None:
-            self.eval_n = EVAL_N
-        if self.steps is None:
-            self.steps = STEPS
+        for name, value in {"eval_n": EVAL_N, "steps": STEPS, "seeds": SEEDS}.items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        # fewer seeds than the default asks for fewer ablation and A/A seeds too
+        for name, value in {"ablation_seeds": ABLATION_SEEDS, "aa_seeds": AA_SEEDS}.items():
+            if getattr(self, name) is None:
+                setattr(self, name, min(value, self.seeds))
 
     def validate(self) -> CompareConfig:
         """Check every setting before anything trains, and name each loss by its canonical name (``grpo`` ->
@@ -83,22 +111,47 @@ class CompareConfig:
 
 @dataclass(frozen=True)
 class Run:
-    """One training run: a method (registry name) at a seed, with optional loss overrides (KPO's memory)."""
+    """One training run: a method (registry name) at a seed, with optional loss overrides (KPO's memory), and
+    its replica (0; 1 for the A/A arm: the same warm start, another RL seed)."""
 
     method: str
     seed: int
     loss_kwargs: tuple[tuple[str, float | str], ...] = ()
+    replica: int = 0
 
     @property
     def arm(self) -> str:
-        """What the run tests, the label of its Table 1 row: the method, with its overrides."""
+        """What the run tests, the label of its Table 1 row: the method, with its overrides and replica."""
         extra = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.loss_kwargs)
-        return f"{self.method} ({extra})" if extra else self.method
+        label = f"{self.method} ({extra})" if extra else self.method
+        return f"{label} A/A replica {self.replica}" if self.replica else label
 
     @property
     def name(self) -> str:
         extra = "".join(f"-{k}{v:g}" if isinstance(v, float) else f"-{k}{v}" for k, v in self.loss_kwargs)
-        return f"{self.method}{extra}-seed{self.seed}"
+        replica = f"-replica{self.replica}" if self.replica else ""
+        return f"{self.method}{extra}-seed{self.seed}{replica}"
+
+    @property
+    def rl_seed(self) -> int:
+        """`kpo train --seed`: RL prompts and sampling (the warm start is always the seed's own)."""
+        return self.seed + REPLICA_SEED * self.replica
+
+
+@dataclass(frozen=True)
+class Arm:
+    """A Table 1 row: a method with its overrides (and replica), run at seeds 0..seeds-1. role: "key" (the
+    methods and KPO at the matched memory), "ablation" or "aa" (the A/A replica of ``subject``)."""
+
+    method: str
+    loss_kwargs: tuple = ()
+    replica: int = 0
+    seeds: int = 1
+    role: str = "key"
+
+    @property
+    def label(self) -> str:
+        return Run(self.method, 0, self.loss_kwargs, self.replica).arm
 
 
 def _memory_kwargs(point: str) -> tuple[tuple[str, float | str], ...]:
@@ -108,25 +161,39 @@ def _memory_kwargs(point: str) -> tuple[tuple[str, float | str], ...]:
     return (("memory", MATCHED if point == MATCHED else float(point)),)
 
 
-def arms(cfg: CompareConfig) -> list[tuple[str, tuple]]:
-    """(method, loss overrides) per compared arm, each a Table 1 row (``Run.arm`` its label): each method, then
-    KPO at the matched memory."""
-    out = [(m, ()) for m in cfg.methods]
-    if cfg.matched and "kpo" in cfg.methods:
-        out.append(("kpo", _memory_kwargs(MATCHED)))
+def subject(cfg: CompareConfig) -> tuple[str, tuple]:
+    """(method, overrides) the claims are about and the A/A arm repeats: KPO at the matched memory; without it
+    KPO at the paper's Q/V when --methods has kpo, else the first method."""
+    if cfg.matched:
+        return ("kpo", MATCHED_KWARGS)
+    return ("kpo" if "kpo" in cfg.methods else cfg.methods[0], ())
+
+
+def arms(cfg: CompareConfig) -> list[Arm]:
+    """Every arm once, in report order: the methods, KPO at the matched memory, the ablations, the A/A arm."""
+    out = [Arm(m, (), 0, cfg.seeds, "key") for m in cfg.methods]
+    if cfg.matched:
+        out.append(Arm("kpo", MATCHED_KWARGS, 0, cfg.seeds, "key"))
+    if cfg.ablations and cfg.matched:
+        have = {(a.method, a.loss_kwargs) for a in out}
+        out += [Arm(m, kw, 0, cfg.ablation_seeds, "ablation") for m, kw in ABLATIONS if (m, kw) not in have]
+    if cfg.aa_seeds:
+        out.append(Arm(*subject(cfg), 1, cfg.aa_seeds, "aa"))
     return out
 
 
 def sweep_runs(cfg: CompareConfig) -> dict[str, list[Run]]:
-    """KPO's memory sweep: point -> its runs (``--sweep-seeds`` seeds; the paper and matched points reuse the
-    Table 1 runs at those seeds)."""
+    """KPO's memory sweep: point -> its runs (``--sweep-seeds`` seeds; points that are arms reuse their runs)."""
     seeds = range(cfg.seeds if cfg.sweep_seeds is None else cfg.sweep_seeds)
     return {p: [Run("kpo", s, _memory_kwargs(p)) for s in seeds] for p in cfg.sweep_memory}
 
 
 def plan_runs(cfg: CompareConfig) -> list[Run]:
-    """Every run of the comparison once: the arms at every seed, then the sweep's extra runs."""
-    runs = [Run(method, s, kw) for s in range(cfg.seeds) for method, kw in arms(cfg)]
+    """Every run of the comparison once, seed by seed (a seed's arms finish together, so a partial compare
+    already holds whole pairs), then the sweep's extra runs."""
+    runs = [
+        Run(a.method, s, a.loss_kwargs, a.replica) for s in range(cfg.seeds) for a in arms(cfg) if s < a.seeds
+    ]
     for members in sweep_runs(cfg).values():
         runs += [r for r in members if r not in runs]
     return runs
@@ -169,20 +236,36 @@ def _sweep_name_errors(cfg: CompareConfig) -> list[str]:
 
 def _range_errors(cfg: CompareConfig) -> list[str]:
     """Integer settings outside their allowed range (None = the default, always allowed)."""
-    upper = {"sweep_seeds": max(cfg.seeds, 1)}
+    seeds = max(cfg.seeds, 1)
+    upper = {"sweep_seeds": seeds, "ablation_seeds": seeds, "aa_seeds": seeds}
+    lower = {"aa_seeds": 0}
     default = {
+        "seeds": f"{SEEDS} seeds",
         "steps": f"{STEPS} steps",
         "eval_limit": "the whole test split",
         "jobs": "one per CPU",
         "sweep_seeds": "all seeds",
+        "ablation_seeds": f"{ABLATION_SEEDS} seeds",
+        "aa_seeds": f"{AA_SEEDS} seeds",
     }
     errors = []
-    names = ("seeds", "steps", "minibatches", "sweep_seeds", "eval_n", "eval_limit", "dump_every", "jobs")
+    names = (
+        "seeds",
+        "steps",
+        "minibatches",
+        "ablation_seeds",
+        "aa_seeds",
+        "sweep_seeds",
+        "eval_n",
+        "eval_limit",
+        "dump_every",
+        "jobs",
+    )
     for name in names:
-        value, hi = getattr(cfg, name), upper.get(name)
-        if value is None or (value >= 1 and (hi is None or value <= hi)):
+        value, hi, lo = getattr(cfg, name), upper.get(name), lower.get(name, 1)
+        if value is None or (value >= lo and (hi is None or value <= hi)):
             continue
-        allowed = f"an integer in 1..{hi}" if hi is not None else "an integer >= 1"
+        allowed = f"an integer in {lo}..{hi}" if hi is not None else f"an integer >= {lo}"
         omit = f" (or omit it for {default[name]})" if name in default else ""
         errors.append(f"--{name.replace('_', '-')}={value}: must be {allowed}{omit}")
     if not {e.split("=")[0] for e in errors} & {"--steps", "--minibatches", "--dump-every"}:
@@ -287,6 +370,8 @@ def train_argv(cfg: CompareConfig, run: Run, out: Path) -> list[str]:
         "--loss",
         run.method,
         "--seed",
+        str(run.rl_seed),
+        "--warm-start-seed",
         str(run.seed),
         "--output-dir",
         str(out),
@@ -315,3 +400,115 @@ def train_argv(cfg: CompareConfig, run: Run, out: Path) -> list[str]:
 def warm_start_dir(out: Path, seed: int) -> Path:
     """Where seed ``seed``'s warm-start evaluation goes (``eval.json``)."""
     return out / "runs" / f"{WARM_START}-seed{seed}"
+
+
+# The plan's cost model, measured on this project's 2-core CPU machine with kpo compare's 2 workers of one
+# torch thread each (so each figure includes the other worker's load): one optimizer step of one run (two 40-step
+# runs side by side: 1.33 s); one held-out sample (a 128-token response); a run's fixed cost (start-up, the
+# exact evaluation, writing); one seed's warm start (one 400-step SFT round and its check: 236 s, two side by
+# side).
+STEP_SECONDS = 1.33
+SAMPLE_SECONDS = 0.012
+RUN_SECONDS = 20.0
+WARM_START_SECONDS = 240.0
+# The prior for the plan's half-widths: the sd over seeds of a paired difference in held-out accuracy between
+# two arms, in points. From the 3-seed long-testbed compare (docs/results/compare-long): a method x seed
+# interaction sd of about 5 points, so sqrt(2) x 5 for a difference of two arms. `--pilot` replaces it with
+# the sds a finished compare measured.
+DIFF_SD = 7.0
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """A difference the report decides on: arm ``a`` minus arm ``b`` (labels) over their first ``seeds`` seeds.
+    kind: "key" (the question: KPO against the baselines), "ablation" or "aa" (the noise floor)."""
+
+    a: str
+    b: str
+    seeds: int
+    kind: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.a} - {self.b}"
+
+
+def contrasts(cfg: CompareConfig) -> list[Contrast]:
+    """The subject (KPO at the matched memory) against each baseline, each ablation, and its A/A replica."""
+    plan = arms(cfg)
+    main = next((a for a in plan if (a.method, a.loss_kwargs) == subject(cfg) and not a.replica), None)
+    if main is None:
+        return []
+    out = []
+    for other in plan:
+        if other is main:
+            continue
+        seeds = min(main.seeds, other.seeds)
+        if other.role == "aa":
+            out.append(Contrast(other.label, main.label, seeds, "aa"))
+        else:
+            out.append(Contrast(main.label, other.label, seeds, other.role))
+    return out
+
+
+def estimate(cfg: CompareConfig, diff_sd: float = DIFF_SD, done: int = 0) -> dict:
+    """What the comparison costs and can resolve, before anything trains: ``runs``, ``seconds`` (wall clock on
+    ``cfg.jobs`` workers, runs already ``done`` left out) and per contrast the expected half-width of its 95%
+    paired interval, t_{S-1} x diff_sd / sqrt(S) in points (S seeds)."""
+    import os
+
+    from kpo.evaluation.metrics import t_quantile
+
+    runs = plan_runs(cfg)
+    problems = held_out_problems(cfg, cfg.eval_limit)
+    per_run = cfg.steps * STEP_SECONDS + problems * cfg.eval_n * SAMPLE_SECONDS + RUN_SECONDS
+    jobs = cfg.jobs if cfg.jobs is not None else os.cpu_count() or 1
+    seconds = (len(runs) - done) * per_run / jobs + (
+        cfg.seeds * WARM_START_SECONDS / jobs if len(runs) > done else 0
+    )
+    return {
+        "runs": len(runs),
+        "seconds": seconds,
+        "diff_sd": diff_sd,
+        "contrasts": {
+            c.name: {
+                "seeds": c.seeds,
+                "kind": c.kind,
+                "half_width": t_quantile(0.975, c.seeds - 1) * diff_sd / c.seeds**0.5
+                if c.seeds > 1
+                else None,
+            }
+            for c in contrasts(cfg)
+        },
+    }
+
+
+def format_plan(cfg: CompareConfig, est: dict) -> str:
+    """The plan as kpo compare prints it before anything trains."""
+    lines = [
+        f"plan: {est['runs']} runs of {cfg.steps} steps ("
+        + ", ".join(f"{a.label} x {a.seeds}" for a in arms(cfg))
+        + f"), about {est['seconds'] / 60:.0f} min on {cfg.jobs or 'all'} worker(s)",
+        f"expected 95% half-widths (points), from a paired-difference sd of {est['diff_sd']:.1f} points:",
+    ]
+    for name, c in est["contrasts"].items():
+        width = "n/a (one seed)" if c["half_width"] is None else f"+-{c['half_width']:.1f}"
+        lines.append(f"  {name} ({c['kind']}, {c['seeds']} seeds): {width}")
+    return "\n".join(lines)
+
+
+def pilot_sd(report_json: Path) -> float:
+    """The paired-difference sd (points) a finished compare measured: the root mean square of the per-seed sds
+    of its contrasts (``report.json``'s ``contrasts``), for the plan of the next one."""
+    import json
+
+    sds = [
+        c["sd"]
+        for c in json.loads(Path(report_json).read_text()).get("contrasts", {}).values()
+        if c.get("sd")
+    ]
+    if not sds:
+        raise CompareError(
+            [f"--pilot {report_json}: no contrast with a measured sd (a compare with 2+ seeds)"]
+        )
+    return (sum(s * s for s in sds) / len(sds)) ** 0.5

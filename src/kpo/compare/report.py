@@ -1,12 +1,22 @@
-"""The report of ``kpo compare``: the paper's Figure 3, Table 1, Figure 4 and Table 2 on the runs of one
-comparison, and a "claims" section that tests each of the paper's claims on them and says plainly whether it
-holds here.
+"""The report of ``kpo compare``: the design, the paired contrasts that decide, the paper's Figure 3, Table 1,
+Figure 4 and Table 2 on the runs of one comparison, and a "claims" section that says plainly whether each of the
+paper's claims holds here.
 
-Claim tests (fixed before looking at any run; the thresholds are in ``CLAIM_RULES``):
-- Table 1: KPO (clipped; at the paper's Q/V, and at the length-matched memory, each tested on its own) is best:
-  the 95% interval of its held-out avg@n minus each baseline's (vanilla, GSPO, GMPO: every method without a
-  filter) lies above 0 for every baseline. The interval is a percentile bootstrap over the problems (shared by
-  both sides) and the seeds (``kpo.evaluation.metrics.bootstrap_diff_ci``); which mean is highest decides nothing.
+The claim rules (``CLAIM_RULES``) were committed before the default compare ran:
+- Metric: each model's exact expected held-out accuracy (``expected.json``, :mod:`kpo.evaluation.expected`: the
+  probability that a sample is right, with no sampling noise) where the task has one right response (the
+  running-sum task), else the sampled avg@n.
+- Every difference is paired by seed (:func:`kpo.evaluation.metrics.paired_diff_ci`: the arms of a seed share
+  its warm start, its prompt stream and its evaluation samples; a Student-t interval over the seed pairs), over
+  the seeds both arms ran. A contrast's verdict: "better" when its 95% interval lies above 0, "worse" below 0,
+  "equivalent" when it lies inside +-``margin`` points, else "undecided".
+- Table 1: KPO (the subject: clipped, at the length-matched memory) is best: "better" against every baseline
+  (vanilla, GSPO and any other method without a filter).
+- Ablations, each against the subject: the filter matters beyond its clip band (vs the token ratio clipped at
+  KPO's band, no filter), the ramp from the prior matters (vs the constant-gain moving average), the matched
+  memory matters (vs KPO at the paper's Q/V). Each holds when the subject is "better".
+- A/A: the subject against its replica (same warm starts, other RL seeds) must be consistent with 0 (its
+  interval contains 0); otherwise the design's intervals are too narrow, and the report says so.
 - Figure 3, reward: vanilla GRPO collapses (its final reward ends ``collapse_drop`` or more below its peak) while
   KPO keeps rising (its final reward is within ``rise_tolerance`` of its peak and above its first steps').
 - Figure 3, entropy: GRPO's entropy collapses (its final entropy is at most ``entropy_collapse`` of its first)
@@ -25,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from kpo.diagnostics import STAT_KEYS
-from kpo.evaluation.metrics import bootstrap_avg_ci, bootstrap_diff_ci
+from kpo.evaluation.metrics import bootstrap_avg_ci, paired_diff_ci
 from kpo.losses.kpo import KALMAN_LOSSES
 from kpo.train.metrics import load_metrics
 from kpo.train.plots import plot_training_dynamics
@@ -38,7 +48,10 @@ CLAIM_RULES = {
     "collapse_drop": 0.1,  # collapse: final reward at least this far below the smoothed peak
     "rise_tolerance": 0.02,  # still rising: final within this of the smoothed peak
     "entropy_collapse": 0.1,  # entropy collapse: final entropy at most this fraction of the first
-    "ci_level": 0.95,  # Table 1: the bootstrap interval of the avg@n difference must lie above 0
+    "metric": "exact expected held-out accuracy (running task), else sampled avg@n",
+    "ci": "paired_diff_ci: Student-t over seed pairs",
+    "ci_level": 0.95,  # a contrast decides when its interval lies above / below 0
+    "margin": 0.05,  # "equivalent": the interval inside +-5 points
 }
 # Table 2 statistics less prop_up/prop_down (prop_on says how much of a response is off-policy).
 TABLE2_KEYS = tuple(k for k in STAT_KEYS if k not in ("prop_up", "prop_down"))
@@ -80,14 +93,19 @@ def reward_summary(rows: list[dict]) -> dict[str, float]:
     }
 
 
-def _load_eval(path: Path) -> dict:
-    """A held-out evaluation: macro metrics, problem count and per-problem correct counts (all benchmarks)."""
-    results = json.loads(path.read_text())
+def _load_eval(folder: Path) -> dict:
+    """A model's held-out evaluation in ``folder``: macro metrics, problem count, per-problem correct counts
+    (``eval.json``), and the exact expected accuracy (``expected.json``) where it was written."""
+    from kpo.compare.run import EXPECTED_FILE
+
+    results = json.loads((folder / "eval.json").read_text())
+    exact = folder / EXPECTED_FILE
     return {
         "eval": results["macro"],
         "n": results["params"]["n"],
         "problems": sum(b["problems"] for b in results["benchmarks"].values()),
         "counts": [p["correct"] for b in results["benchmarks"].values() for p in b["per_problem"]],
+        "expected": json.loads(exact.read_text()) if exact.exists() else None,
     }
 
 
@@ -95,23 +113,24 @@ def _load_run(run, out: Path) -> dict:
     """A finished run: its metrics rows, held-out results and reward summary."""
     folder = out / "runs" / run.name
     rows = load_metrics(folder / "metrics.jsonl")
-    return {
-        "run": run,
-        "dir": folder,
-        "rows": rows,
-        "summary": reward_summary(rows),
-        **_load_eval(folder / "eval.json"),
-    }
+    return {"run": run, "dir": folder, "rows": rows, "summary": reward_summary(rows), **_load_eval(folder)}
 
 
-def _table1(labels, groups, warm: list[dict]) -> tuple[str, dict]:
-    """Held-out accuracy per arm, the warm start first: mean ± std over seeds and the 95% bootstrap interval
-    (over seeds and problems) of avg@n, pass@k, response length, training reward."""
+def _scores(entry: dict, exact: bool) -> tuple[list[float], float]:
+    """(per-problem scores, out of) of the claims' metric: expected accuracies out of 1, or counts out of n."""
+    return (entry["expected"]["per_problem"], 1.0) if exact else (entry["counts"], entry["n"])
+
+
+def _table1(labels, groups, warm: list[dict], exact: bool) -> tuple[str, dict]:
+    """Held-out accuracy per arm, the warm start first: mean ± std over seeds of the exact expected accuracy
+    (where there is one), avg@n and pass@k, the 95% bootstrap interval (over seeds and problems) of avg@n,
+    response length, training reward."""
     eval_keys = [k for k in next(iter(groups[labels[0]]))["eval"] if "@" in k]
     avg_key = next(k for k in eval_keys if k.startswith("avg@"))
     header = [
-        "method",
+        "arm",
         "seeds",
+        *(["expected acc"] if exact else []),
         *eval_keys,
         f"{avg_key} 95% CI",
         "mean len (tok)",
@@ -123,14 +142,18 @@ def _table1(labels, groups, warm: list[dict]) -> tuple[str, dict]:
     rows = [(WARM_START_LABEL, warm)] if warm else []
     for label, entries in [*rows, *((m, groups[m]) for m in labels)]:
         row = {k: _mean_std([e["eval"][k] for e in entries]) for k in [*eval_keys, "mean_response_tokens"]}
+        if exact:
+            row["expected"] = _mean_std([e["expected"]["mean"] for e in entries])
         trained = label != WARM_START_LABEL
         row["first"] = _mean_std([e["summary"]["first"] for e in entries]) if trained else (np.nan, np.nan)
         row["final"] = _mean_std([e["summary"]["final"] for e in entries]) if trained else (np.nan, np.nan)
         row["ci95"] = bootstrap_avg_ci([e["counts"] for e in entries], entries[0]["n"])
+        row["seeds"] = len(entries)
         stats[label] = row
         cells = [
             label,
             str(len(entries)),
+            *([_fmt(*row["expected"], scale=100)] if exact else []),
             *(_fmt(*row[k], scale=100) for k in eval_keys),
             f"[{100 * row['ci95'][0]:.1f}, {100 * row['ci95'][1]:.1f}]",
             _fmt(*row["mean_response_tokens"]),
@@ -139,6 +162,92 @@ def _table1(labels, groups, warm: list[dict]) -> tuple[str, dict]:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines), {"eval_keys": eval_keys, "avg_key": avg_key, "rows": stats}
+
+
+def verdict(low: float, high: float) -> str:
+    """A contrast's verdict from its interval (fractions), by ``CLAIM_RULES``."""
+    margin = CLAIM_RULES["margin"]
+    if low > 0:
+        return "better"
+    if high < 0:
+        return "worse"
+    if -margin <= low and high <= margin:
+        return "equivalent"
+    return "undecided"
+
+
+def _contrast(a: list[dict], b: list[dict], exact: bool) -> dict:
+    """The paired difference of arms ``a`` and ``b`` (entries by seed) over the seeds both have: mean, interval,
+    half-width and the per-seed differences and their sd (fractions)."""
+    seeds = min(len(a), len(b))
+    sa, sb = [_scores(e, exact) for e in a[:seeds]], [_scores(e, exact) for e in b[:seeds]]
+    n = sa[0][1]
+    mean, low, high = paired_diff_ci([x for x, _ in sa], [x for x, _ in sb], n, level=CLAIM_RULES["ci_level"])
+    per_seed = [float(np.mean(np.subtract(x, y)) / n) for (x, _), (y, _) in zip(sa, sb)]
+    return {
+        "seeds": seeds,
+        "mean": mean,
+        "low": low,
+        "high": high,
+        "half_width": (high - low) / 2,
+        "per_seed": per_seed,
+        "sd": float(np.std(per_seed, ddof=1)) * 100 if seeds > 1 else None,
+        "verdict": verdict(low, high),
+    }
+
+
+def _contrast_table(results: dict, predicted: dict) -> str:
+    """One row per contrast: points, interval, measured and predicted half-width, verdict."""
+    lines = [
+        "| contrast | kind | seeds | difference (points) | 95% paired interval | half-width | planned half-width "
+        "| per-seed sd | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, c in results.items():
+        plan = predicted.get(name, {}).get("half_width")
+        plan = "-" if plan is None else f"{plan:.1f}"
+        sd = "-" if c["sd"] is None else f"{c['sd']:.1f}"
+        lines.append(
+            f"| {name} | {c['kind']} | {c['seeds']} | {100 * c['mean']:+.1f} | [{100 * c['low']:+.1f}, "
+            f"{100 * c['high']:+.1f}] | {100 * c['half_width']:.1f} | {plan} | {sd} | {c['verdict']} |"
+        )
+    return "\n".join(lines)
+
+
+def _plot_contrasts(results: dict, path: Path) -> Path:
+    """A forest plot: each contrast's paired interval, its per-seed differences as dots, the +-margin band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(names) + 1.4))
+    margin = 100 * CLAIM_RULES["margin"]
+    ax.axvspan(-margin, margin, color="0.92", label=f"+-{margin:g} points (equivalence margin)")
+    ax.axvline(0, color="0.4", lw=0.8)
+    for i, name in enumerate(names):
+        c = results[name]
+        y = len(names) - 1 - i
+        color = {"key": "C0", "ablation": "C2", "aa": "C3", "warm": "0.5"}[c["kind"]]
+        ax.scatter([100 * d for d in c["per_seed"]], [y] * len(c["per_seed"]), s=12, color=color, alpha=0.45)
+        ax.errorbar(
+            100 * c["mean"],
+            y,
+            xerr=[[100 * (c["mean"] - c["low"])], [100 * (c["high"] - c["mean"])]],
+            fmt="o",
+            color=color,
+            capsize=4,
+        )
+    ax.set_yticks(
+        range(len(names)), [f"{n} ({results[n]['seeds']} seeds)" for n in reversed(names)], fontsize=8
+    )
+    ax.set_xlabel("difference in held-out accuracy (points); dots: seeds, bars: 95% paired interval")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _note_row(method: str, note: str, columns: int) -> str:
@@ -199,60 +308,57 @@ def _missing_methods(methods, needed: tuple[str, ...]) -> str | None:
     return f"not tested: --methods has no {' and '.join(missing)} (add {it}: --methods {fixed})"
 
 
-def _table1_claims(labels, groups, table1, warm: list[dict]) -> list[str]:
-    """One claim per KPO-clipped arm: the bootstrap interval of its avg@n minus each baseline's lies above 0."""
-    key = table1["avg_key"]
-    title = f"Table 1: KPO has the best held-out {key}"
-    # sorted: the verdict and its text never depend on the order of --methods
-    kpo_arms = sorted(label for label in labels if label.split(" ")[0] == "kpo")
-    baselines = sorted(label for label in labels if label.split(" ")[0] not in KALMAN_LOSSES)
-    if not kpo_arms:
-        return [_claim(title, _missing_methods(labels, ("kpo",)))]
-    if not baselines:
-        return [
+def _decision_claims(subject: str, results: dict, baselines: list[str]) -> list[str]:
+    """Table 1's claim (the subject "better" than every baseline), each ablation's and the A/A check."""
+
+    def text(name):
+        c = results[name]
+        return (
+            f"{name} {100 * c['mean']:+.1f} [{100 * c['low']:+.1f}, {100 * c['high']:+.1f}] ({c['verdict']})"
+        )
+
+    title = f"Table 1: {subject} has the best held-out accuracy"
+    keys = [f"{subject} - {b}" for b in baselines if f"{subject} - {b}" in results]
+    if not keys:
+        claims = [_claim(title, "not tested: no baseline without a filter beside it (add e.g. vanilla,gspo)")]
+    else:
+        ok = all(results[k]["verdict"] == "better" for k in keys)
+        claims = [
             _claim(
-                title, "not tested: no baseline without a filter in --methods (add e.g. vanilla,gspo,gmpo)"
+                title,
+                f"{'holds' if ok else 'does not hold'}: points, 95% interval paired by seed: "
+                + "; ".join(text(k) for k in keys)
+                + ".",
             )
         ]
-    level = CLAIM_RULES["ci_level"]
-    claims = []
-    for arm in kpo_arms:
-        parts, above = [], []
-        # the baselines decide; the other filtered arms are listed beside them
-        for base in [
-            *baselines,
-            *sorted(label for label in labels if label not in baselines and label != arm),
-        ]:
-            mean, low, high = bootstrap_diff_ci(
-                [e["counts"] for e in groups[arm]],
-                [e["counts"] for e in groups[base]],
-                groups[arm][0]["n"],
-                level=level,
+    what = {
+        "vanilla (clip_ratio_low=0.0003, clip_ratio_high=0.0004)": "the filter matters beyond KPO's clip band",
+        "kpo (memory=matched, p0=steady)": "the filter's ramp from its prior matters (vs constant gains)",
+        "kpo": "the length-matched memory beats the paper's Q/V",
+    }
+    for name, c in results.items():
+        if c["kind"] == "ablation":
+            other = name.split(" - ", 1)[1]
+            title = f"Ablation: {what.get(other, other)}"
+            claims.append(
+                _claim(title, f"{'holds' if c['verdict'] == 'better' else 'does not hold'}: {text(name)}.")
             )
-            if base in baselines:
-                above.append(low > 0)
-            parts.append(f"{base} {100 * mean:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]")
-        if warm:
-            mean, low, high = bootstrap_diff_ci(
-                [e["counts"] for e in groups[arm]], [e["counts"] for e in warm], warm[0]["n"], level=level
+        elif c["kind"] == "aa":
+            inside = c["low"] <= 0 <= c["high"]
+            claims.append(
+                _claim(
+                    "A/A: the noise floor is consistent with 0",
+                    ("holds" if inside else "does not hold: the design's intervals are too narrow")
+                    + f": {text(name)}; its half-width {100 * c['half_width']:.1f} points is what RL sampling "
+                    "alone moves a difference at this many seeds.",
+                )
             )
-            parts.append(f"warm start {100 * mean:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]")
-        seeds = len(groups[arm])
-        verdict = "holds" if all(above) else "does not hold"
-        one = " (one seed: the interval covers the problems only)" if seeds == 1 else ""
-        claims.append(
-            _claim(
-                f"{title}: {arm}",
-                f"{verdict}: {arm} minus each, avg@n points with {int(100 * level)}% bootstrap interval over problems "
-                f"and seeds: {'; '.join(parts)}; above 0 for {sum(above)}/{len(above)} baselines{one}.",
-            )
-        )
     return claims
 
 
-def _figure3_claim(methods, groups) -> str:
+def _figure3_claim(methods, groups, kpo: str) -> str:
     title = "Figure 3: GRPO collapses while KPO keeps rising"
-    if (why := _missing_methods(methods, ("vanilla", "kpo"))) is not None:
+    if (why := _missing_methods(methods, ("vanilla", kpo))) is not None:
         return _claim(title, why)
 
     def collapsed(entry):
@@ -264,7 +370,7 @@ def _figure3_claim(methods, groups) -> str:
         return s["final"] >= s["peak"] - CLAIM_RULES["rise_tolerance"] and s["final"] > s["first"]
 
     van = [collapsed(e) for e in groups["vanilla"]]
-    kpo = [rising(e) for e in groups["kpo"]]
+    rises = [rising(e) for e in groups[kpo]]
     detail = "; ".join(
         f"{m}: first {statistics.fmean(e['summary']['first'] for e in groups[m]):.3f}, peak "
         f"{statistics.fmean(e['summary']['peak'] for e in groups[m]):.3f}, final "
@@ -273,17 +379,18 @@ def _figure3_claim(methods, groups) -> str:
         f"{statistics.fmean(e['summary']['entropy_final'] for e in groups[m]):.3f}"
         for m in methods
     )
-    verdict = "holds" if all(van) and all(kpo) else "does not hold"
+    holds = "holds" if all(van) and all(rises) else "does not hold"
     return _claim(
         title,
-        f"{verdict}: vanilla collapsed in {sum(van)}/{len(van)} seeds (final >= {CLAIM_RULES['collapse_drop']} "
-        f"below peak), kpo still rising in {sum(kpo)}/{len(kpo)} seeds. Per method (mean over seeds): {detail}.",
+        f"{holds}: vanilla collapsed in {sum(van)}/{len(van)} seeds (final >= {CLAIM_RULES['collapse_drop']} "
+        f"below peak), {kpo} still rising in {sum(rises)}/{len(rises)} seeds. Per arm (mean over seeds): "
+        f"{detail}.",
     )
 
 
-def _entropy_claim(methods, groups) -> str:
+def _entropy_claim(methods, groups, kpo: str) -> str:
     title = "Figure 3: GRPO's entropy collapses while KPO's does not"
-    if (why := _missing_methods(methods, ("vanilla", "kpo"))) is not None:
+    if (why := _missing_methods(methods, ("vanilla", kpo))) is not None:
         return _claim(title, why)
     frac = CLAIM_RULES["entropy_collapse"]
 
@@ -292,18 +399,18 @@ def _entropy_claim(methods, groups) -> str:
         return s["entropy_final"] <= frac * s["entropy_first"]
 
     van = [collapsed(e) for e in groups["vanilla"]]
-    kpo = [not collapsed(e) for e in groups["kpo"]]
+    kept = [not collapsed(e) for e in groups[kpo]]
     detail = "; ".join(
         f"{m}: {statistics.fmean(e['summary']['entropy_first'] for e in groups[m]):.4f} -> "
         f"{statistics.fmean(e['summary']['entropy_final'] for e in groups[m]):.4f}"
-        for m in ("vanilla", "kpo")
+        for m in ("vanilla", kpo)
     )
-    verdict = "holds" if all(van) and all(kpo) else "does not hold"
+    holds = "holds" if all(van) and all(kept) else "does not hold"
     return _claim(
         title,
-        f"{verdict}: vanilla's final entropy fell to at most {frac:g} of its first in {sum(van)}/{len(van)} seeds, "
-        f"kpo's stayed above that in {sum(kpo)}/{len(kpo)}. Entropy per token, first -> final (mean over seeds): "
-        f"{detail}.",
+        f"{holds}: vanilla's final entropy fell to at most {frac:g} of its first in {sum(van)}/{len(van)} seeds, "
+        f"{kpo}'s stayed above that in {sum(kept)}/{len(kept)}. Entropy per token, first -> final (mean over "
+        f"seeds): {detail}.",
     )
 
 
@@ -342,13 +449,13 @@ def _figure4_claim(sweep) -> str:
     return _claim(title, f"{'holds' if monotone else 'does not hold'}: final training reward {listing}.")
 
 
-def _claims(labels, groups, table1, table2, sweep, warm) -> list[str]:
+def _claims(labels, groups, results, baselines, table2, sweep, subject: str) -> list[str]:
     """One line per claim, in the order of the paper's sections: its verdict with numbers, or why it is not
     tested on this comparison (a method missing from --methods, no dumps, no sweep)."""
     return [
-        *_table1_claims(labels, groups, table1, warm),
-        _figure3_claim(labels, groups),
-        _entropy_claim(labels, groups),
+        *_decision_claims(subject, results, baselines),
+        _figure3_claim(labels, groups, subject),
+        _entropy_claim(labels, groups, subject),
         _table2_claim(table2),
         _figure4_claim(sweep),
     ]
@@ -387,23 +494,40 @@ def _sweep_table(cfg, members, loaded, key) -> tuple[str, dict]:
 
 def write_report(cfg, runs, out: Path) -> Path:
     """Write ``report.md``, ``report.json`` and the figures into ``out``; returns the markdown path."""
-    from kpo.compare.plan import Run, arms, sweep_runs, warm_start_dir
+    from kpo.compare.plan import Run, arms, contrasts, subject, sweep_runs, warm_start_dir
 
     out = Path(out)
     loaded = {run: _load_run(run, out) for run in runs}
-    labels = [Run(method, 0, kw).arm for method, kw in arms(cfg)]
-    groups = {label: [loaded[r] for r in runs if r.arm == label and r.seed < cfg.seeds] for label in labels}
+    plan = arms(cfg)
+    labels = [a.label for a in plan]
+    groups = {a.label: [loaded[r] for r in runs if r.arm == a.label and r.seed < a.seeds] for a in plan}
     warm = [
-        _load_eval(warm_start_dir(out, s) / "eval.json")
+        _load_eval(warm_start_dir(out, s))
         for s in range(cfg.seeds)
         if (warm_start_dir(out, s) / "eval.json").exists()
     ]
+    exact = all(e["expected"] is not None for e in [*loaded.values(), *warm])
+    method, kwargs = subject(cfg)
+    subject_label = Run(method, 0, kwargs).arm
+    baselines = [a.label for a in plan if a.role == "key" and a.method not in KALMAN_LOSSES]
+    results = {}
+    for c in contrasts(cfg):
+        results[c.name] = {"kind": c.kind, **_contrast(groups[c.a][: c.seeds], groups[c.b][: c.seeds], exact)}
+    if warm:
+        for a in plan:
+            if a.role == "key":
+                results[f"{a.label} - warm start"] = {
+                    "kind": "warm",
+                    **_contrast(groups[a.label], warm, exact),
+                }
+    planned = json.loads((out / "plan.json").read_text()) if (out / "plan.json").exists() else {}
     fig3 = plot_training_dynamics(
         {label: [e["rows"] for e in groups[label]] for label in labels},
         out / "figure3_dynamics.png",
         smooth=CLAIM_RULES["smooth"],
     )
-    table1_md, table1 = _table1(labels, groups, warm)
+    fig_contrasts = _plot_contrasts(results, out / "contrasts.png") if results else None
+    table1_md, table1 = _table1(labels, groups, warm, exact)
     sweep, fig4, sweep_md = {}, None, ""
     members = sweep_runs(cfg)
     if members:
@@ -414,28 +538,39 @@ def write_report(cfg, runs, out: Path) -> Path:
         )
         sweep_md, sweep = _sweep_table(cfg, members, loaded, table1["avg_key"])
     table2_md, table2 = _table2(labels, groups, out)
-    claims = _claims(labels, groups, table1, table2, sweep, warm)
+    claims = _claims(labels, groups, results, baselines, table2, sweep, subject_label)
 
     first = groups[labels[0]][0]
     train_cfg = (first["dir"] / "config.yaml").read_text()
-    warm_text = (
-        " The warm-start row is each seed's starting model on the same problems and sample seeds."
-        if warm
-        else ""
+    metric = (
+        "exact expected held-out accuracy (the probability that a sample is right: one teacher-forced forward, "
+        "no sampling noise)"
+        if exact
+        else f"sampled held-out avg@{cfg.eval_n}"
     )
     md = [
         "# kpo compare report",
         "",
-        f"Methods {', '.join(labels)}; {cfg.seeds} seed(s); {cfg.steps} optimizer steps per run, "
+        f"Arms: {', '.join(f'{a.label} ({a.seeds} seeds)' for a in plan)}; {cfg.steps} optimizer steps per run, "
         f"{cfg.minibatches} per generation batch; evaluation on {first['problems']} held-out problems x "
         f"{cfg.eval_n} samples. Every run uses its method's paper hyperparameters; nothing is tuned per method "
-        f"(KPO's memory=matched is the paper's memory-to-length ratio at this task's length). Runs and logs: "
-        f"`runs/`.{warm_text}",
+        f"(KPO's memory=matched is the paper's memory-to-length ratio at this task's length). The arms of a seed "
+        f"share its warm start, its RL prompt stream (the A/A replica: another RL seed) and its evaluation "
+        f"samples. Runs and logs: `runs/`.",
         "",
         "## Claims",
         "",
         *claims,
         "",
+        f"## Paired contrasts ({metric}; 95% Student-t interval over seed pairs)",
+        "",
+        "Planned half-widths are what `kpo compare` printed before the runs (`plan.json`, from a paired-difference "
+        f"sd of {planned.get('diff_sd', float('nan')):.1f} points); per-seed sd is what this compare measured "
+        "(pass this report.json as `--pilot` to plan the next one with it).",
+        "",
+        _contrast_table(results, planned.get("contrasts", {})) if results else "No contrast: one arm only.",
+        "",
+        *([f"![paired contrasts]({fig_contrasts.name})", ""] if fig_contrasts else []),
         f"## Figure 3 analog: training dynamics ({CLAIM_RULES['smooth']}-step trailing means; mean over seeds, "
         "band = min-max)",
         "",
@@ -481,7 +616,9 @@ def write_report(cfg, runs, out: Path) -> Path:
     path.write_text("\n".join(md))
     (out / "report.json").write_text(
         json.dumps(
-            {"table1": table1, "table2": table2, "sweep": sweep, "claims": claims}, indent=2, default=float
+            {"table1": table1, "contrasts": results, "table2": table2, "sweep": sweep, "claims": claims},
+            indent=2,
+            default=float,
         )
         + "\n"
     )

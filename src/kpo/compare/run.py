@@ -17,10 +17,14 @@ from pathlib import Path
 
 from kpo._progress import progress_bar
 from kpo.compare.plan import (
+    DIFF_SD,
     CompareConfig,
     CompareError,
     Run,
+    estimate,
+    format_plan,
     held_out_problems,
+    pilot_sd,
     plan_runs,
     train_argv,
     warm_start_dir,
@@ -63,6 +67,7 @@ def _execute(cfg: CompareConfig, run: Run, out: Path, resume: bool = False) -> d
         # transformers, not "auto": on a GPU machine with vLLM installed, "auto" would start one vLLM engine per
         # parallel worker, each claiming most of the GPU's memory, for a tiny model.
         results = _evaluate(cfg, config, out / "final", out / "eval.json")
+        _evaluate_exact(cfg, config, out / "final", out / EXPECTED_FILE)
     except BaseException:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -94,8 +99,41 @@ def _evaluate(cfg: CompareConfig, config, model: Path, output: Path) -> dict:
     )
 
 
-def _done(out: Path) -> bool:
-    return all((out / name).exists() for name in ("config.yaml", "metrics.jsonl", "eval.json"))
+EXPECTED_FILE = "expected.json"  # a model's exact expected held-out accuracy (the running task only)
+
+
+def _evaluate_exact(cfg: CompareConfig, config, model: Path, output: Path) -> None:
+    """Write ``output``: the exact expected accuracy of ``model`` on the held-out problems the sampled
+    evaluation uses (:mod:`kpo.evaluation.expected`; one teacher-forced forward), per problem and per
+    position. Only the running task has one right response per problem; on another task nothing is written."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from kpo.data.synthetic import load_split
+    from kpo.evaluation.expected import expected_accuracy, reference_probabilities
+
+    task = config.task_config()
+    if task.kind != "running":
+        return
+    rows = load_split("test", n=cfg.eval_limit, task=task)
+    net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    stats = expected_accuracy(
+        reference_probabilities(net, tokenizer, [r["prompt"] for r in rows], [r["solution"] for r in rows])
+    )
+    stats["ids"] = [r["id"] for r in rows]
+    output.write_text(json.dumps(stats) + "\n")
+
+
+def _exact_applies(cfg: CompareConfig) -> bool:
+    from kpo.train.config import parse_args
+
+    return parse_args(list(cfg.train_args)).task_config().kind == "running"
+
+
+def _done(out: Path, exact: bool) -> bool:
+    names = ("config.yaml", "metrics.jsonl", "eval.json") + ((EXPECTED_FILE,) if exact else ())
+    return all((out / name).exists() for name in names)
 
 
 def _changed_training(cfg: CompareConfig, run: Run, out: Path) -> list[str]:
@@ -141,7 +179,7 @@ def _stale_run_errors(cfg: CompareConfig, runs: list[Run], out: Path) -> list[st
     errors = []
     for run in runs:
         folder = out / "runs" / run.name
-        if _done(folder) and (changed := _changed_settings(cfg, run, folder, problems)):
+        if _done(folder, _exact_applies(cfg)) and (changed := _changed_settings(cfg, run, folder, problems)):
             errors.append(f"run {run.name} ({folder}) was made with other settings: {'; '.join(changed)}")
     if errors:
         errors.append(
@@ -168,9 +206,11 @@ def _warm_start(cfg: CompareConfig, seed: int) -> None:
     config = parse_args(["--seed", str(seed), "--progress", "false", *cfg.train_args])
     path = model_path(config)
     folder = warm_start_dir(Path(cfg.out), seed)
+    folder.mkdir(parents=True, exist_ok=True)
     if not (folder / "eval.json").exists():
-        folder.mkdir(parents=True, exist_ok=True)
         _evaluate(cfg, config, path, folder / "eval.json")
+    if not (folder / EXPECTED_FILE).exists():
+        _evaluate_exact(cfg, config, path, folder / EXPECTED_FILE)
 
 
 def _clear_unfinished(folder: Path, resume: bool) -> None:
@@ -178,7 +218,7 @@ def _clear_unfinished(folder: Path, resume: bool) -> None:
     the new run's metrics it would make a run that fails after training look done) and, unless it resumes, its
     partial metrics.jsonl (the progress bar would count its steps until the worker's --overwrite removed it; a
     resumed run keeps the rows up to its checkpoint)."""
-    for name in ("eval.json",) if resume else ("metrics.jsonl", "eval.json"):
+    for name in ("eval.json", EXPECTED_FILE) if resume else ("metrics.jsonl", "eval.json", EXPECTED_FILE):
         (folder / name).unlink(missing_ok=True)
 
 
@@ -289,8 +329,10 @@ def _train_runs(cfg: CompareConfig, todo: list[Run], out: Path) -> None:
         raise RuntimeError("kpo compare: runs failed:\n  " + "\n  ".join(failures))
 
 
-def run_compare(cfg: CompareConfig) -> Path:
-    """Run every missing (method, seed), then write the report; returns the report's path.
+def run_compare(cfg: CompareConfig, *, pilot: Path | None = None, plan_only: bool = False) -> Path | None:
+    """Print the plan (runs, time, expected half-widths: from ``pilot``, a finished compare's report.json, or the
+    stored prior), then run every missing run and write the report; returns the report's path (None with
+    ``plan_only``, which stops after the plan). The plan is also written to ``plan.json`` before anything trains.
 
     Raises :class:`CompareError` before anything trains when a setting is invalid or a done run in ``cfg.out``
     was made with other settings.
@@ -301,9 +343,15 @@ def run_compare(cfg: CompareConfig) -> Path:
     stale = _stale_run_errors(cfg, runs, out)
     if stale:
         raise CompareError(stale)
+    exact = _exact_applies(cfg)
+    todo = [r for r in runs if not _done(out / "runs" / r.name, exact)]
+    est = estimate(cfg, pilot_sd(pilot) if pilot is not None else DIFF_SD, done=len(runs) - len(todo))
+    print(format_plan(cfg, est), flush=True)
+    if plan_only:
+        return None
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
-    todo = [r for r in runs if not _done(out / "runs" / r.name)]
+    (out / "plan.json").write_text(json.dumps(est, indent=2) + "\n")
     print(f"kpo compare: {len(runs)} runs, {len(runs) - len(todo)} already done; report in {out}", flush=True)
     if todo:
         _train_runs(cfg, todo, out)

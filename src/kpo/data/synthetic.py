@@ -2,17 +2,20 @@
 
 Two kinds, chosen by :attr:`TaskConfig.kind`:
 
-``running`` (the default): a running sum modulo 10 over ``n_terms`` digits. The prompt is the digits followed
-by ``=``; the response writes the last digit of every prefix sum, one token per step, so it is as long as the
-problem (128 tokens by default) and grows linearly with it::
+``running`` (the default): a running sum modulo 10 over ``n_terms`` digits. The prompt is the digits, ``=`` and
+the sum's start ``0``; the response writes the last digit of every prefix sum, one token per step, so it is as
+long as the problem (128 tokens by default) and grows linearly with it::
 
-    prompt    "3527="
-    solution  "3807"          (3; 3+5 = 8; 8+2 = 10 -> 0; 0+7 = 7)
+    prompt    "3527=0"
+    solution  "3807"          (0+3 = 3; 3+5 = 8; 8+2 = 10 -> 0; 0+7 = 7)
     answer    "3807"          (the whole response is the answer)
 
-Each step is easy (the previous digit plus one term, mod 10; step k reads term k, a fixed distance back), so a
-small model learns it to ~99%, and a response is right only if all of its steps are: RL must credit single
-tokens among many. An error carries into every later step, as in a long chain of thought.
+Every step is the same easy rule: the digit just read plus the term a fixed distance back, mod 10. The first
+step too: the prompt's ``0`` is its previous digit (a prompt ending at ``=`` made step 0 a rule of its own,
+"copy term 0" from the input ``=``, trained on 1/128 of the tokens, and warm starts that missed it scored near
+0). So a small model learns the rule to ~99% at every position, and a response is right only if all of its
+steps are: RL must credit single tokens among many. An error carries into every later step, as in a long chain
+of thought.
 
 ``chain``: chained additions of ``n_terms`` numbers up to ``max_value`` (responses of ~3 tokens by default).
 The solution reduces the chain one addition at a time::
@@ -115,7 +118,8 @@ class TaskConfig:
         return ("" if self.kind == "running" else "+").join(str(x) for x in terms)
 
     def prompt(self, terms: list[int]) -> str:
-        return self.problem(terms) + "="
+        """The text the model continues: the problem and ``=``; running adds the sum's start ``0``."""
+        return self.problem(terms) + ("=0" if self.kind == "running" else "=")
 
     def terms(self, problem: str) -> list[int]:
         """Inverse of :meth:`problem`."""
@@ -208,7 +212,8 @@ def load_split(
 
     Returns:
         rows ``{"id", "problem", "answer", "prompt", "solution"}``: ``prompt`` is the exact text fed to the
-        model (problem + ``"="``), ``solution`` the reference completion used for supervised warm start, and
+        model (:meth:`TaskConfig.prompt`: problem + ``"="``, running + ``"=0"``), ``solution`` the reference
+        completion used for supervised warm start, and
         ``answer`` what :meth:`TaskConfig.grade` checks against.
     """
     if task is not None and task_kw:

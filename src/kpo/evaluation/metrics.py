@@ -15,9 +15,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from fractions import Fraction
-from math import comb
+from functools import lru_cache
+from math import comb, cos, isfinite, pi, sin, sqrt, tan
+from numbers import Real
 
-__all__ = ["pass_at_k", "avg_at_n", "benchmark_metrics", "bootstrap_avg_ci", "bootstrap_diff_ci"]
+__all__ = [
+    "pass_at_k",
+    "avg_at_n",
+    "benchmark_metrics",
+    "bootstrap_avg_ci",
+    "bootstrap_diff_ci",
+    "paired_diff_ci",
+    "t_quantile",
+]
 
 
 def _check_counts(n: int, c: int, k: int | None = None) -> None:
@@ -146,3 +156,156 @@ def _percentiles(values, level: float) -> tuple[float, float]:
     tail = 100 * (1 - level) / 2
     low, high = np.percentile(values, [tail, 100 - tail])
     return float(low), float(high)
+
+
+def paired_diff_ci(
+    a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], n: float, *, level: float = 0.95
+) -> tuple[float, float, float]:
+    """(mean, low, high) of avg@n(a) - avg@n(b), fractions, with a Student-t interval over paired seeds.
+
+    a, b: shape [S][P], S >= 1 seeds of P >= 1 per-problem correct counts out of ``n`` each. Seed s of `a`
+    and seed s of `b` are a pair (they share a warm start, a prompt stream and the evaluation sample seeds),
+    and every seed of both sides scores the same P problems in the same order. A count may be any real
+    number in [0, n] (an exact expected count such as n * probability is fine), not only an int.
+    n: the number of samples per problem (a positive number). level: the coverage, in (0, 1).
+
+    With d_s = mean over problems p of (a[s][p] - b[s][p]) / n, shape [S], the paired difference of seed s:
+
+    * ``mean`` = mean over seeds of d_s = avg@n(a) - avg@n(b).
+    * S >= 2: the seed pair is the unit. ``mean -/+ t_{S-1, (1+level)/2} * sd(d_s) / sqrt(S)``, sd with
+      ddof=1. Its coverage is exact when d_s is normal (d_s is a mean over hundreds of problems), and it
+      covers everything that varies from seed pair to seed pair: training noise, the prompt stream and the
+      evaluation's problem and sampling noise. The warm start a pair shares cancels in d_s.
+    * S == 1: no seed-to-seed variance can be estimated, so the interval is the paired t-interval over the
+      P per-problem differences x_p = (a[0][p] - b[0][p]) / n:
+      ``mean -/+ t_{P-1, (1+level)/2} * sd(x_p) / sqrt(P)``. It covers the evaluation's problem and
+      sampling noise only, not training noise: another seed may land outside it. S == 1 with P == 1 is an
+      error (no spread to measure).
+
+    If the differences do not vary at all the interval is the single point (mean, mean, mean).
+    Raises ValueError on mismatched shapes (naming the seed and side), on NaN/Inf or counts outside
+    [0, n] (naming the seed and problem), on n <= 0 and on `level` outside (0, 1).
+    """
+    if isinstance(n, bool) or not isinstance(n, Real) or not isfinite(n) or n <= 0:
+        raise ValueError(f"n={n!r}: the number of samples per problem must be a positive number")
+    if isinstance(level, bool) or not isinstance(level, Real) or not 0 < level < 1:
+        raise ValueError(f"level={level!r}: must lie in (0, 1), e.g. 0.95")
+    acc_a, acc_b = _paired_accuracies(a, b, n)
+    seeds, problems = acc_a.shape
+    if seeds >= 2:
+        units = (acc_a - acc_b).mean(axis=1)
+    elif problems >= 2:
+        units = acc_a[0] - acc_b[0]
+    else:
+        raise ValueError(
+            "one seed with one problem: no spread to measure; give two or more seeds (paired) or problems"
+        )
+    mean, low, high = _t_interval(units, level)
+    return float(mean), float(low), float(high)
+
+
+def _paired_accuracies(a, b, n: float):
+    """Checked [S, P] float arrays a / n and b / n; see :func:`paired_diff_ci` for the rules."""
+    import numpy as np
+
+    if len(a) != len(b) or len(a) == 0:
+        raise ValueError(
+            f"a has {len(a)} seeds and b has {len(b)}: give one list of per-problem counts per seed for both "
+            "sides, the same number of seeds (at least one), seed s of a paired with seed s of b"
+        )
+    rows = {}
+    for side, runs in (("a", a), ("b", b)):
+        rows[side] = []
+        for s, run in enumerate(runs):
+            row = np.asarray(run, dtype=np.float64)
+            if row.ndim != 1 or row.size == 0:
+                raise ValueError(
+                    f"{side}[{s}] has shape {row.shape}: each seed needs a flat, non-empty list of "
+                    "per-problem correct counts"
+                )
+            rows[side].append(row)
+    problems = rows["a"][0].size
+    for side in ("a", "b"):
+        for s, row in enumerate(rows[side]):
+            if row.size != problems:
+                raise ValueError(
+                    f"{side}[{s}] has {row.size} problems and a[0] has {problems}: every seed of both sides "
+                    "must score the same problems, in the same order"
+                )
+    for side in ("a", "b"):
+        for s, row in enumerate(rows[side]):
+            bad = np.flatnonzero(~np.isfinite(row) | (row < 0) | (row > n))
+            if bad.size:
+                p = int(bad[0])
+                raise ValueError(
+                    f"{side}[{s}][{p}] = {float(row[p])!r} (seed {s}, problem {p}): counts must be finite "
+                    f"and lie in [0, n={n}]"
+                )
+    return np.stack(rows["a"]) / n, np.stack(rows["b"]) / n
+
+
+def _t_interval(units, level: float):
+    """(mean, low, high) of the Student-t interval for the mean of `units` [..., K], K >= 2, on the last axis.
+
+    ``mean -/+ t_{K-1, (1+level)/2} * sd(units, ddof=1) / sqrt(K)``; works on stacked arrays too.
+    """
+    import numpy as np
+
+    units = np.asarray(units, dtype=np.float64)
+    k = units.shape[-1]
+    mean = units.mean(axis=-1)
+    half = t_quantile((1 + level) / 2, k - 1) * units.std(axis=-1, ddof=1) / sqrt(k)
+    return mean, mean - half, mean + half
+
+
+def _t_two_sided_mass(theta: float, df: int) -> float:
+    """P(|T| < t) for Student's t with integer `df`, at theta = atan(t / sqrt(df)) in [0, pi/2].
+
+    Closed forms (Abramowitz & Stegun 26.7.3-4), c = cos(theta), s = sin(theta):
+    odd df:  (2/pi) * (theta + s * (c + (2/3) c^3 + (2*4)/(3*5) c^5 + ...
+                                    + (2*4...(df-3))/(3*5...(df-2)) c^(df-2)))   ((2/pi) theta at df = 1);
+    even df: s * (1 + (1/2) c^2 + (1*3)/(2*4) c^4 + ...
+                  + (1*3...(df-3))/(2*4...(df-2)) c^(df-2)).
+    """
+    c, s = cos(theta), sin(theta)
+    c2 = c * c
+    if df % 2:
+        total, term = 0.0, c
+        for j in range(1, (df - 1) // 2 + 1):
+            total += term
+            term *= c2 * (2 * j) / (2 * j + 1)
+        return 2 / pi * (theta + s * total)
+    total, term = 0.0, 1.0
+    for j in range(1, df // 2 + 1):
+        total += term
+        term *= c2 * (2 * j - 1) / (2 * j)
+    return s * total
+
+
+@lru_cache(maxsize=256)
+def t_quantile(p: float, df: int) -> float:
+    """The p-quantile of Student's t with integer df >= 1: the exact CDF above, inverted by bisection.
+
+    Bisects theta = atan(t / sqrt(df)) on [0, pi/2] until the bracket stops shrinking in floating point,
+    far below 1e-12 in t for any quantile used here.
+    """
+    if isinstance(df, bool) or int(df) != df or df < 1:
+        raise ValueError(f"df={df!r}: Student's t needs an integer number of degrees of freedom >= 1")
+    if not 0 < p < 1:
+        raise ValueError(f"p={p!r}: a quantile needs p in (0, 1)")
+    df = int(df)
+    if p == 0.5:
+        return 0.0
+    if p < 0.5:
+        return -t_quantile(1 - p, df)
+    target = 2 * p - 1  # P(|T| < t) = 2 F(t) - 1 for t >= 0
+    lo, hi = 0.0, pi / 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if mid in (lo, hi):
+            break
+        if _t_two_sided_mass(mid, df) < target:
+            lo = mid
+        else:
+            hi = mid
+    return sqrt(df) * tan((lo + hi) / 2)

@@ -13,7 +13,15 @@ import math
 
 from kpo.filter.gains import check_params
 
-__all__ = ["PAPER_LENGTH", "PAPER_Q", "filter_memory", "matched_memory", "q_for_memory", "steady_state_gain"]
+__all__ = [
+    "PAPER_LENGTH",
+    "PAPER_Q",
+    "filter_memory",
+    "matched_memory",
+    "q_for_memory",
+    "steady_state_gain",
+    "steady_state_variance",
+]
 
 PAPER_Q = 1e-6  # KPO-clipped's Q/V in the paper (V = 1)
 PAPER_LENGTH = 4096  # the paper's maximum response length
@@ -24,6 +32,15 @@ def steady_state_gain(q: float, v: float = 1.0) -> float:
     check_params(q, v, 0.0)
     s = (q + math.sqrt(q * q + 4.0 * q * v)) / 2.0
     return s / (s + v)
+
+
+def steady_state_variance(q: float, v: float = 1.0) -> float:
+    """The posterior variance the filter converges to, S v / (S + v) (float64). As ``p0`` it starts the filter
+    at its steady state: the first prior is p0 + q = S, so every gain is K_inf and the filter is a constant-gain
+    exponential moving average from the first token (no ramp from the prior)."""
+    check_params(q, v, 0.0)
+    s = (q + math.sqrt(q * q + 4.0 * q * v)) / 2.0
+    return s * v / (s + v)
 
 
 def filter_memory(q: float, v: float = 1.0) -> float:

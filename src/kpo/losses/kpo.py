@@ -7,6 +7,8 @@ gradient exp(rho_t) * grad lp_t. ``filter_grad=True`` instead lets the gradient 
 response does to the filter: "skip" (default: no observation, no time step), "advance" (a time step without
 observation), "zero" (observed as 0, the authors' code). ``memory`` sets q from the filter's memory in tokens
 (``kpo.filter.memory``) instead of q itself: ``memory=31.25`` is the paper's memory-to-length ratio at 128 tokens.
+``p0="steady"`` starts the filter at its steady-state variance, so every gain is K_inf: a constant-gain moving
+average of the log-ratios, the filter without its ramp from the prior (an ablation).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from kpo.filter import kalman_filter
-from kpo.filter.memory import q_for_memory
+from kpo.filter.memory import q_for_memory, steady_state_variance
 from kpo.losses._core import LossBatch, LossTerms, clipped_surrogate, resolve_clip, token_stats
 from kpo.losses.aggregation import masked_mean
 from kpo.losses.registry import register_loss
@@ -22,6 +24,7 @@ from kpo.losses.registry import register_loss
 KALMAN_LOSSES = ("kpo", "kpo_unclipped")
 PAPER_Q = {"kpo": 1e-6, "kpo_unclipped": 1e-4}  # each variant's q when neither q nor memory is given
 _FILTER_DEFAULTS = {"v": 1.0, "p0": 0.0, "x0": 0.0, "mask_mode": "skip"}
+STEADY = "steady"  # p0 = the steady-state posterior variance of (q, v)
 
 
 def resolve_q(loss: str, q: float | None, memory: float | None, v: float) -> float:
@@ -34,13 +37,25 @@ def resolve_q(loss: str, q: float | None, memory: float | None, v: float) -> flo
     return q_for_memory(memory, v)
 
 
+def resolve_p0(p0: float | str, q: float, v: float) -> float:
+    """The initial variance: ``p0``, or for ``"steady"`` the steady-state posterior variance of (q, v)."""
+    if isinstance(p0, str):
+        if p0 != STEADY:
+            raise ValueError(
+                f"p0={p0!r}: give a variance >= 0 or {STEADY!r} (the steady state: constant gains)"
+            )
+        return steady_state_variance(q, v)
+    return p0
+
+
 def filter_settings(loss: str, loss_kwargs: dict) -> dict:
-    """{q, v, p0, x0, mask_mode} that ``loss`` with ``loss_kwargs`` filters with (q resolved from memory); a loss
-    without a filter gets KPO's, so its ratios can be analysed as KPO would see them."""
+    """{q, v, p0, x0, mask_mode} that ``loss`` with ``loss_kwargs`` filters with (q resolved from memory, p0 from
+    "steady"); a loss without a filter gets KPO's, so its ratios can be analysed as KPO would see them."""
     name = loss if loss in KALMAN_LOSSES else "kpo"
     kwargs = loss_kwargs if loss in KALMAN_LOSSES else {}
     out = {k: kwargs.get(k, default) for k, default in _FILTER_DEFAULTS.items()}
     out["q"] = resolve_q(name, kwargs.get("q"), kwargs.get("memory"), out["v"])
+    out["p0"] = resolve_p0(out["p0"], out["q"], out["v"])
     return out
 
 
@@ -48,6 +63,7 @@ def _filtered_log_ratio(
     batch: LossBatch, q, v, p0, x0, mask_mode, filter_grad
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(log r~ [B, T] with KPO's gradient, filtered log-ratio rho [B, T] detached); the filter checks q, v, p0."""
+    p0 = resolve_p0(p0, q, v)
     if not isinstance(filter_grad, bool):  # a truthy string such as "false" would switch the ablation on
         raise ValueError(f"filter_grad must be True or False, got {filter_grad!r}")
     lp, m = batch.log_prob, batch.mask
@@ -67,7 +83,7 @@ def kpo(
     q: float | None = None,
     memory: float | None = None,
     v: float = 1.0,
-    p0: float = 0.0,
+    p0: float | str = 0.0,
     x0: float = 0.0,
     mask_mode: str = "skip",
     filter_grad: bool = False,
@@ -96,7 +112,7 @@ def kpo_unclipped(
     q: float | None = None,
     memory: float | None = None,
     v: float = 1.0,
-    p0: float = 0.0,
+    p0: float | str = 0.0,
     x0: float = 0.0,
     mask_mode: str = "skip",
     filter_grad: bool = False,

@@ -75,7 +75,7 @@ def _model(config: TrainConfig) -> str:
         f"the embedded tiny Qwen3 (hidden size {shape.hidden_size}, {shape.num_layers} layers, "
         f"{shape.num_heads} heads, context {shape.max_position_embeddings} tokens), warm-started by supervised "
         f"fine-tuning ({sft.n_examples} problems, epochs={sft.epochs}, a teacher erring in {sft.noise:g} of "
-        f"steps; `warm_start/`)"
+        f"steps, seed {config.resolved_warm_start_seed()}; `warm_start/`)"
     )
 
 

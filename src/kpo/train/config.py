@@ -69,6 +69,12 @@ class TrainConfig:
         "runs/kpo-tiny", "Directory for config.yaml, metrics.jsonl, checkpoints, final/, plots."
     )
     seed: int = _option(0, "Seed of model init, data order, sampling and the synthetic task.")
+    warm_start_seed: int | None = _option(
+        None,
+        "Seed of the embedded warm start (its init, SFT problems and teacher noise); None = seed. Two runs with "
+        "one warm_start_seed and different seeds start from the same model and differ only in RL prompts and "
+        "sampling (kpo compare's A/A arm).",
+    )
     max_steps: int = _option(
         1000,
         "Optimizer steps, a multiple of minibatches (each generation batch gives `minibatches` of them).",
@@ -140,7 +146,7 @@ class TrainConfig:
     )
     tiny_heads: int = _option(4, "Tiny model attention heads.")
     sft_examples: int | None = _option(
-        None, "Warm start: distinct training problems; none = the task's (running 12800, chain 200)."
+        None, "Warm start: distinct training problems per SFT round; none = the task's (running 12800, chain 200).",
     )
     sft_epochs: int | None = _option(
         None,
@@ -258,6 +264,9 @@ class TrainConfig:
         return dataclasses.replace(
             SFT_PRESETS[self.task], **{k: v for k, v in given.items() if v is not None}
         )
+
+    def resolved_warm_start_seed(self) -> int:
+        return self.seed if self.warm_start_seed is None else self.warm_start_seed
 
     def resolved_agg_mode(self) -> str:
         from kpo.losses import get_loss_spec
@@ -439,7 +448,7 @@ class TrainConfig:
             )
         else:
             try:
-                sft_problems(task, n_sft, self.seed)
+                sft_problems(task, n_sft, self.resolved_warm_start_seed())
             except ValueError as e:
                 errors.append(f"sft_examples={n_sft}: {e}")
         if self.prompts_per_step > rl_problems:
@@ -609,6 +618,7 @@ _BOUNDS = {
     **dict.fromkeys(("save_steps", "dump_ratios_every"), (0, None, " (0 = off)")),
     "weight_decay": (0, None, ""),
     "seed": (0, 2**32 - 1, " (numpy's seed range)"),
+    "warm_start_seed": (0, 2**32 - 1, " (numpy's seed range)"),
     "n_terms": (1, None, ""),
     "max_value": (1, None, ""),
     "sft_noise": (0, 1, " (a probability)"),

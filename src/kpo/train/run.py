@@ -185,7 +185,7 @@ def model_path(config: TrainConfig) -> Path:
         config.task_config(),
         config.tiny_shape(),
         config.sft_settings(),
-        seed=config.seed,
+        seed=config.resolved_warm_start_seed(),
         cache_dir=Path(config.cache_dir) if config.cache_dir else None,
         progress=config.progress,
     )
