@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -76,3 +77,50 @@ def test_compare_writes_every_section_and_resumes(compare_config, tmp_path, caps
     ):
         run_compare(replace(cfg, steps=6))
     assert {p: p.stat().st_mtime_ns for p in runs.glob("*/metrics.jsonl")} == stamps
+
+
+def test_default_design_pairs_every_arm_with_kpo_at_the_matched_memory(compare_config):
+    from kpo.compare.plan import contrasts, estimate, train_argv
+    from kpo.train.config import parse_args
+
+    cfg = compare_config(seeds=3, matched=True, ablations=True, ablation_seeds=2, aa_seeds=1, sweep_memory=())
+    runs = plan_runs(cfg)
+    # seed by seed: the 2 methods, KPO (matched), the 3 ablations and the A/A replica at seed 0; seed 1 without
+    # the replica; seed 2 only the methods and KPO (matched)
+    assert [r.name for r in runs] == [
+        "vanilla-seed0",
+        "kpo-seed0",
+        "kpo-memorymatched-seed0",
+        "vanilla-clip_ratio_low0.0003-clip_ratio_high0.0004-seed0",
+        "kpo-memorymatched-p0steady-seed0",
+        "kpo-memorymatched-seed0-replica1",
+        "vanilla-seed1",
+        "kpo-seed1",
+        "kpo-memorymatched-seed1",
+        "vanilla-clip_ratio_low0.0003-clip_ratio_high0.0004-seed1",
+        "kpo-memorymatched-p0steady-seed1",
+        "vanilla-seed2",
+        "kpo-seed2",
+        "kpo-memorymatched-seed2",
+    ]
+    # kpo at the paper's Q/V is one of --methods here, so the ablation of that name is not run twice
+    assert sum(r.arm == "kpo" for r in runs) == 3
+    # the replica starts from its seed's warm start with another RL seed
+    replica = parse_args(train_argv(cfg, runs[5], Path("x")))
+    original = parse_args(train_argv(cfg, runs[2], Path("x")))
+    assert (replica.seed, replica.warm_start_seed, original.seed, original.warm_start_seed) == (1000, 0, 0, 0)
+    assert replica.resolved_loss_kwargs() == original.resolved_loss_kwargs()
+    # what the report decides on, over the seeds both arms ran
+    got = {c.name: (c.seeds, c.kind) for c in contrasts(cfg)}
+    assert got == {
+        "kpo (memory=matched) - vanilla": (3, "key"),
+        "kpo (memory=matched) - kpo": (3, "key"),
+        "kpo (memory=matched) - vanilla (clip_ratio_low=0.0003, clip_ratio_high=0.0004)": (2, "ablation"),
+        "kpo (memory=matched) - kpo (memory=matched, p0=steady)": (2, "ablation"),
+        "kpo (memory=matched) A/A replica 1 - kpo (memory=matched)": (1, "aa"),
+    }
+    # the plan's half-width: t_{S-1, 0.975} x sd / sqrt(S); 3 seeds: 4.302653 x 7 / sqrt(3) = 17.39 points
+    est = estimate(cfg, diff_sd=7.0)
+    assert est["runs"] == 14
+    assert est["contrasts"]["kpo (memory=matched) - vanilla"]["half_width"] == pytest.approx(17.389, abs=1e-3)
+    assert est["contrasts"]["kpo (memory=matched) A/A replica 1 - kpo (memory=matched)"]["half_width"] is None

@@ -12,7 +12,7 @@ import pytest
 
 from kpo.analysis import write_dump
 from kpo.compare import plan_runs
-from kpo.compare.report import _claims, reward_summary, write_report
+from kpo.compare.report import _entropy_claim, _figure3_claim, reward_summary, write_report
 from kpo.losses.kpo import filter_settings
 
 
@@ -78,7 +78,6 @@ def test_figure3_reads_a_noisy_rising_curve_as_rising_and_a_drop_as_collapse():
 
     # A peak over 5-step windows against a 20-step final mean read such curves as collapsed, or never rising.
     collapse = _rows(np.where(steps < 100, 0.2 + 0.5 * steps / 100, 0.7 - 0.6 * (steps - 100) / 100))
-    table1 = {"eval_keys": ["avg@2"], "rows": {m: {"avg@2": (0.5, 0.0)} for m in ("vanilla", "kpo")}}
     for vanilla, kpo, expected in [
         ([collapse], [rising(0.05) for _ in range(10)], "kpo still rising in 10/10 seeds"),
         ([rising(0.1) for _ in range(20)], [collapse], "vanilla collapsed in 0/20 seeds"),
@@ -87,7 +86,7 @@ def test_figure3_reads_a_noisy_rising_curve_as_rising_and_a_drop_as_collapse():
             "vanilla": [{"summary": reward_summary(rows), "n": 2, "counts": [1, 1]} for rows in vanilla],
             "kpo": [{"summary": reward_summary(rows), "n": 2, "counts": [1, 1]} for rows in kpo],
         }
-        line = _claims(["vanilla", "kpo"], groups, {**table1, "avg_key": "avg@2"}, {}, {}, [])[1]
+        line = _figure3_claim(["vanilla", "kpo"], groups, "kpo")
         assert expected in line and "vanilla collapsed in 0/1" not in line, line
 
 
@@ -98,6 +97,8 @@ def test_one_seed_shows_no_spread_and_the_table1_claim_says_so(compare_config, f
     assert "± 0.0" not in text
     [claim] = [line for line in _section(text, "Claims").splitlines() if line.startswith("- **Table 1:")]
     assert "one seed: the interval covers the problems only" in claim, claim
+    # every fake run scores 1 of 2 on each problem: the paired difference is 0 on every problem, a point
+    assert "kpo - vanilla +0.0 [+0.0, +0.0] (equivalent; one seed" in claim, claim
 
 
 def _entropy_rows(first: float, final: float) -> list[dict]:
@@ -128,8 +129,7 @@ def test_entropy_collapse_claim(vanilla_final, kpo_final, verdict):
         m: [{"summary": reward_summary(_entropy_rows(1.0, final)), "n": 2, "counts": [1, 1]}]
         for m, final in (("vanilla", vanilla_final), ("kpo", kpo_final))
     }
-    table1 = {"eval_keys": ["avg@2"], "avg_key": "avg@2"}
-    line = _claims(["vanilla", "kpo"], groups, table1, {}, {}, [])[2]
+    line = _entropy_claim(["vanilla", "kpo"], groups, "kpo")
     assert line.startswith("- **Figure 3: GRPO's entropy collapses while KPO's does not** — " + verdict), line
 
 
@@ -156,9 +156,11 @@ def test_warm_start_row_and_its_difference_are_reported(compare_config, fake_don
         "| warm start (no RL) | 1 | 0.0 (1 seed) | 0.0 (1 seed) | [0.0, 0.0] | 3.0 (1 seed) | - | - |"
         in table
     )
-    [claim] = [line for line in _section(text, "Claims").splitlines() if line.startswith("- **Table 1:")]
-    # kpo 50% against the warm start's 0%, on every problem: +50 points whatever the bootstrap draws
-    assert "warm start +50.0 [+50.0, +50.0]" in claim, claim
+    # kpo 50% against the warm start's 0%, on every problem: +50 points, with no spread to widen the interval
+    contrasts = _section(text, "Paired contrasts")
+    assert "| kpo - warm start | warm | 1 | +50.0 | [+50.0, +50.0] | 0.0 | - | - | better |" in contrasts, (
+        contrasts
+    )
 
 
 def test_figure_headings_say_the_curves_are_trailing_means(compare_config, fake_done_run):

@@ -11,8 +11,9 @@ import pytest
 
 from kpo.compare import CompareConfig, CompareError, Run, run_compare
 from kpo.compare.cli import config_from_args, main
-from kpo.compare.report import _claims
+from kpo.compare.report import _claims, _contrast
 from kpo.compare.run import _stale_run_errors
+from kpo.losses.kpo import KALMAN_LOSSES
 
 
 @pytest.mark.parametrize("text", ["8,zero", "-3", "inf"])
@@ -33,13 +34,17 @@ def test_quick_mode_shrinks_only_what_is_not_set():
         CompareConfig(quick=True).steps,
         CompareConfig().steps,
         CompareConfig(quick=True, steps=8).steps,
-    ) == (40, 200, 8)
-    assert CompareConfig(quick=True).eval_n == 4
-    assert CompareConfig().eval_n == 8
+    ) == (40, 80, 8)
+    seeds = ("seeds", "ablation_seeds", "aa_seeds")
+    assert [getattr(CompareConfig(quick=True), k) for k in seeds] == [2, 1, 1]
+    assert [getattr(CompareConfig(), k) for k in seeds] == [12, 4, 6]
+    # fewer seeds than the ablations' and the A/A arm's defaults: they shrink with them
+    assert [getattr(CompareConfig(seeds=3), k) for k in seeds] == [3, 3, 3]
+    assert [getattr(config_from_args(["--quick", "--seeds", "5"]), k) for k in seeds] == [5, 1, 1]
     assert CompareConfig(quick=True, eval_n=8).eval_n == 8
     assert config_from_args(["--quick", "--eval-n", "8"]).eval_n == 8
-    assert config_from_args(["--quick"]).eval_n == 4
-    assert config_from_args([]).eval_n == 8
+    assert config_from_args([]).eval_n == 4
+    assert config_from_args(["--aa-seeds", "0"]).aa_seeds == 0
 
 
 @pytest.mark.parametrize(
@@ -47,9 +52,11 @@ def test_quick_mode_shrinks_only_what_is_not_set():
     [
         (["--jobs", "-1"], "--jobs=-1: must be an integer >= 1 (or omit it for one per CPU)"),
         (["--jobs", "0"], "--jobs=0: must be an integer >= 1 (or omit it for one per CPU)"),
-        (["--sweep-seeds", "0"], "--sweep-seeds=0: must be an integer in 1..3 (or omit it for all seeds)"),
+        (["--sweep-seeds", "0"], "--sweep-seeds=0: must be an integer in 1..12 (or omit it for all seeds)"),
+        (["--aa-seeds", "13"], "--aa-seeds=13: must be an integer in 0..12 (or omit it for 6 seeds)"),
+        (["--seeds", "2", "--ablation-seeds", "3"], "--ablation-seeds=3: must be an integer in 1..2"),
         (["--seeds", "2", "--sweep-seeds", "3"], "--sweep-seeds=3: must be an integer in 1..2"),
-        (["--steps", "0"], "--steps=0: must be an integer >= 1 (or omit it for 200 steps)"),
+        (["--steps", "0"], "--steps=0: must be an integer >= 1 (or omit it for 80 steps)"),
         # The chain task (sums of two numbers up to 19) has 40 test problems.
         (
             ["--eval-limit", "41", "--", "--task", "chain"],
@@ -61,7 +68,7 @@ def test_quick_mode_shrinks_only_what_is_not_set():
             "--dump-every=5 is longer than --steps=4: no ratio dump would be written, so Table 2 would be "
             "empty: use --dump-every=4 (or more --steps)",
         ),
-        (["--dump-every", "201"], "--dump-every=201 is longer than --steps=200"),
+        (["--dump-every", "81"], "--dump-every=81 is longer than --steps=80"),
         (["--quick", "--dump-every", "41"], "--dump-every=41 is longer than --steps=40"),
         # 4 steps per generation batch: step 5 is the first of the second batch, on-policy
         (
@@ -118,13 +125,16 @@ def test_help_shows_each_default_once_and_as_used():
             assert block.count("default") == 1, block
     assert "default: None" not in text and "default: False" not in text
     expected = {
-        "--steps": "default: 200; --quick: 40",
+        "--steps": "default: 80; --quick: 40",
+        "--seeds": "default: 12; --quick: 2",
+        "--ablation-seeds": "default: 4 or --seeds if fewer; --quick: 1",
+        "--aa-seeds": "default: 6 or --seeds if fewer; --quick: 1",
         "--sweep-seeds": "default: 1",
-        "--eval-n": "default: 8; --quick: 4",
+        "--eval-n": "default: 4; --quick: 4",
         "--jobs": "default: one per CPU",
-        "--sweep-memory": "default: 8,matched,125,paper",
+        "--sweep-memory": "default: none",
         "--dump-every": "default: 5",
-        "--methods": "default: vanilla,gspo,gmpo,kpo,kpo_unclipped",
+        "--methods": "default: vanilla,gspo",
     }
     for flag, default in expected.items():
         assert default in blocks[flag], blocks[flag]
@@ -195,47 +205,53 @@ def test_a_finished_run_with_other_settings_is_refused(
     assert not (tmp_path / "cmp" / "compare.json").exists()
 
 
-def _table1(means: dict[str, float]) -> dict:
-    return {
-        "eval_keys": ["avg@4"],
-        "avg_key": "avg@4",
-        "rows": {m: {"avg@4": (v, 0.0)} for m, v in means.items()},
-    }
-
-
 def _groups(methods, right: dict[str, int] | None = None) -> dict:
     """One flat-reward run per method, as the Figure 3 claim reads it, evaluated on 200 problems x 4 samples:
     ``right[m]`` problems (default 100) all 4 right, the others none."""
     summary = {"first": 0.5, "peak": 0.5, "final": 0.5, "entropy_first": 1.0, "entropy_final": 1.0}
     right = right or {}
     return {
-        m: [{"summary": summary, "n": 4, "counts": [4] * right.get(m, 100) + [0] * (200 - right.get(m, 100))}]
+        m: [
+            {
+                "summary": summary,
+                "n": 4,
+                "counts": [4] * right.get(m, 100) + [0] * (200 - right.get(m, 100)),
+                "expected": None,
+            }
+        ]
         for m in methods
     }
+
+
+def _claim_lines(methods, right=None, sweep=None) -> list[str]:
+    """The claims as the report makes them for one seed of each method, kpo the subject."""
+    groups = _groups(methods, right)
+    baselines = [m for m in methods if m not in KALMAN_LOSSES]
+    results = (
+        {f"kpo - {b}": {"kind": "key", **_contrast(groups["kpo"], groups[b], False)} for b in baselines}
+        if "kpo" in methods
+        else {}
+    )
+    return _claims(list(methods), groups, results, baselines, {}, sweep or {}, "kpo")
 
 
 @pytest.mark.parametrize(
     "right, verdict",
     [
-        # 100 of 200 problems each: the difference is exactly 0 whatever is drawn
-        ({"kpo": 100, "vanilla": 100, "gspo": 80}, "does not hold: kpo minus each"),
-        # kpo's right problems hold every baseline's (the same problems first), 40 more than the best: the
-        # paired difference is 20 points or more in every draw
-        ({"kpo": 140, "vanilla": 100, "gspo": 90}, "holds: kpo minus each"),
-        ({"kpo": 80, "vanilla": 100, "gspo": 100}, "does not hold: kpo minus each"),
+        # 100 of 200 problems each: the difference is exactly 0 on every problem, so "equivalent", not better
+        ({"kpo": 100, "vanilla": 100, "gspo": 80}, "does not hold: points"),
+        # kpo's right problems hold every baseline's (the same problems first), 40 more than the best: +20
+        # points, whose interval over problems (one seed) is about +-6 points (sd 0.4 / sqrt(200) x 1.97)
+        ({"kpo": 140, "vanilla": 100, "gspo": 90}, "holds: points"),
+        ({"kpo": 80, "vanilla": 100, "gspo": 100}, "does not hold: points"),
     ],
 )
 def test_table1_verdict_comes_from_intervals_and_not_from_method_order(right, verdict):
-    lines = {
-        _claims(
-            list(order), _groups(right, right), _table1({m: r / 200 for m, r in right.items()}), {}, {}, []
-        )[0]
-        for order in itertools.permutations(right)
-    }
+    lines = {_claim_lines(order, right)[0] for order in itertools.permutations(right)}
     assert len(lines) == 1, lines
     [line] = lines
-    assert line.startswith("- **Table 1: KPO has the best held-out avg@4: kpo") and verdict in line, line
-    assert "vanilla " + format((right["kpo"] - right["vanilla"]) / 2, "+.1f") in line, line
+    assert line.startswith("- **Table 1: kpo has the best held-out accuracy** — " + verdict), line
+    assert "kpo - vanilla " + format((right["kpo"] - right["vanilla"]) / 2, "+.1f") in line, line
 
 
 @pytest.mark.parametrize(
@@ -251,18 +267,14 @@ def test_table1_verdict_comes_from_intervals_and_not_from_method_order(right, ve
             "Table 1",
             "not tested: --methods has no kpo (add it: --methods vanilla,gspo,kpo)",
         ),
-        (
-            ["kpo"],
-            "Table 1",
-            "not tested: no baseline without a filter in --methods (add e.g. vanilla,gspo,gmpo)",
-        ),
+        (["kpo"], "Table 1", "not tested: no baseline without a filter beside it (add e.g. vanilla,gspo)"),
         (["kpo"], "Figure 3", "not tested: --methods has no vanilla (add it: --methods kpo,vanilla)"),
         (["kpo"], "Table 2", "not tested: no method has off-policy ratio dumps (Table 2 says why)"),
         (["kpo"], "Figure 4", "not tested: no memory sweep (--sweep-memory '')"),
     ],
 )
 def test_a_claim_that_cannot_be_tested_says_why(methods, claim, reason):
-    lines = _claims(methods, _groups(methods), _table1({m: 0.5 for m in methods}), {}, {}, [])
+    lines = _claim_lines(methods)
     # every claim has one line, in the order of the paper's sections
     assert [line.split(":")[0] for line in lines] == [
         "- **Table 1",
@@ -277,7 +289,7 @@ def test_a_claim_that_cannot_be_tested_says_why(methods, claim, reason):
 
 def test_a_sweep_of_one_q_is_not_tested():
     sweep = {"paper": {"memory": 1000.0, "final": (0.5, 0.0)}}
-    lines = _claims(["kpo"], _groups(["kpo"]), _table1({"kpo": 0.5}), {}, sweep, [])
+    lines = _claim_lines(["kpo"], sweep=sweep)
     assert (
         lines[-1].startswith("- **Figure 4:") and "not tested: --sweep-memory has one point" in lines[-1]
     ), lines
@@ -306,5 +318,5 @@ def test_figure4_claim_needs_a_rise_in_memory_that_is_not_flat(finals, verdict):
     memories = {"8": 8.0, "matched": 31.25, "paper": 1000.0}
     sweep = {p: {"memory": m, "final": (f, 0.0)} for (p, m), f in zip(memories.items(), finals)}
     sweep = dict(reversed(sweep.items()))  # given out of memory order: the rule sorts by memory
-    line = _claims(["kpo"], _groups(["kpo"]), _table1({"kpo": 0.5}), {}, sweep, [])[-1]
+    line = _claim_lines(["kpo"], sweep=sweep)[-1]
     assert line.startswith("- **Figure 4:") and f"** — {verdict}: final training reward memory 8 (8)" in line

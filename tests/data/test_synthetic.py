@@ -113,21 +113,23 @@ def test_running_solution_is_the_last_digit_of_every_prefix_sum():
     assert solve([9, 9, 9], "running") == "987"
     task = TaskConfig()
     assert (task.kind, task.n_terms, task.max_value) == ("running", 128, 9)
-    assert task.prompt([3, 5, 2, 7]) == "3527=" and task.terms("3527") == [3, 5, 2, 7]
+    # the prompt ends with the sum's start, 0: the first step reads a digit, as every later one does
+    assert task.prompt([3, 5, 2, 7]) == "3527=0" and task.terms("3527") == [3, 5, 2, 7]
+    assert TaskConfig(kind="chain").prompt([23, 45]) == "23+45="
 
 
 def test_running_task_is_long_large_and_disjoint():
     task = TaskConfig()
-    # the default: 128 digits in, 128 digits out, one token each, plus '=' and the end token
-    assert task.max_response_chars() == 128 and task.max_prompt_chars() == 129
-    assert task.max_sequence_tokens() == 258
+    # the default: 128 digits in, 128 digits out, one token each, plus '=0' and the end token
+    assert task.max_response_chars() == 128 and task.max_prompt_chars() == 130
+    assert task.max_sequence_tokens() == 259
     assert task.space_size() == 10**128
     test = load_split("test", task=task)
     train = load_split("train", n=2000, task=task)
     assert len(test) == 256 and not {r["problem"] for r in train} & {r["problem"] for r in test}
     for row in test[:20]:
         assert len(row["solution"]) == 128 and row["answer"] == row["solution"]
-        assert row["prompt"] == row["problem"] + "=" and task.grade(row["solution"], row["answer"]) == 1.0
+        assert row["prompt"] == row["problem"] + "=0" and task.grade(row["solution"], row["answer"]) == 1.0
     # the running kind draws its own stream: its rows are not the chain task's
     assert load_split("train", n=3, kind="running", n_terms=2, max_value=9) != load_split(
         "train", n=3, kind="chain", n_terms=2, max_value=9

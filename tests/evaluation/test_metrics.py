@@ -84,11 +84,10 @@ def test_avg_and_benchmark_metrics():
 
 
 def test_bootstrap_interval_of_a_constant_is_that_constant():
-    from kpo.evaluation.metrics import bootstrap_avg_ci, bootstrap_diff_ci
+    from kpo.evaluation.metrics import bootstrap_avg_ci
 
     # every problem 3 of 4 right in both seeds: no draw can move the mean
     assert bootstrap_avg_ci([[3] * 50, [3] * 50], 4) == (0.75, 0.75)
-    assert bootstrap_diff_ci([[3] * 50], [[1] * 50], 4) == (0.5, 0.5, 0.5)
 
 
 def test_bootstrap_interval_covers_the_normal_approximation():
@@ -105,28 +104,13 @@ def test_bootstrap_interval_covers_the_normal_approximation():
     assert (high - low) == pytest.approx(2 * 1.96 * se, rel=0.15)
 
 
-def test_bootstrap_difference_is_paired_over_problems():
-    from kpo.evaluation.metrics import bootstrap_diff_ci
-
-    # both models get the same hard and easy problems; b is one sample better on every one of them. Unpaired,
-    # the spread of problem difficulty would make the interval wide; paired, it is exactly -1/4.
-    a = [[0] * 50 + [3] * 50]
-    b = [[1] * 50 + [4] * 50]
-    assert bootstrap_diff_ci(a, b, 4) == pytest.approx((-0.25, -0.25, -0.25), abs=1e-12)
-    # seeds are resampled: a seed-to-seed spread widens the interval
-    mean, low, high = bootstrap_diff_ci([[4] * 50, [0] * 50], [[2] * 50], 4)
-    assert mean == 0.0 and low == -0.5 and high == 0.5
-
-
 def test_bootstrap_inputs_are_checked():
-    from kpo.evaluation.metrics import bootstrap_avg_ci, bootstrap_diff_ci
+    from kpo.evaluation.metrics import bootstrap_avg_ci
 
     with pytest.raises(ValueError, match=r"counts must lie in \[0, n=4\]"):
         bootstrap_avg_ci([[5]], 4)
     with pytest.raises(ValueError, match="one non-empty list of per-problem correct counts per run"):
         bootstrap_avg_ci([], 4)
-    with pytest.raises(ValueError, match="compare on the same problems"):
-        bootstrap_diff_ci([[1, 2]], [[1]], 4)
     with pytest.raises(ValueError, match="level"):
         bootstrap_avg_ci([[1]], 4, level=1.5)
 
@@ -181,16 +165,13 @@ def test_paired_diff_ci_hand_worked_one_seed_is_over_problems():
 
 
 def test_paired_diff_ci_shared_warm_start_cancels():
-    from kpo.evaluation.metrics import bootstrap_diff_ci, paired_diff_ci
+    from kpo.evaluation.metrics import paired_diff_ci
 
     # the seeds differ a lot (a strong and a weak warm start) but within each pair a is one sample better on
     # every problem: d_s = 1/4 for both seeds, sd 0, so the paired interval is the point 1/4.
     a = [[4] * 10, [1] * 10]
     b = [[3] * 10, [0] * 10]
     assert paired_diff_ci(a, b, 4) == (0.25, 0.25, 0.25)
-    # the unpaired bootstrap resamples the seeds of each side independently and sees the warm-start spread
-    _, low, high = bootstrap_diff_ci(a, b, 4)
-    assert low < 0 < 0.5 < high
 
 
 @pytest.mark.parametrize(
@@ -290,24 +271,6 @@ def test_paired_diff_ci_a_a_comparisons_exclude_zero_at_the_nominal_rate(seeds):
     excluded = np.mean((out[:, 1] > 0) | (out[:, 2] < 0))
     assert 0.03 <= excluded <= 0.07
     assert abs(out[:, 0].mean()) < 0.01
-
-
-def test_unpaired_bootstrap_is_far_too_conservative_on_paired_seeds():
-    import numpy as np
-
-    from kpo.evaluation.metrics import bootstrap_diff_ci, paired_diff_ci
-
-    # The same A/A set-up at S = 3 (200 repeats, 1000 draws to stay fast). bootstrap_diff_ci resamples the
-    # seeds of each side independently, so the shared warm-start spread (sd 1.5 logits) enters its interval
-    # although it cancels within a pair: it excludes 0 in almost none of the repeats (5% expected, ~10 of
-    # 200; measured 2 of 200, the paired interval 12) and is wider on average than the paired t-interval
-    # (measured 0.45 vs 0.25), even though t_{0.975, 2} = 4.30 makes the latter wide.
-    repeats = 200
-    a, b = _simulated_pairs(np.random.default_rng(7), repeats, 3)
-    boot = np.array([bootstrap_diff_ci(a[r], b[r], 8, draws=1000, seed=r) for r in range(repeats)])
-    paired = np.array([paired_diff_ci(a[r], b[r], 8) for r in range(repeats)])
-    assert np.mean((boot[:, 1] > 0) | (boot[:, 2] < 0)) <= 0.02
-    assert np.mean(boot[:, 2] - boot[:, 1]) > 1.4 * np.mean(paired[:, 2] - paired[:, 1])
 
 
 def test_paired_diff_ci_detects_a_true_shift_at_sixteen_seeds():

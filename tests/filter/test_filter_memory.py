@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kpo import filter_memory, kalman_filter, kalman_gains, matched_memory, q_for_memory
-from kpo.filter.memory import steady_state_gain
+from kpo.filter.memory import steady_state_gain, steady_state_variance
 
 
 @pytest.mark.parametrize("q", [1e-8, 1e-6, 1e-4, 1.024e-3, 1e-2, 1.0, 50.0])
@@ -22,8 +22,10 @@ def test_steady_state_gain_is_where_the_gains_converge(q, v):
 def test_a_filter_started_in_steady_state_forgets_by_e_every_memory():
     q = q_for_memory(20.0)
     gain = steady_state_gain(q)
-    # the steady-state posterior variance P = (1 - K)(P + q): start there and every gain is K_inf
-    p0 = (1 - gain) * q / gain
+    # the steady-state posterior variance P = (1 - K)(P + q), i.e. P = (1 - K) q / K: start there and every
+    # gain is K_inf
+    p0 = steady_state_variance(q)
+    assert p0 == pytest.approx((1 - gain) * q / gain, rel=1e-12)
     assert torch.allclose(
         kalman_gains(50, q=q, p0=p0), torch.full((50,), gain, dtype=torch.float64), rtol=1e-12
     )

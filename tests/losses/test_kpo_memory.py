@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kpo import policy_loss, q_for_memory
+from kpo import kalman_filter, policy_loss, q_for_memory
 from kpo.losses.kpo import filter_settings
 
 
@@ -57,3 +57,25 @@ def test_filter_settings_resolve_q_per_loss():
         "x0": 0.0,
         "mask_mode": "skip",
     }
+
+
+def test_p0_steady_is_the_constant_gain_moving_average():
+    from kpo.filter.memory import steady_state_gain, steady_state_variance
+
+    lp, old, adv, mask = _batch()
+    q = q_for_memory(8.0)
+    steady, m1 = policy_loss("kpo", lp, old, adv, mask, memory=8.0, p0="steady")
+    (g1,) = torch.autograd.grad(steady, lp)
+    by_number, m2 = policy_loss("kpo", lp, old, adv, mask, memory=8.0, p0=steady_state_variance(q))
+    (g2,) = torch.autograd.grad(by_number, lp)
+    assert steady.item() == by_number.item() and torch.equal(g1, g2) and m1 == m2
+    # a constant gain K: the first filtered value is K z_1, where the ramp from p0 = 0 starts at K_1 = q/(q+v)
+    z = (lp - old).detach()[:1, :1]
+    k = steady_state_gain(q)
+    assert filter_settings("kpo", {"memory": 8.0, "p0": "steady"})["p0"] == steady_state_variance(q)
+    assert kalman_filter(z, q=q, p0=steady_state_variance(q)).item() == pytest.approx(k * z.item(), rel=1e-12)
+    # and it differs from the ramp: p0 = 0 starts far below K_inf (K_1 = 0.0154 vs 0.1175 at memory 8)
+    ramp, m3 = policy_loss("kpo", lp, old, adv, mask, memory=8.0)
+    assert m3["filtered_ratio_max"] != m1["filtered_ratio_max"] and ramp.item() != steady.item()
+    with pytest.raises(ValueError, match="p0='stable': give a variance >= 0 or 'steady'"):
+        policy_loss("kpo", lp, old, adv, mask, p0="stable")

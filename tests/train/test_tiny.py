@@ -11,9 +11,9 @@ from kpo.train.tiny import _check_fits, build_tokenizer, context_length
 
 
 def test_context_follows_the_task():
-    # running, 128 terms: 129-token prompt + 128-token response + 4 slack + end token = 262 -> 272 (16s)
+    # running, 128 terms: 130-token prompt + 128-token response + 4 slack + end token = 263 -> 272 (16s)
     assert context_length(TaskConfig()) == 272
-    assert context_length(TaskConfig(n_terms=512)) == 1040  # 513 + 512 + 4 + 1 = 1030 -> 1040
+    assert context_length(TaskConfig(n_terms=512)) == 1040  # 514 + 512 + 4 + 1 = 1031 -> 1040
     # the chain task: "19+19=" + "38" + 4 + 1 = 13 -> 16
     assert context_length(TaskConfig(kind="chain")) == 16
     shape = TrainConfig().tiny_shape()
@@ -44,3 +44,59 @@ def test_a_model_without_a_dataset_is_said_once(tmp_path):
         f"--model {tmp_path} without --dataset trains it on the embedded running task (n_terms=128, "
         "max_value=9), whose prompts are digits; pass --dataset FILE to train on a math dataset"
     )
+
+
+def test_the_warm_start_band_scales_with_the_teacher():
+    from kpo.train.tiny import SFT_PRESETS, accuracy_band
+
+    # 0.99^128 = 0.2762: the band 0.55x-1.25x of it is 15.2%-34.5%
+    low, high = accuracy_band(TaskConfig(), SFT_PRESETS["running"])
+    assert (low, high) == pytest.approx((0.55 * 0.99**128, 1.25 * 0.99**128)) and 0.15 < low < high < 0.35
+    # 8 terms: 0.99^8 = 0.923; the top is capped at 1
+    assert accuracy_band(TaskConfig(n_terms=8), SFT_PRESETS["running"])[1] == 1.0
+    assert SFT_PRESETS["chain"].band is None  # many right answers: no exact check
+
+
+def test_a_warm_start_that_fails_its_check_trains_another_round_then_is_refused(tmp_path, monkeypatch):
+    import json
+
+    import kpo.train.tiny as tiny
+
+    task = TaskConfig(n_terms=3)
+    shape = tiny.TinyModelConfig(
+        hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_position_embeddings=16
+    )
+    sft = tiny.SFTSettings(
+        n_examples=16, epochs=1, batch_size=16, band=(0.5, 1.0), min_position_accuracy=0.9, max_rounds=3
+    )
+    seen = []
+
+    def fake_check(model, tokenizer, task_, sft_, seed):
+        seen.append(seed)
+        ok = len(seen) == 2  # the second round passes
+        return {
+            "expected_accuracy": 0.1,
+            "band": [0.5, 1.0],
+            "min_position_accuracy": 0.5,
+            "worst_position": 0,
+            "ok": ok,
+        }
+
+    monkeypatch.setattr(tiny, "check_warm_start", fake_check)
+    path = tiny.warm_start(task, shape, sft, seed=4, cache_dir=tmp_path, progress=False)
+    record = json.loads((path / "kpo_sft.json").read_text())
+    assert seen == [4, 4] and record["rounds"] == 2 and len(record["train_losses"]) == 2
+    assert [c["ok"] for c in record["checks"]] == [False, True]
+    # each round trains on problems of its own
+    assert tiny.sft_problems(task, 16, 4, 0) != tiny.sft_problems(task, 16, 4, 1)
+
+    seen.clear()
+    monkeypatch.setattr(tiny, "check_warm_start", lambda *a: {**fake_check(*a), "ok": False})
+    with pytest.raises(
+        RuntimeError,
+        match=r"the warm start of seed 5 failed its check after 3 SFT rounds: "
+        r"expected accuracy 10.0% \(band 50.0-100.0%\), least position accuracy 0.5000 at "
+        r"response token 0 \(floor 0.9\)\. Nothing was cached",
+    ):
+        tiny.warm_start(task, shape, sft, seed=5, cache_dir=tmp_path, progress=False)
+    assert len(seen) == 3 and [p.name for p in tmp_path.iterdir()] == [path.name]

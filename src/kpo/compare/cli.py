@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-ablations",
         action="store_true",
         help="Leave out the ablations (KPO's clip band without the filter; the constant-gain moving average; KPO "
-        "at the paper's Q/V).",
+        "at the paper's Q/V), which run by default.",
     )
     p.add_argument(
         "--ablation-seeds",
@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--plan",
         action="store_true",
-        help="Print the plan (runs, estimated time, expected half-widths) and stop.",
+        help="Print the plan (runs, estimated time, expected half-widths) and stop (default: print it and run).",
     )
     p.add_argument(
         "--pilot",

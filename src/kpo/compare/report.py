@@ -308,18 +308,21 @@ def _missing_methods(methods, needed: tuple[str, ...]) -> str | None:
     return f"not tested: --methods has no {' and '.join(missing)} (add {it}: --methods {fixed})"
 
 
-def _decision_claims(subject: str, results: dict, baselines: list[str]) -> list[str]:
+def _decision_claims(labels, subject: str, results: dict, baselines: list[str]) -> list[str]:
     """Table 1's claim (the subject "better" than every baseline), each ablation's and the A/A check."""
 
     def text(name):
         c = results[name]
-        return (
-            f"{name} {100 * c['mean']:+.1f} [{100 * c['low']:+.1f}, {100 * c['high']:+.1f}] ({c['verdict']})"
-        )
+        one = "; one seed: the interval covers the problems only" if c["seeds"] == 1 else ""
+        interval = f"[{100 * c['low']:+.1f}, {100 * c['high']:+.1f}]"
+        return f"{name} {100 * c['mean']:+.1f} {interval} ({c['verdict']}{one})"
 
     title = f"Table 1: {subject} has the best held-out accuracy"
-    keys = [f"{subject} - {b}" for b in baselines if f"{subject} - {b}" in results]
-    if not keys:
+    # sorted: the verdict and its text never depend on the order of --methods
+    keys = sorted(f"{subject} - {b}" for b in baselines if f"{subject} - {b}" in results)
+    if subject not in labels:
+        claims = [_claim(title, _missing_methods(labels, (subject,)))]
+    elif not keys:
         claims = [_claim(title, "not tested: no baseline without a filter beside it (add e.g. vanilla,gspo)")]
     else:
         ok = all(results[k]["verdict"] == "better" for k in keys)
@@ -453,7 +456,7 @@ def _claims(labels, groups, results, baselines, table2, sweep, subject: str) -> 
     """One line per claim, in the order of the paper's sections: its verdict with numbers, or why it is not
     tested on this comparison (a method missing from --methods, no dumps, no sweep)."""
     return [
-        *_decision_claims(subject, results, baselines),
+        *_decision_claims(labels, subject, results, baselines),
         _figure3_claim(labels, groups, subject),
         _entropy_claim(labels, groups, subject),
         _table2_claim(table2),

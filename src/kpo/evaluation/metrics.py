@@ -24,7 +24,6 @@ __all__ = [
     "avg_at_n",
     "benchmark_metrics",
     "bootstrap_avg_ci",
-    "bootstrap_diff_ci",
     "paired_diff_ci",
     "t_quantile",
 ]
@@ -97,37 +96,6 @@ def bootstrap_avg_ci(
     r = rng.integers(0, runs, size=(draws, runs))
     p = rng.integers(0, problems, size=(draws, problems))
     return _percentiles(_drawn_means(acc, r, p), level)
-
-
-def bootstrap_diff_ci(
-    a: Sequence[Sequence[int]],
-    b: Sequence[Sequence[int]],
-    n: int,
-    *,
-    level: float = 0.95,
-    draws: int = 4000,
-    seed: int = 0,
-) -> tuple[float, float, float]:
-    """(mean, low, high) of avg@n(a) - avg@n(b), fractions, with a percentile bootstrap over seeds and problems.
-
-    a, b: per-seed lists of per-problem correct counts (as :func:`bootstrap_avg_ci`), all on the same problems.
-    The problems drawn are shared by both sides (a paired comparison); the seeds of each side are resampled
-    independently (seed s of a and of b are different runs).
-    """
-    import numpy as np
-
-    acc_a, acc_b = _accuracies(a, n), _accuracies(b, n)
-    if acc_a.shape[1] != acc_b.shape[1]:
-        raise ValueError(
-            f"a has {acc_a.shape[1]} problems and b {acc_b.shape[1]}: compare on the same problems"
-        )
-    rng = np.random.default_rng(seed)
-    problems = acc_a.shape[1]
-    p = rng.integers(0, problems, size=(draws, problems))
-    ra = rng.integers(0, acc_a.shape[0], size=(draws, acc_a.shape[0]))
-    rb = rng.integers(0, acc_b.shape[0], size=(draws, acc_b.shape[0]))
-    diff = _drawn_means(acc_a, ra, p) - _drawn_means(acc_b, rb, p)
-    return (float(acc_a.mean() - acc_b.mean()), *_percentiles(diff, level))
 
 
 def _drawn_means(acc, runs, problems):

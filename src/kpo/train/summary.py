@@ -3,7 +3,8 @@
 It reads what ``kpo train`` and ``kpo eval`` left in the run directory: ``metrics.jsonl``, ``config.yaml``, and
 the evaluations of the model the run started from (``eval_warm_start.json``) and of its final model
 (``eval.json``), both on the same held-out problems. Each avg@k carries a 95% percentile-bootstrap interval over
-problems, and the change from the warm start a paired one (the same problems drawn for both models).
+problems, and the change from the warm start a paired one (:func:`kpo.evaluation.metrics.paired_diff_ci` with one
+seed: a t-interval over the problems' paired differences, which covers the evaluation's noise, not another seed's).
 
 ``summary.json`` keys: ``run``, ``loss``, ``steps``, ``response_length_mean`` (mean sampled response length over
 the training steps), ``reward`` (first/last: mean training reward over the first/last 10% of steps),
@@ -73,7 +74,7 @@ def _kalman_block(rows: list[dict], minibatches: int) -> dict:
 
 def summarize_run(run_dir: str | Path) -> dict:
     """The summary of ``run_dir`` (see the module docstring); writes ``summary.json`` there and returns it."""
-    from kpo.evaluation.metrics import bootstrap_diff_ci
+    from kpo.evaluation.metrics import paired_diff_ci
     from kpo.losses.kpo import KALMAN_LOSSES
     from kpo.train.config import TrainConfig
 
@@ -95,7 +96,7 @@ def summarize_run(run_dir: str | Path) -> dict:
         raise ValueError(
             f"{run}: the two evaluations differ in samples or problems; evaluate both the same way"
         )
-    diff, low, high = bootstrap_diff_ci([final_counts], [warm_counts], n_final)
+    diff, low, high = paired_diff_ci([final_counts], [warm_counts], n_final)
     lengths = [r["response_length"] for r in rows if r.get("response_length") is not None]
     rewards = [r.get("reward_mean") for r in rows]
     summary = {
@@ -130,7 +131,7 @@ def format_summary(s: dict) -> str:
     d = s["final_minus_warm_start"]
     lines.append(
         f"final - warm start: {d['mean']:+.1f} points, 95% CI [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}] "
-        "(paired bootstrap over problems)"
+        "(paired over problems; one seed)"
     )
     if s["kpo"] is not None:
         kb = s["kpo"]
