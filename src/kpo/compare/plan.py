@@ -412,10 +412,11 @@ SAMPLE_SECONDS = 0.012
 RUN_SECONDS = 20.0
 WARM_START_SECONDS = 240.0
 # The prior for the plan's half-widths: the sd over seeds of a paired difference in held-out accuracy between
-# two arms, in points. From the 3-seed long-testbed compare (docs/results/compare-long): a method x seed
-# interaction sd of about 5 points, so sqrt(2) x 5 for a difference of two arms. `--pilot` replaces it with
-# the sds a finished compare measured.
-DIFF_SD = 7.0
+# two arms, in points. The default compare at 080621e (docs/results/compare: 80 steps, warm starts in their band,
+# exact expected accuracy) measured 1.1-3.4 over its six contrasts between arms, 2.4 as their root mean square;
+# it had planned with 7.0 from the 3-seed compare before it, whose warm starts ranged from 2.6% to 18.9%.
+# `--pilot` replaces it with the sds another finished compare measured.
+DIFF_SD = 2.4
 
 
 @dataclass(frozen=True)
@@ -499,14 +500,12 @@ def format_plan(cfg: CompareConfig, est: dict) -> str:
 
 def pilot_sd(report_json: Path) -> float:
     """The paired-difference sd (points) a finished compare measured: the root mean square of the per-seed sds
-    of its contrasts (``report.json``'s ``contrasts``), for the plan of the next one."""
+    of its contrasts between arms (``report.json``'s ``contrasts``; not those against the warm start), for the
+    plan of the next one."""
     import json
 
-    sds = [
-        c["sd"]
-        for c in json.loads(Path(report_json).read_text()).get("contrasts", {}).values()
-        if c.get("sd")
-    ]
+    found = json.loads(Path(report_json).read_text()).get("contrasts", {}).values()
+    sds = [c["sd"] for c in found if c.get("sd") and c.get("kind") != "warm"]
     if not sds:
         raise CompareError(
             [f"--pilot {report_json}: no contrast with a measured sd (a compare with 2+ seeds)"]
