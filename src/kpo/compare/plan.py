@@ -33,6 +33,7 @@ REPLICA_SEED = (
 # what --quick sets where the option is not given: a smoke test in minutes
 QUICK = {"steps": 40, "eval_n": 4, "seeds": 2, "ablation_seeds": 1, "aa_seeds": 1}
 WARM_START = "warm_start"  # the Table 1 row of the models every run starts from
+EXPECTED_FILE = "expected.json"  # a model's exact expected held-out accuracy (the running task only)
 # `kpo train` fields that kpo compare sets from its own options (or its run plan); a `--` flag for one of them
 # would override compare's value after compare.json recorded it.
 COMPARE_OWNED = {

@@ -96,7 +96,7 @@ def reward_summary(rows: list[dict]) -> dict[str, float]:
 def _load_eval(folder: Path) -> dict:
     """A model's held-out evaluation in ``folder``: macro metrics, problem count, per-problem correct counts
     (``eval.json``), and the exact expected accuracy (``expected.json``) where it was written."""
-    from kpo.compare.run import EXPECTED_FILE
+    from kpo.compare.plan import EXPECTED_FILE
 
     results = json.loads((folder / "eval.json").read_text())
     exact = folder / EXPECTED_FILE

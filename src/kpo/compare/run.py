@@ -18,6 +18,7 @@ from pathlib import Path
 from kpo._progress import progress_bar
 from kpo.compare.plan import (
     DIFF_SD,
+    EXPECTED_FILE,
     CompareConfig,
     CompareError,
     Run,
@@ -97,9 +98,6 @@ def _evaluate(cfg: CompareConfig, config, model: Path, output: Path) -> dict:
         batch_size=64,
         synthetic_kw={"kind": task.kind, "n_terms": task.n_terms, "max_value": task.max_value},
     )
-
-
-EXPECTED_FILE = "expected.json"  # a model's exact expected held-out accuracy (the running task only)
 
 
 def _evaluate_exact(cfg: CompareConfig, config, model: Path, output: Path) -> None:
