@@ -244,7 +244,9 @@ def _plot_contrasts(results: dict, path: Path) -> Path:
         range(len(names)), [f"{n} ({results[n]['seeds']} seeds)" for n in reversed(names)], fontsize=8
     )
     ax.set_xlabel("difference in held-out accuracy, points (dots: seeds; bars: 95% paired interval)")
-    ax.set_title("blue: KPO against the baselines; green: the ablations; red: A/A (the noise floor)", fontsize=9)
+    ax.set_title(
+        "blue: KPO against the baselines; green: the ablations; red: A/A (the noise floor)", fontsize=9
+    )
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -173,11 +173,11 @@ def _changed_settings(cfg: CompareConfig, run: Run, out: Path, problems: int) ->
 
 def _stale_run_errors(cfg: CompareConfig, runs: list[Run], out: Path) -> list[str]:
     """One error per done run whose settings differ from this compare's, then how to proceed."""
-    problems = held_out_problems(cfg, cfg.eval_limit)
+    problems, exact = held_out_problems(cfg, cfg.eval_limit), _exact_applies(cfg)
     errors = []
     for run in runs:
         folder = out / "runs" / run.name
-        if _done(folder, _exact_applies(cfg)) and (changed := _changed_settings(cfg, run, folder, problems)):
+        if _done(folder, exact) and (changed := _changed_settings(cfg, run, folder, problems)):
             errors.append(f"run {run.name} ({folder}) was made with other settings: {'; '.join(changed)}")
     if errors:
         errors.append(
