@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from kpo.data.synthetic import load_split
     from kpo.evaluation import evaluate
-    from kpo.evaluation.expected import expected_accuracy, reference_probabilities
+    from kpo.evaluation.expected import expected_on_rows
     from kpo.train.config import TrainConfig
     from kpo.train.run import model_path
 
@@ -52,11 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         built = time.time() - start
         sft = json.loads((Path(path) / "kpo_sft.json").read_text())
         model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
-        test = load_split("test", task=config.task_config())
-        probs = reference_probabilities(
-            model, tokenizer, [r["prompt"] for r in test], [r["solution"] for r in test]
-        )
-        exact = expected_accuracy(probs)
+        exact = expected_on_rows(model, tokenizer, load_split("test", task=config.task_config()))
         sampled = evaluate(path, "synthetic", n=args.n, ks=(1, args.n), show_progress=False, batch_size=128)
         macro = sampled["macro"]
         row = {

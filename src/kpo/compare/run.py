@@ -108,7 +108,7 @@ def _evaluate_exact(cfg: CompareConfig, config, model: Path, output: Path) -> No
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from kpo.data.synthetic import load_split
-    from kpo.evaluation.expected import expected_accuracy, reference_probabilities
+    from kpo.evaluation.expected import expected_on_rows
 
     task = config.task_config()
     if task.kind != "running":
@@ -116,9 +116,7 @@ def _evaluate_exact(cfg: CompareConfig, config, model: Path, output: Path) -> No
     rows = load_split("test", n=cfg.eval_limit, task=task)
     net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(model)
-    stats = expected_accuracy(
-        reference_probabilities(net, tokenizer, [r["prompt"] for r in rows], [r["solution"] for r in rows])
-    )
+    stats = expected_on_rows(net, tokenizer, rows)
     stats["ids"] = [r["id"] for r in rows]
     output.write_text(json.dumps(stats) + "\n")
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["reference_probabilities", "expected_accuracy"]
+__all__ = ["reference_probabilities", "expected_accuracy", "expected_on_rows"]
 
 
 @torch.no_grad()
@@ -85,3 +85,12 @@ def expected_accuracy(probs: torch.Tensor) -> dict:
         "position_accuracy": position.tolist(),
         "min_position_accuracy": float(position.min()),
     }
+
+
+def expected_on_rows(model, tokenizer, rows: Sequence[dict], **kwargs) -> dict:
+    """:func:`expected_accuracy` of ``model`` on task rows (``prompt`` and ``solution`` fields, as
+    :func:`kpo.data.synthetic.load_split` gives them); ``kwargs`` go to :func:`reference_probabilities`."""
+    probs = reference_probabilities(
+        model, tokenizer, [r["prompt"] for r in rows], [r["solution"] for r in rows], **kwargs
+    )
+    return expected_accuracy(probs)

@@ -228,13 +228,9 @@ def check_warm_start(model, tokenizer, task: TaskConfig, sft: SFTSettings, seed:
     problems, and ``ok``: both within the settings' band and floor."""
     if sft.band is None:
         return None
-    from kpo.evaluation.expected import expected_accuracy, reference_probabilities
+    from kpo.evaluation.expected import expected_on_rows
 
-    rows = validation_problems(task, seed)
-    probs = reference_probabilities(
-        model, tokenizer, [r["prompt"] for r in rows], [r["solution"] for r in rows]
-    )
-    stats = expected_accuracy(probs)
+    stats = expected_on_rows(model, tokenizer, validation_problems(task, seed))
     low, high = accuracy_band(task, sft)
     floor = sft.min_position_accuracy if sft.min_position_accuracy is not None else 0.0
     position = stats["position_accuracy"]
