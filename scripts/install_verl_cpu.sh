@@ -4,15 +4,19 @@
 #
 #   scripts/install_verl_cpu.sh [VENV]        # VENV defaults to .venv-verl; `make test` calls it
 #
-# - `pip install -e ".[dev,verl]"`: verl's own requirements (ray[default], tensordict, transformers>=5.5.3,<5.11,
-#   peft, wandb, ...) and all of kpo's extras (trl 1.16, math-verify, numba, triton, ...) in one resolution, so
-#   pip picks a transformers inside verl's range that TRL accepts too, and `pip check` must pass afterwards.
+# - `pip install -e ".[dev,verl]"`: verl's own requirements with its `verl-core` extra (ray[default], tensordict,
+#   transformers>=5.5.3,<5.11, peft, wandb, and fastapi/uvicorn/cachetools/pyzmq/TransferQueue/...: what every
+#   verl install has, since verl[vllm], [sglang] and [fsdp] include verl-core; without it
+#   `verl.workers.engine_workers`, which main_ppo's trainer imports, fails on uvicorn and cachetools) and all of
+#   kpo's extras (trl 1.16, math-verify, numba, triton, ...) in one resolution, so pip picks a transformers
+#   inside verl's range that TRL accepts too, and `pip check` must pass afterwards.
 # - the installed torch is a pip constraint: verl's base requirements leave torch open, and nothing may replace
-#   the CPU wheel with a multi-GB CUDA build. verl's `vllm`/`fsdp` extras pin torch 2.11 (a GPU build) and are
-#   not installed here.
-# - verl's wheel also installs its own test suite and dev scripts as top-level `tests` and `scripts` packages;
-#   in site-packages they shadow every project's `tests` (kpo's `from tests.losses import reference` then
-#   fails). The script deletes exactly the files verl's RECORD lists under those two names.
+#   the CPU wheel with a multi-GB CUDA build. verl's `vllm`/`sglang`/`fsdp`/`megatron`/`cpu` extras pin torch
+#   2.11 and are not installed here.
+# - verl's wheel (and TransferQueue's, from verl-core) also installs its own test suite and dev scripts as
+#   top-level `tests` and `scripts` packages; in site-packages they shadow or merge into every project's `tests`
+#   (kpo's `from tests.losses import reference` then fails). The script deletes exactly the files those two
+#   wheels' RECORDs list under those two names.
 set -euo pipefail
 
 VENV="${1:-.venv-verl}"
@@ -41,17 +45,21 @@ import importlib.metadata as md
 import os
 from pathlib import Path
 
-dist = md.distribution("verl")
-root = Path(dist.locate_file(""))  # site-packages
-stray = [f for f in dist.files if f.parts[0] in ("tests", "scripts")]
-for f in stray:
-    (root / f).unlink(missing_ok=True)
-# Then the directories left empty (another distribution's files there would keep theirs).
+root = Path(md.distribution("verl").locate_file(""))  # site-packages
+for name in ("verl", "TransferQueue"):
+    dist = md.distribution(name)
+    stray = [f for f in dist.files if f.parts[0] in ("tests", "scripts")]
+    for f in stray:
+        (root / f).unlink(missing_ok=True)
+    print(f"install_verl_cpu: removed {name}'s top-level tests/ and scripts/ ({len(stray)} files) from site-packages")
+# Then the directories left empty, bytecode caches included (another distribution's files keep theirs).
 for top in ("tests", "scripts"):
-    for dirpath, _, _ in sorted(os.walk(root / top), key=lambda w: len(w[0]), reverse=True):
+    for dirpath, _, filenames in sorted(os.walk(root / top), key=lambda w: len(w[0]), reverse=True):
+        if Path(dirpath).name == "__pycache__" and all(f.endswith(".pyc") for f in filenames):
+            for f in filenames:
+                os.unlink(os.path.join(dirpath, f))
         if not os.listdir(dirpath):
             os.rmdir(dirpath)
-print(f"install_verl_cpu: removed verl's top-level tests/ and scripts/ ({len(stray)} files) from site-packages")
 EOF
 
 # Prove it: pip sees no broken requirement, torch is the one we had, and what the plugin uses imports.
@@ -63,6 +71,7 @@ import os
 import verl
 import verl.trainer.ppo.core_algos  # noqa: F401
 import verl.workers.config  # noqa: F401
+import verl.workers.engine_workers  # noqa: F401  (needs verl-core's uvicorn and cachetools)
 
 import kpo.integrations.verl  # noqa: F401
 
