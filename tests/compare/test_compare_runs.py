@@ -180,3 +180,18 @@ def test_a_resumed_run_trains_with_resume_not_overwrite(compare_config, tmp_path
     for resume in (True, False):
         _execute(compare_config(), Run("vanilla", 0), tmp_path / "run", resume)
     assert [(c.resume, c.overwrite) for c in seen] == [(True, False), (False, True)]
+
+
+def test_a_rerun_keeps_the_plan_fixed_before_the_runs(compare_config, fake_workers, monkeypatch):
+    # The planned half-widths are the pre-registration: re-reporting a finished compare (after the stored sd
+    # changed) must not rewrite them; a compare with more seeds is another design and gets its own plan.
+    fake_workers({})
+    cfg = compare_config(sweep_memory=())
+    run_compare(cfg)
+    plan = Path(cfg.out) / "plan.json"
+    first = plan.read_text()
+    monkeypatch.setattr(kpo.compare.run, "DIFF_SD", 99.0)
+    run_compare(cfg)
+    assert plan.read_text() == first
+    run_compare(compare_config(sweep_memory=(), seeds=2))
+    assert '"diff_sd": 99.0' in plan.read_text()

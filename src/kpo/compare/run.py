@@ -325,6 +325,19 @@ def _train_runs(cfg: CompareConfig, todo: list[Run], out: Path) -> None:
         raise RuntimeError("kpo compare: runs failed:\n  " + "\n  ".join(failures))
 
 
+def _design(plan: dict) -> tuple[int, dict[str, int]]:
+    """What a plan fixes: its number of runs and the seeds of each contrast."""
+    return plan["runs"], {name: c["seeds"] for name, c in plan["contrasts"].items()}
+
+
+def _write_plan(path: Path, est: dict) -> None:
+    """Write the plan unless ``path`` holds one of the same design: the planned half-widths are what was fixed
+    before the runs, so a resumed or re-reported compare keeps them (a changed design gets a new plan)."""
+    if path.exists() and _design(json.loads(path.read_text())) == _design(est):
+        return
+    path.write_text(json.dumps(est, indent=2) + "\n")
+
+
 def run_compare(cfg: CompareConfig, *, pilot: Path | None = None, plan_only: bool = False) -> Path | None:
     """Print the plan (runs, time, expected half-widths: from ``pilot``, a finished compare's report.json, or the
     stored prior), then run every missing run and write the report; returns the report's path (None with
@@ -347,7 +360,7 @@ def run_compare(cfg: CompareConfig, *, pilot: Path | None = None, plan_only: boo
         return None
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
-    (out / "plan.json").write_text(json.dumps(est, indent=2) + "\n")
+    _write_plan(out / "plan.json", est)
     print(f"kpo compare: {len(runs)} runs, {len(runs) - len(todo)} already done; report in {out}", flush=True)
     if todo:
         _train_runs(cfg, todo, out)
