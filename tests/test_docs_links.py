@@ -52,7 +52,9 @@ def test_every_relative_link_resolves(page):
         path, _, frag = target.partition("#")
         dest = (page.parent / path).resolve() if path else page
         if not dest.exists():
-            broken.append(f"{target} (no file {dest.relative_to(ROOT) if dest.is_relative_to(ROOT) else dest})")
+            broken.append(
+                f"{target} (no file {dest.relative_to(ROOT) if dest.is_relative_to(ROOT) else dest})"
+            )
         elif frag and dest.suffix == ".md" and frag not in anchors(dest):
             broken.append(f"{target} (no heading #{frag} in {dest.relative_to(ROOT)})")
     assert not broken, f"{page.relative_to(ROOT)}: broken links: " + "; ".join(broken)
