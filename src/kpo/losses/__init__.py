@@ -173,7 +173,10 @@ def policy_loss(
         # the mask, as verl's rejection does
         m = m & (weights > 0)
 
-    batch = LossBatch(lp, olp, adv, m, weights if spec.is_weights == "consumed" else None)
+    rollout = None
+    if rollout_log_prob is not None:
+        rollout = torch.where(m, rollout_log_prob.detach().to(lp.dtype), torch.zeros_like(lp))
+    batch = LossBatch(lp, olp, adv, m, weights if spec.is_weights == "consumed" else None, rollout)
     terms = spec.fn(batch, **hparams)
     if terms.token_loss is not None:
         token_loss = (
@@ -206,7 +209,7 @@ def policy_loss(
 
 
 # Importing the loss modules registers them.
-from kpo.losses import aspo, ctpo, kpo, ppo, reinforce, sequence, soft  # noqa: E402, F401
+from kpo.losses import aspo, covariance, ctpo, dppo, kpo, ppo, reinforce, sequence, soft  # noqa: E402, F401
 
 __all__ = [
     "SEQ_AGG_MODE",

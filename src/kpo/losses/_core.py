@@ -23,6 +23,8 @@ class LossBatch:
     advantages: torch.Tensor
     mask: torch.Tensor  # bool
     is_weights: torch.Tensor | None  # detached train/inference weights, only for losses that consume them
+    # detached rollout-engine log-probs (0 where masked), when the caller passed them; else None
+    rollout_log_prob: torch.Tensor | None = None
 
     @property
     def log_ratio(self) -> torch.Tensor:
@@ -81,11 +83,12 @@ def resolve_clip(clip_ratio, clip_ratio_low, clip_ratio_high, default_low: float
 
 
 def clipped_surrogate(
-    advantages: torch.Tensor, ratio: torch.Tensor, low: float, high: float
+    advantages: torch.Tensor, ratio: torch.Tensor, low: float, high: float, cap: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's pessimistic bound max(-A r, -A clip(r, 1 - low, 1 + high)) and where the clipped branch is the
-    larger one (bool), elementwise over any matching shapes."""
-    unclipped = -advantages * ratio
+    larger one (bool), elementwise over any matching shapes. ``cap`` (TRL's ``delta``, two-sided clipping)
+    replaces r in the unclipped branch by min(r, cap)."""
+    unclipped = -advantages * (ratio if cap is None else ratio.clamp(max=cap))
     clipped = -advantages * ratio.clamp(1.0 - low, 1.0 + high)
     return torch.maximum(unclipped, clipped), clipped > unclipped
 

@@ -1,4 +1,5 @@
-"""Sequence-ratio losses: GSPO, GSPO-token, GMPO, HolderPO (METHODS.md sections 2, 3; HolderPO below)."""
+"""Sequence-ratio losses: GSPO, GSPO-token, LUSPO, GMPO, HolderPO (METHODS.md sections 2, 3; LUSPO and HolderPO
+below)."""
 
 from __future__ import annotations
 
@@ -6,18 +7,19 @@ import math
 
 import torch
 
-from kpo.losses._core import LossBatch, LossTerms, clipped_surrogate, resolve_clip, seq_stats
+from kpo.losses._core import LossBatch, LossTerms, check_hparams, clipped_surrogate, resolve_clip, seq_stats
 from kpo.losses.aggregation import SEQ_AGG_MODE, masked_mean
+from kpo.losses.masks import apply_trl_masks
 from kpo.losses.registry import register_loss
 
 
-def _gspo_terms(batch: LossBatch, clip_ratio, clip_ratio_low, clip_ratio_high) -> LossTerms:
+def _gspo_terms(batch: LossBatch, clip_ratio, clip_ratio_low, clip_ratio_high, cap=None) -> LossTerms:
     low, high = resolve_clip(clip_ratio, clip_ratio_low, clip_ratio_high, 3e-4, 4e-4)
     lp, A, m = batch.log_prob, batch.advantages, batch.mask
     log_s = (batch.log_ratio * m).sum(dim=-1) / batch.lengths.clamp(min=1)
     # log s_{i,t} = sg[log s_i] + lp_t - sg[lp_t]: value s_i, gradient s_i * grad lp_t.
     log_st = (lp - lp.detach() + log_s.detach().unsqueeze(-1)).clamp(max=10.0)
-    token_loss, is_clipped = clipped_surrogate(A, torch.exp(log_st), low, high)
+    token_loss, is_clipped = clipped_surrogate(A, torch.exp(log_st), low, high, cap)
     return LossTerms(
         token_loss=token_loss,
         clipfrac=masked_mean(is_clipped.to(A.dtype), m),
@@ -65,6 +67,38 @@ def gspo_token(
     """GSPO-token: GSPO's per-token construction with a token-level advantage A_{i,t} (identical to ``gspo``
     when the advantage is per sequence). Same defaults."""
     return _gspo_terms(batch, clip_ratio, clip_ratio_low, clip_ratio_high)
+
+
+@register_loss("luspo", default_agg="seq-mean-token-sum", agg_modes=("seq-mean-token-sum",))
+def luspo(
+    batch: LossBatch,
+    *,
+    clip_ratio: float | None = None,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    delta: float | None = None,
+    off_policy_mask_threshold: float | None = None,
+    top_entropy_quantile: float = 1.0,
+    token_entropy: torch.Tensor | None = None,
+) -> LossTerms:
+    """LUSPO (arXiv 2602.05261; TRL ``loss_type="luspo"``): GSPO's sequence loss scaled by the row's length.
+
+    Per row |y_i| max(-A s_i, -A clip(s_i, 1-eps_l, 1+eps_h)), s_i = exp(mean_t Delta), averaged over rows:
+    GSPO's per-token construction summed over tokens, so the aggregation is fixed to seq-mean-token-sum (TRL
+    sums over tokens and averages over its rows). ``delta`` caps s in the unclipped branch (TRL's two-sided
+    clip); ``off_policy_mask_threshold``, ``top_entropy_quantile`` + ``token_entropy``: ``kpo.losses.masks``.
+    Defaults eps = GSPO's 3e-4 / 4e-4 (LUSPO modifies GSPO; TRL's own default is 0.2).
+    """
+    if delta is not None:
+        check_hparams("> 0", delta=delta)
+    terms = _gspo_terms(
+        batch, clip_ratio, clip_ratio_low, clip_ratio_high, None if delta is None else float(delta)
+    )
+    terms.token_loss, masked = apply_trl_masks(
+        batch, terms.token_loss, "luspo", off_policy_mask_threshold, top_entropy_quantile, token_entropy
+    )
+    terms.extra |= masked
+    return terms
 
 
 @register_loss(
