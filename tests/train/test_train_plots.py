@@ -67,7 +67,7 @@ def test_several_methods_with_seed_bands():
     np.testing.assert_allclose(_ys(smoothed), mean)
     np.testing.assert_allclose(_ys(faint), seed_band(runs["kpo"], "reward_mean")[1])  # the raw mean, faint
     assert faint.get_alpha() < 0.5 and smoothed.get_label() == "kpo"
-    assert "trailing mean over 2 steps" in fig.get_supxlabel()
+    assert "trailing mean over 2 steps" in fig.legends[0].get_title().get_text()
 
 
 def test_a_metric_nobody_logged_and_a_constant_line_are_said_in_the_panel():
@@ -81,7 +81,7 @@ def test_a_metric_nobody_logged_and_a_constant_line_are_said_in_the_panel():
 def test_the_default_window_is_a_twentieth_of_the_run():
     assert [auto_window(n) for n in (1, 20, 60, 200)] == [1, 1, 3, 10]
     fig = training_figure([{"step": s, "reward_mean": float(s)} for s in range(1, 61)])
-    assert "trailing mean over 3 steps" in fig.get_supxlabel()
+    assert "trailing mean over 3 steps" in fig.legends[0].get_title().get_text()
 
 
 # Two seeds: A logs reward at steps 1, 2, 4 (step 3 missing, NaN counts as missing), B at steps 1, 2, 3.
@@ -130,5 +130,5 @@ def test_bad_metrics_line_is_named(tmp_path):
 @pytest.mark.parametrize("runs", [{"kpo": [_run(0.0)]}, {"Q/V=1e-06": [_run(0.0), _run(0.1)]}])
 def test_one_line_is_labelled_too(runs):
     fig = _figure({label: list(group) for label, group in runs.items()}, smooth=2)
-    legend = fig.axes[0].get_legend()
-    assert legend is not None and [t.get_text() for t in legend.get_texts()] == list(runs)
+    (legend,) = fig.legends  # one legend for the four panels, below them
+    assert [t.get_text() for t in legend.get_texts()] == list(runs)

@@ -125,12 +125,24 @@ def _figure(groups: Mapping[str, list[MetricRows]], smooth: int) -> Figure:
         ax.set_xlabel("optimizer step")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-    legend_ax = next((ax for ax in axes if ax.get_legend_handles_labels()[0]), None)
-    if legend_ax is not None:
-        legend_ax.legend(fontsize=8)
     bands = " (bands: min-max over seeds)" if any(len(g) > 1 for g in groups.values()) else ""
     lines = f"lines: trailing mean over {smooth} steps, faint: per step" if smooth > 1 else "lines: per step"
-    fig.supxlabel(lines + bands, fontsize=8, color="0.3")
+    # Below the panels, not inside one (with several methods it covered the first panel's lines), and titled
+    # with what the lines and bands are.
+    legend_ax = next((ax for ax in axes if ax.get_legend_handles_labels()[0]), None)
+    if legend_ax is None:
+        fig.supxlabel(lines + bands, fontsize=8, color="0.3")
+    else:
+        handles, labels = legend_ax.get_legend_handles_labels()
+        fig.legend(
+            handles,
+            labels,
+            loc="outside lower center",
+            ncols=min(len(labels), 4),
+            fontsize=8,
+            title=lines + bands,
+            title_fontsize=8,
+        )
     return fig
 
 
