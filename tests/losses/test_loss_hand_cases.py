@@ -239,3 +239,141 @@ def test_kpo_filter_grad_flows_through_the_filter():
     loss, grad, _ = _run("kpo_unclipped", [[math.exp(z1), math.exp(z2)]], [1.0], q=1.0, filter_grad=True)
     assert loss == pytest.approx(-(r1 + r2) / 2, rel=1e-12)
     torch.testing.assert_close(grad, _grad([[-(0.5 * r1 + 0.2 * r2) / 2, -0.6 * r2 / 2]]))
+
+
+def test_dppo_tv_mask_and_truncation():
+    # p_old = 0.5, p = 0.5 r; thresholds 0.15 (defaults), c = 1.3, token-mean over 4 tokens.
+    # A=+1: r=1.2 -> p - p_old = 0.1 <= 0.15 kept; r=1.5 -> 0.25 > 0.15 dropped.
+    # A=-1: r=0.6 -> -0.2 < -0.15 dropped; r=1.5 -> 0.25 >= -0.15 kept, weight min(1.5, 1.3) = 1.3 (truncated).
+    # L = -A sg(w) log p: (-1.2 log 0.6 + 1.3 log 0.75) / 4; gradient -A w / 4 on kept tokens.
+    loss, grad, m = _run(
+        "dppo_tv", [[1.2, 1.5], [0.6, 1.5]], [1.0, -1.0], clip_ratio_c=1.3, loss_agg_mode="token-mean"
+    )
+    assert loss == pytest.approx((-1.2 * math.log(0.6) + 1.3 * math.log(0.75)) / 4, rel=1e-12)
+    torch.testing.assert_close(grad, _grad([[-1.2 / 4, 0], [0, 1.3 / 4]]))
+    assert (m["pg_clipfrac"], m["pg_clipfrac_lower"]) == pytest.approx((2 / 4, 1 / 4))
+
+
+def test_dppo_kl_keeps_moves_toward_the_old_policy():
+    # A=+1, r=1.5: p = 0.75, KL(Bern(0.5) || Bern(0.75)) = 0.5 log(0.5/0.75) + 0.5 log(0.5/0.25) = 0.1438 > 0.05
+    # and p > p_old: dropped. A=+1, r=0.6: p < p_old, kept whatever the KL. A=-1, r=0.6: p < p_old and
+    # KL(0.5 || 0.3) = 0.5 log(0.5/0.3) + 0.5 log(0.5/0.7) = 0.0872 > 0.05: dropped.
+    # Kept: -1 * 0.6 * log 0.3 over 3 tokens.
+    loss, grad, m = _run("dppo_kl", [[1.5, 0.6], [0.6]], [1.0, -1.0], loss_agg_mode="token-mean")
+    assert 0.5 * math.log(0.5 / 0.75) + 0.5 * math.log(2.0) > 0.05
+    assert loss == pytest.approx(-0.6 * math.log(0.3) / 3, rel=1e-12)
+    torch.testing.assert_close(grad, _grad([[0, -0.6 / 3], [0, 0]]))
+    assert m["pg_clipfrac"] == pytest.approx(2 / 3)
+
+
+def test_gpg_and_dro():
+    # GPG: L = -A log p; one token, r = 2 (p = 1, log p = 0), A = 3: loss 0, gradient -3.
+    loss, grad, _ = _run("gpg", [[2.0]], [3.0])
+    assert loss == 0.0 and grad.item() == pytest.approx(-3.0)
+    # DRO, beta = 0.5: L = -(A log p - 0.25 Delta^2), Delta = log 2, log p = 0: 0.25 (log 2)^2;
+    # gradient -(A - beta Delta) = -(1 - 0.5 log 2).
+    loss, grad, m = _run("dro", [[2.0]], [1.0], dro_beta=0.5)
+    assert loss == pytest.approx(0.25 * math.log(2.0) ** 2, rel=1e-12)
+    assert grad.item() == pytest.approx(-(1 - 0.5 * math.log(2.0)), rel=1e-12)
+    assert m["ppo_kl"] == pytest.approx(-math.log(2.0))
+    with pytest.raises(ValueError, match="dro needs dro_beta"):
+        _run("dro", [[2.0]], [1.0])
+
+
+# Two rows, A = +1 and -1, ratios [1.1, 1] and [0.9, 1]: log p = log 0.55, log 0.5, log 0.45, log 0.5; mean A = 0,
+# mean log p = log(0.061875) / 4 = -0.69526; cov = A (log p - mean): 0.0974, 0.0021, 0.1033, -0.0021.
+COV_RATIOS, COV_ADV = [[1.1, 1.0], [0.9, 1.0]], [1.0, -1.0]
+
+
+def test_clip_cov_zeroes_the_high_covariance_tokens():
+    # Candidates in (0.05, 5), none clipped by PPO (0.9 and 1.1 lie in [0.8, 1.2]): tokens (0, 0) and (1, 0);
+    # up to max(int(0.5 * 4), 1) = 2 may be zeroed, so both are. Left: -1 * 1 and +1 * 1 -> loss 0;
+    # gradient -A r / 4 = -0.25 and +0.25 on them.
+    loss, grad, m = _run("clip_cov", COV_RATIOS, COV_ADV, clip_cov_ratio=0.5, clip_cov_lb=0.05)
+    assert loss == pytest.approx(0.0, abs=1e-15)
+    torch.testing.assert_close(grad, _grad([[0, -0.25], [0, 0.25]]))
+    assert m["pg_clipfrac"] == pytest.approx(0.5)
+
+
+def test_kl_cov_penalizes_the_top_covariance_token():
+    # k = max(1, int(4 * 0.25)) = 1: token (1, 0) (cov 0.1033). Its loss -A r + 0.5 |log 0.9| = 0.9 + 0.0527,
+    # gradient -A r + 0.5 sign(log 0.9) = 0.9 - 0.5. The others -A r: -1.1, -1, +1. token-mean over 4.
+    loss, grad, m = _run("kl_cov", COV_RATIOS, COV_ADV, kl_cov_ratio=0.25, ppo_kl_coef=0.5)
+    assert loss == pytest.approx((-1.1 - 1 + 0.9 + 0.5 * -math.log(0.9) + 1) / 4, rel=1e-12)
+    torch.testing.assert_close(grad, _grad([[-1.1 / 4, -1 / 4], [0.4 / 4, 1 / 4]]))
+    assert m["ppo_kl"] == pytest.approx((math.log(1.1) - math.log(0.9)) / 4)  # mean |Delta|
+    assert m["pg_clipfrac"] == pytest.approx(1 / 4)
+
+
+def test_minpro_prefix_minimum():
+    # eps 0.2 / 0.28 (defaults). Row A=+1, ratios [0.5, 2, 1]: prefix minima 1, 0.5, 0.5; weights
+    # clip(0.5) = 0.8, clip(0.5 * 2) = 1, clip(0.5 * 1) = 0.8. Row A=-1, ratios [2, hole, 0.9]: the hole is
+    # skipped, minima 1, 2: weights clip(2) = 1.28, clip(2 * 0.9) = 1.28.
+    # L = -w A log p, log p = log(0.5 r): (-0.8 log 0.25 - 0 - 0.8 log 0.5 + 1.28 * 0 + 1.28 log 0.45) / 5.
+    loss, grad, m = _run("minpro", [[0.5, 2.0, 1.0], [2.0, None, 0.9]], [1.0, -1.0])
+    want = (-0.8 * math.log(0.25) - 0.8 * math.log(0.5) + 1.28 * math.log(0.45)) / 5
+    assert loss == pytest.approx(want, rel=1e-12)
+    torch.testing.assert_close(grad, _grad([[-0.8 / 5, -1 / 5, -0.8 / 5], [1.28 / 5, 0, 1.28 / 5]]))
+    assert m["pg_clipfrac"] == pytest.approx(4 / 5)  # every weight but the 1.0
+    # prefix minima over the 5 tokens: 1, 0.5, 0.5, 1, 2
+    assert (
+        m["prefix_min_ratio_mean"],
+        m["prefix_min_ratio_min"],
+        m["prefix_min_ratio_max"],
+    ) == pytest.approx((5 / 5, 0.5, 2.0))
+
+
+def test_cppo_position_weight_and_prefix_budget():
+    # delta = 0.12, w_min = 0.5, delta_b = 0.02, D = |p - p_old| = 0.5 |r - 1|.
+    # Row A=+1, ratios [1.2]*3 (every move away from 1): w = 1, 0.75, 0.5; Z = 0.1, 0.075, 0.05.
+    #   t=1: c = min(0.12, 0.12) -> 0.1 kept; S = 0.1, W = 1.
+    #   t=2: c = min(0.12, 0.12 + 0.02 - 0.1 = 0.04) -> 0.075 masked by the budget; S = 0.175, W = 1.75.
+    #   t=3: c = 0.12 + 0.035 - 0.175 = -0.02 -> masked by the budget.
+    # Row A=-1, ratios [1.3, 0.8]: t=1 moves r toward 1 (A (r - 1) = -0.3 <= 0): kept; S = 0.15, W = 1.
+    #   t=2: w = 0.5, Z = 0.05, c = min(0.12, 0.12 + 0.02 - 0.15 = -0.01): masked by the budget.
+    # L = -A r on kept tokens, token-mean over 5: (-1.2 + 1.3) / 5; gradient -A r / 5 there.
+    kw = {"cppo_delta": 0.12, "cppo_w_min": 0.5, "cppo_delta_b": 0.02}
+    loss, grad, m = _run("cppo", [[1.2, 1.2, 1.2], [1.3, 0.8]], [1.0, -1.0], **kw)
+    assert loss == pytest.approx(0.1 / 5, rel=1e-10)
+    torch.testing.assert_close(grad, _grad([[-1.2 / 5, 0, 0], [1.3 / 5, 0, 0]]))
+    assert (m["pg_clipfrac"], m["cppo_budget_masked_fraction"]) == pytest.approx((3 / 5, 3 / 5))
+
+
+def test_luspo_and_delta():
+    # eps 0.2. Row A=+1, ratios [1.1, 1]: s = sqrt(1.1) in the band; row loss |y| (-s) = -2 sqrt(1.1), gradient -s
+    # per token. Row A=-1, ratio [1.5]: max(1.5, 1.2) = 1.5, gradient +1.5. Mean over the 2 rows.
+    loss, grad, _ = _run("luspo", [[1.1, 1.0], [1.5]], [1.0, -1.0], clip_ratio=0.2)
+    s = math.sqrt(1.1)
+    assert loss == pytest.approx((-2 * s + 1.5) / 2, rel=1e-12)
+    torch.testing.assert_close(grad, _grad([[-s / 2, -s / 2], [1.5 / 2, 0]]))
+    # delta = 1.3 caps the unclipped branch: max(1.3, 1.2) = 1.3, no gradient (TRL's two-sided clip).
+    loss, grad, _ = _run("luspo", [[1.1, 1.0], [1.5]], [1.0, -1.0], clip_ratio=0.2, delta=1.3)
+    assert loss == pytest.approx((-2 * s + 1.3) / 2, rel=1e-12)
+    torch.testing.assert_close(grad, _grad([[-s / 2, -s / 2], [0, 0]]))
+
+
+def test_vanilla_delta_and_trl_masks():
+    # delta = 1.3, A=-1, r=1.5: max(-A min(r, 1.3), -A clip(r)) = max(1.3, 1.2) = 1.3, gradient 0 (dual clip c=3
+    # above it); A=+1, r=1.5: max(-1.3, -1.2) = -1.2 as without delta.
+    loss, grad, _ = _run("vanilla", [[1.5], [1.5]], [1.0, -1.0], delta=1.3)
+    assert loss == pytest.approx((-1.2 + 1.3) / 2) and float(grad.abs().max()) == 0.0
+    # Off-policy mask at 0.5: rows with A < 0 and mean(old - new log p) = -log 0.5 = 0.69 > 0.5 are dropped.
+    # Row A=+1 [0.5, 0.5]: kept, -0.5 each (clip lower bound 0.8 is the smaller loss); row A=-1 [0.5, 0.5]:
+    # dropped; row A=-1 [1]: mean 0, kept, loss 1. token-mean over 5: 0; gradients -0.5/5, -0.5/5, 1/5.
+    loss, grad, m = _run(
+        "vanilla", [[0.5, 0.5], [0.5, 0.5], [1.0]], [1.0, -1.0, -1.0], off_policy_mask_threshold=0.5
+    )
+    assert loss == pytest.approx(0.0, abs=1e-15)
+    torch.testing.assert_close(grad, _grad([[-0.1, -0.1], [0, 0], [0.2, 0]]))
+    assert m["off_policy_masked_fraction"] == pytest.approx(2 / 5)
+    # Top-entropy mask, q = 0.5: the 0.5 quantile of entropies [0.1, 0.4, 0.2, 0.3] is 0.25, so tokens 2 and 4
+    # are kept: (-1 - 1) / 4 = -0.5, gradient -1/4 on them.
+    lp, old, adv, mask = _inputs([[1.0, 1.0, 1.0, 1.0]], [1.0])
+    entropy = torch.tensor([[0.1, 0.4, 0.2, 0.3]], dtype=torch.float64)
+    loss, m = policy_loss("vanilla", lp, old, adv, mask, top_entropy_quantile=0.5, token_entropy=entropy)
+    loss.backward()
+    assert loss.item() == pytest.approx(-0.5)
+    torch.testing.assert_close(lp.grad, _grad([[0, -0.25, 0, -0.25]]))
+    assert m["entropy_masked_fraction"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="needs token_entropy"):
+        policy_loss("vanilla", lp, old, adv, mask, top_entropy_quantile=0.5)

@@ -10,10 +10,12 @@ from kpo import policy_loss
 from kpo.losses import reference as ref
 
 
-def _batch(seed, B=5, T=7, scale=0.3, token_adv=False):
+def _batch(seed, B=5, T=7, scale=0.3, token_adv=False, probabilities=False):
+    """``probabilities``: log_prob <= 0 too (a probability), for the losses that read p = exp(log_prob)."""
     g = torch.Generator().manual_seed(seed)
     old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
-    lp = (old + torch.randn(B, T, generator=g, dtype=torch.float64) * scale).requires_grad_()
+    lp = old + torch.randn(B, T, generator=g, dtype=torch.float64) * scale
+    lp = (-lp.abs() if probabilities else lp).requires_grad_()
     mask = torch.ones(B, T, dtype=torch.bool)
     mask[1, 5:] = False  # right padding
     mask[2, 2] = False  # a hole inside a response
@@ -22,8 +24,8 @@ def _batch(seed, B=5, T=7, scale=0.3, token_adv=False):
     return lp, old, adv, mask
 
 
-def _check(name, ref_fn, seed=0, ref_kw=None, token_adv=False, scale=0.3, **hp):
-    lp, old, adv, mask = _batch(seed, token_adv=token_adv, scale=scale)
+def _check(name, ref_fn, seed=0, ref_kw=None, token_adv=False, scale=0.3, probabilities=False, **hp):
+    lp, old, adv, mask = _batch(seed, token_adv=token_adv, scale=scale, probabilities=probabilities)
     loss, _ = policy_loss(name, lp, old, adv, mask, **hp)
     loss.backward()
     want_loss, want_grad = ref_fn(lp.detach(), old, adv, mask, **(ref_kw or {}))
@@ -139,3 +141,143 @@ def test_kpo(mask_mode):
 
 def test_kpo_unclipped():
     _check("kpo_unclipped", ref.kpo, 10, {"q": 1e-4, "clipped": False})
+
+
+@pytest.mark.parametrize("kind", ["tv", "kl"])
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum-norm"])
+def test_dppo(kind, mode):
+    bounds = {"tv": (0.08, 0.05), "kl": (0.02, 0.01)}[kind]
+    _check(
+        f"dppo_{kind}",
+        ref.dppo,
+        11,
+        {"mode": mode, "low": bounds[0], "high": bounds[1], "c": 1.3, "kind": kind},
+        loss_agg_mode=mode,
+        clip_ratio_low=bounds[0],
+        clip_ratio_high=bounds[1],
+        clip_ratio_c=1.3,
+        scale=0.6,
+        probabilities=True,
+    )
+
+
+def test_gpg_and_dro():
+    _check("gpg", ref.gpg, 12, scale=0.5)
+    _check(
+        "dro",
+        ref.dro,
+        12,
+        {"beta": 0.4, "mode": "seq-mean-token-mean"},
+        loss_agg_mode="seq-mean-token-mean",
+        dro_beta=0.4,
+    )
+
+
+def test_clip_cov_every_candidate_picked():
+    kw = {"ratio": 1.0, "lb": 0.05, "ub": 3.0, "high": 0.28}
+    _check(
+        "clip_cov",
+        ref.clip_cov,
+        13,
+        kw,
+        clip_cov_ratio=1.0,
+        clip_cov_lb=0.05,
+        clip_cov_ub=3.0,
+        clip_ratio_high=0.28,
+        scale=0.5,
+    )
+
+
+@pytest.mark.parametrize("token_adv", [False, True])
+def test_kl_cov(token_adv):
+    _check(
+        "kl_cov",
+        ref.kl_cov,
+        14,
+        {"ratio": 0.15, "coef": 0.6},
+        token_adv=token_adv,
+        kl_cov_ratio=0.15,
+        ppo_kl_coef=0.6,
+        scale=0.5,
+    )
+
+
+@pytest.mark.parametrize("seed", [15, 16])
+def test_minpro(seed):
+    _check(
+        "minpro",
+        ref.minpro,
+        seed,
+        {"low": 0.1, "high": 0.15},
+        clip_ratio_low=0.1,
+        clip_ratio_high=0.15,
+        scale=0.3,
+    )
+
+
+@pytest.mark.parametrize("quantile", [None, 0.9])
+def test_cppo(quantile):
+    # Wide log-ratios and a small budget: the token threshold, the prefix budget and the "toward 1" rule all act.
+    kw = {"delta": 0.1, "w_min": 0.6, "delta_b": 0.02, "quantile": quantile}
+    _check(
+        "cppo",
+        ref.cppo,
+        17,
+        kw,
+        cppo_delta=0.1,
+        cppo_w_min=0.6,
+        cppo_delta_b=0.02,
+        cppo_budget_quantile=quantile,
+        scale=0.8,
+        probabilities=True,
+    )
+
+
+@pytest.mark.parametrize("cap", [None, 1.05])
+def test_luspo(cap):
+    _check(
+        "luspo",
+        ref.luspo,
+        18,
+        {"low": 0.05, "high": 0.04, "cap": cap},
+        clip_ratio_low=0.05,
+        clip_ratio_high=0.04,
+        delta=cap,
+        scale=0.1,
+    )
+
+
+def test_vanilla_delta_and_trl_masks():
+    lp, old, adv, mask = _batch(19, scale=0.6, token_adv=True)
+    entropy = torch.rand(lp.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    keep_off = ref.off_policy_keep(lp.detach(), old, adv, mask, 0.05)
+    keep_ent = ref.high_entropy_keep(entropy, mask, 0.6)
+    keep = [[x and y for x, y in zip(a, b)] for a, b in zip(keep_off, keep_ent)]
+    assert 0 < sum(map(sum, keep)) < int(mask.sum())  # both masks drop something
+    hp = {
+        "delta": 1.3,
+        "off_policy_mask_threshold": 0.05,
+        "top_entropy_quantile": 0.6,
+        "token_entropy": entropy,
+    }
+    loss, _ = policy_loss("vanilla", lp, old, adv, mask, clip_ratio_c=1.5, **hp)
+    loss.backward()
+    want_loss, want_grad = ref.vanilla(lp.detach(), old, adv, mask, c=1.5, cap=1.3, keep=keep)
+    assert loss.item() == pytest.approx(want_loss, rel=1e-10, abs=1e-12)
+    torch.testing.assert_close(lp.grad, torch.tensor(want_grad, dtype=torch.float64), rtol=1e-9, atol=1e-12)
+
+
+def test_off_policy_mask_reads_rollout_log_prob_when_given():
+    lp, old, adv, mask = _batch(20, scale=0.3)
+    rollout = old + 0.8 * torch.randn(
+        lp.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64
+    )
+    valid = int(mask.sum())
+    dropped = {}
+    for source, extra in (("old", {}), ("rollout", {"rollout_log_prob": rollout})):
+        keep = ref.off_policy_keep(lp.detach(), old, adv, mask, 0.02, rollout=extra.get("rollout_log_prob"))
+        _, metrics = policy_loss("sapo", lp, old, adv, mask, off_policy_mask_threshold=0.02, **extra)
+        want = sum(1 for b, row in enumerate(keep) for t, k in enumerate(row) if mask[b, t] and not k) / valid
+        assert metrics["off_policy_masked_fraction"] == pytest.approx(want), source
+        dropped[source] = want
+    assert dropped["old"] != dropped["rollout"]  # the two references drop different rows here

@@ -75,11 +75,18 @@ def _token_local(fn, lp, olp, adv, mask, mode):
     return aggregate_reference(vals, grads, m, mode)
 
 
-def vanilla(lp, olp, adv, mask, mode="token-mean", low=0.2, high=0.2, c=3.0):
+def vanilla(lp, olp, adv, mask, mode="token-mean", low=0.2, high=0.2, c=3.0, cap=None, keep=None):
+    """``cap``: TRL's delta (the unclipped ratio capped at it); ``keep``: [B][T] bools of TRL's masks."""
+
     def fn(b, t, _lp, d, a):
+        if keep is not None and not keep[b][t]:
+            return 0.0, 0.0
         r = math.exp(_clamp(d, -20, 20))
         dr = r if abs(d) < 20 else 0.0
-        l1, d1 = -a * r, -a * dr
+        if cap is not None and r > cap:
+            l1, d1 = -a * cap, 0.0
+        else:
+            l1, d1 = -a * r, -a * dr
         l2, d2 = -a * _clamp(r, 1 - low, 1 + high), (-a * dr if 1 - low < r < 1 + high else 0.0)
         lc, dc = _max_branch(l1, d1, l2, d2)
         if a < 0 and lc > -a * c:
@@ -87,6 +94,136 @@ def vanilla(lp, olp, adv, mask, mode="token-mean", low=0.2, high=0.2, c=3.0):
         return lc, dc
 
     return _token_local(fn, lp, olp, adv, mask, mode)
+
+
+def off_policy_keep(lp, olp, adv, mask, threshold, rollout=None):
+    """TRL's off-policy sequence mask, token by token: keep where A >= 0 or the row's mean of
+    (reference - log_prob) over valid tokens is at most ``threshold`` (reference: rollout if given, else old)."""
+    LP, OLP, A, m = _rows(lp, olp, adv, mask)
+    ref_rows = OLP if rollout is None else rollout.tolist()
+    keep = []
+    for b in range(len(LP)):
+        valid = [t for t in range(len(LP[b])) if m[b][t]]
+        mean_kl = sum(ref_rows[b][t] - LP[b][t] for t in valid) / max(len(valid), 1)
+        keep.append([A[b][t] >= 0 or mean_kl <= threshold for t in range(len(LP[b]))])
+    return keep
+
+
+def _quantile(values, q):
+    """Linear-interpolation quantile of a list (torch.quantile's default)."""
+    vals = sorted(values)
+    pos = q * (len(vals) - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(vals) - 1)
+    return vals[lo] + (pos - lo) * (vals[hi] - vals[lo])
+
+
+def high_entropy_keep(entropy, mask, top_quantile):
+    """TRL's entropy mask: valid tokens whose entropy is at least the (1 - q) quantile over all valid tokens."""
+    m = mask.to(torch.bool).tolist()
+    ent = entropy.tolist()
+    vals = [ent[b][t] for b in range(len(m)) for t in range(len(m[b])) if m[b][t]]
+    threshold = _quantile(vals, 1.0 - top_quantile)
+    return [[m[b][t] and ent[b][t] >= threshold for t in range(len(m[b]))] for b in range(len(m))]
+
+
+def dppo(lp, olp, adv, mask, mode="token-mean", low=0.15, high=0.15, c=1e4, kind="tv"):
+    """DPPO: -A min(r, c) log p on kept tokens (min(r, c) detached); the TV or Bernoulli-KL keep rule."""
+
+    def fn(b, t, _lp, d, a):
+        p, p_old = math.exp(_lp), math.exp(_lp - d)
+        if kind == "tv":
+            kept = p - p_old <= high if a > 0 else p - p_old >= -low
+        else:
+            kl = p_old * (-d) + (1 - p_old) * math.log((1 - p_old + 1e-8) / (1 - p + 1e-8))
+            kept = (kl <= high or p <= p_old) if a > 0 else (kl <= low or p >= p_old)
+        if not kept:
+            return 0.0, 0.0
+        w = min(math.exp(_clamp(d, -20, 20)), c)
+        return -a * w * _lp, -a * w
+
+    return _token_local(fn, lp, olp, adv, mask, mode)
+
+
+def gpg(lp, olp, adv, mask, mode="token-mean"):
+    return _token_local(lambda b, t, _lp, d, a: (-a * _lp, -a), lp, olp, adv, mask, mode)
+
+
+def dro(lp, olp, adv, mask, beta, mode="token-mean"):
+    return _token_local(
+        lambda b, t, _lp, d, a: (-(a * _lp - 0.5 * beta * d * d), -(a - beta * d)), lp, olp, adv, mask, mode
+    )
+
+
+def _cov_rows(lp, adv, m):
+    """(A - mean A)(lp - mean lp) per valid token, the means over every valid token of the call."""
+    cells = [(b, t) for b in range(len(m)) for t in range(len(m[b])) if m[b][t]]
+    a_mean = sum(adv[b][t] for b, t in cells) / len(cells)
+    lp_mean = sum(lp[b][t] for b, t in cells) / len(cells)
+    return {(b, t): (adv[b][t] - a_mean) * (lp[b][t] - lp_mean) for b, t in cells}
+
+
+def clip_cov(lp, olp, adv, mask, mode="token-mean", low=0.2, high=0.2, ratio=2e-4, lb=1.0, ub=5.0):
+    """Clip-Cov when every candidate is zeroed (the number allowed is at least the number of candidates)."""
+    LP, OLP, A, m = _rows(lp, olp, adv, mask)
+    cov = _cov_rows(LP, A, m)
+
+    def ppo(d, a):
+        r = math.exp(d)
+        l1, l2 = -a * r, -a * _clamp(r, 1 - low, 1 + high)
+        return l1, l2, r
+
+    candidates = set()
+    for (b, t), c in cov.items():
+        l1, l2, _ = ppo(LP[b][t] - OLP[b][t], A[b][t])
+        if not l2 > l1 and lb < c < ub:
+            candidates.add((b, t))
+    if len(candidates) > max(int(ratio * len(cov)), 1):
+        raise ValueError("the reference covers only the case where every candidate is picked")
+
+    def fn(b, t, _lp, d, a):
+        if (b, t) in candidates:
+            return 0.0, 0.0
+        l1, l2, r = ppo(d, a)
+        return _max_branch(l1, -a * r, l2, -a * r if 1 - low < r < 1 + high else 0.0)
+
+    return _token_local(fn, lp, olp, adv, mask, mode)
+
+
+def kl_cov(lp, olp, adv, mask, mode="token-mean", ratio=2e-4, coef=0.1):
+    """KL-Cov: -A r, plus coef |Delta| on the k = max(1, int(ratio N)) valid tokens of largest covariance."""
+    LP, OLP, A, m = _rows(lp, olp, adv, mask)
+    cov = _cov_rows(LP, A, m)
+    k = max(1, int(len(cov) * ratio))
+    top = set(sorted(cov, key=lambda cell: -cov[cell])[:k])
+
+    def fn(b, t, _lp, d, a):
+        r = math.exp(d)
+        value, grad = -a * r, -a * r
+        if (b, t) in top:
+            value, grad = value + coef * abs(d), grad + coef * (1.0 if d > 0 else -1.0 if d < 0 else 0.0)
+        return value, grad
+
+    return _token_local(fn, lp, olp, adv, mask, mode)
+
+
+def minpro(lp, olp, adv, mask, low=0.2, high=0.28):
+    """MinPRO: -sg(clip(min_{i<t} r_i * r_t, 1 - low, 1 + high)) A log p; the minimum over earlier valid tokens."""
+    _, _, _, m = _rows(lp, olp, adv, mask)
+    prefix_min = {}
+    d_all = (lp - olp).tolist()
+    for b in range(len(m)):
+        running = math.inf  # no earlier token yet
+        for t in range(len(m[b])):
+            if m[b][t]:
+                prefix_min[b, t] = 1.0 if running == math.inf else running
+                running = min(running, math.exp(_clamp(d_all[b][t], -20, 20)))
+
+    def fn(b, t, _lp, d, a):
+        w = _clamp(prefix_min[b, t] * math.exp(_clamp(d, -20, 20)), 1 - low, 1 + high)
+        return -w * a * _lp, -w * a
+
+    return _token_local(fn, lp, olp, adv, mask, "token-mean")
 
 
 def sapo(lp, olp, adv, mask, tau_pos=1.0, tau_neg=1.05):
@@ -269,3 +406,52 @@ def holder(lp, olp, adv, mask, p=1.0, low=0.2, high=0.2):
         vals.append(max(l1, l2))
         grads.append([(-a * ds[t] if t in ds and active else 0.0) for t in range(len(LP[b]))])
     return _seq_mean(vals, grads, m)
+
+
+def cppo(lp, olp, adv, mask, delta=0.15, w_min=0.8, delta_b=0.015, quantile=None, mode="token-mean"):
+    """CPPO's Algorithm 1 per row (Binary-TV D), then -A r on kept tokens (gradient -A r)."""
+    LP, OLP, A, m = _rows(lp, olp, adv, mask)
+    keep = {}
+    for b in range(len(LP)):
+        valid = [t for t in range(len(LP[b])) if m[b][t]]
+        T = len(valid)
+        D = {t: abs(math.exp(LP[b][t]) - math.exp(OLP[b][t])) for t in valid}
+        budget = delta_b
+        if quantile is not None and valid:
+            budget = _clamp(_quantile(list(D.values()), quantile), delta_b, 2 * delta_b)
+        S = W = 0.0
+        for k, t in enumerate(valid, start=1):
+            w = 1.0 - (1.0 - w_min) * (k - 1) / max(T - 1, 1)
+            Z = w * D[t]
+            r = math.exp(_clamp(LP[b][t] - OLP[b][t], -20, 20))
+            keep[b, t] = A[b][t] * (r - 1.0) <= 0 or Z <= min(delta, delta + budget * W - S)
+            S, W = S + Z, W + w
+
+    def fn(b, t, _lp, d, a):
+        r = math.exp(_clamp(d, -20, 20))
+        return (-a * r, -a * r) if keep[b, t] else (0.0, 0.0)
+
+    return _token_local(fn, lp, olp, adv, mask, mode)
+
+
+def luspo(lp, olp, adv, mask, low=3e-4, high=4e-4, cap=None, keep=None):
+    """LUSPO: per row |y| max(-A min(s, cap), -A clip(s)), s = exp(mean Delta); mean over non-empty rows.
+    Gradient per token: that of the bound at s times s (d s / d lp_t = s / |y|, times |y|)."""
+    LP, OLP, A, m = _rows(lp, olp, adv, mask)
+    n_seq = max(sum(1 for row in m if any(row)), 1)
+    loss, grad = 0.0, [[0.0] * len(LP[0]) for _ in LP]
+    for b in range(len(LP)):
+        valid = [t for t in range(len(LP[b])) if m[b][t]]
+        if not valid:
+            continue
+        s = math.exp(min(sum(LP[b][t] - OLP[b][t] for t in valid) / len(valid), 10))
+        for t in valid:
+            if keep is not None and not keep[b][t]:
+                continue
+            a = A[b][t]
+            l1, d1 = (-a * cap, 0.0) if cap is not None and s > cap else (-a * s, -a * s)
+            l2, d2 = -a * _clamp(s, 1 - low, 1 + high), (-a * s if 1 - low < s < 1 + high else 0.0)
+            value, g = _max_branch(l1, d1, l2, d2)
+            loss += value / n_seq
+            grad[b][t] = g / n_seq
+    return loss, grad
