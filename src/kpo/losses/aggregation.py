@@ -41,6 +41,20 @@ TOKEN_AGG_MODES = (
 # Losses that produce one value per sequence (GMPO, HolderPO) are reduced by a plain mean over sequences.
 SEQ_AGG_MODE = "seq-mean"
 GLOBAL_BATCH_KEYS = ("global_num_tokens", "global_num_seqs", "dp_size", "loss_scale_factor")
+# TRL 1.16 GRPOConfig.loss_type -> (kpo loss, loss_agg_mode) computing the same loss. TRL's grpo/bnpo/dr_grpo/dapo
+# are one clipped loss (kpo vanilla, whose dual clip TRL lacks: pass a clip_ratio_c above every ratio) under four
+# aggregations: bnpo is a token mean over the local batch (no global counts), dapo the token mean over the
+# generation batch (global_num_tokens = TRL's num_items_in_batch), dr_grpo divides by B * max_completion_length
+# (loss_scale_factor = max_completion_length; the same when no row is empty).
+TRL_LOSS_TYPES = {
+    "grpo": ("vanilla", "seq-mean-token-mean"),
+    "bnpo": ("vanilla", "token-mean"),
+    "dr_grpo": ("vanilla", "seq-mean-token-sum-norm"),
+    "dapo": ("vanilla", "token-mean"),
+    "luspo": ("luspo", "seq-mean-token-sum"),
+    "sapo": ("sapo", "seq-mean-token-mean"),
+    "vespo": ("vespo", "token-mean"),
+}
 
 
 def _check_global(global_num_tokens, global_num_seqs, dp_size, loss_scale_factor) -> int:
@@ -157,6 +171,7 @@ __all__ = [
     "GLOBAL_BATCH_KEYS",
     "SEQ_AGG_MODE",
     "TOKEN_AGG_MODES",
+    "TRL_LOSS_TYPES",
     "aggregate",
     "aggregate_sequences",
     "masked_mean",
