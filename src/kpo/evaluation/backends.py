@@ -5,7 +5,10 @@ Reproducibility: every sample draws its randomness from its own generator seeded
 not depend on which batch it ran in, on the batch size or on a resume. The transformers backend runs
 ``generate`` greedily over scores that a logits processor has turned into ``log_softmax(logits / T)``
 (nucleus-filtered) plus per-row Gumbel noise: the arg-max of that is an exact sample from the
-temperature/top-p distribution (the Gumbel-max trick). vLLM takes the same per-sample seed through
+temperature/top-p distribution (the Gumbel-max trick). Where :mod:`kpo.generation` covers the model (the
+embedded Qwen3 model, any ``Qwen3ForCausalLM``), its decoder runs the same argmax over the same processed scores
+in place of ``generate`` (each row still draws its noise from its own generator, so a sample does not depend on
+its batch either). vLLM takes the same per-sample seed through
 ``SamplingParams(seed=...)`` (its streams differ from transformers', so the backend is part of the cache key).
 
 Each engine has ``name``, ``dtype``, ``tokenizer``, ``context_length`` (the model's positions, None if it does
@@ -154,6 +157,8 @@ class TransformersBackend:
         import torch
         from transformers import GenerationConfig, LogitsProcessorList
 
+        from kpo.generation import generate, unsupported_model
+
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(
             self.device
         )
@@ -172,9 +177,22 @@ class TransformersBackend:
             gens = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
             processors.append(_SeededSampler(gens, temperature, top_p))
         with torch.inference_mode():
-            out = self.model.generate(**enc, generation_config=config, logits_processor=processors)
+            if unsupported_model(self.model) is None:
+                # generate's greedy step over the processed scores (raw logits when greedy)
+                out = generate(
+                    self.model,
+                    enc["input_ids"],
+                    enc["attention_mask"],
+                    max_new_tokens=max_new_tokens,
+                    eos_token_ids=self.eos_ids,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                    sample=lambda logits: processors(None, logits).argmax(-1),
+                )
+            else:
+                out = self.model.generate(**enc, generation_config=config, logits_processor=processors)
+                out = out[:, enc["input_ids"].shape[1] :]
         results = []
-        for row in out[:, enc["input_ids"].shape[1] :].tolist():
+        for row in out.tolist():
             stop = next((i for i, t in enumerate(row) if t in self.eos_ids), None)
             tokens = row if stop is None else row[:stop]
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)

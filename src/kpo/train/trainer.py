@@ -7,6 +7,8 @@ What is replaced (TRL has no loss plugin API, so this pins the TRL range it was 
   of the whole mini-batch in one piece. Old log-probs are the ones TRL computes once per generation batch
   (``steps_per_generation > gradient_accumulation_steps``), so every optimizer step after the first of a
   generation batch is off-policy, as in the paper's protocol.
+- ``_generate_single_turn``: rollouts sampled by kpo's decoder (``kpo.train.rollout``) where it applies, TRL's
+  ``generate`` otherwise.
 - ``_generate_and_score_completions``: advantages recomputed with ``kpo.compute_advantages`` from the rewards
   TRL just scored (TRL's own estimator differs in eps and options).
 - ``log``: one row per optimizer step appended to ``metrics.jsonl`` with the paper's names; generation-batch
@@ -42,6 +44,7 @@ from kpo.losses import aggregate_entropy, get_loss_spec, policy_loss
 from kpo.losses.kpo import filter_settings
 from kpo.train.config import on_policy_step
 from kpo.train.interrupt import InterruptGuard, restore_rng, rng_state
+from kpo.train.rollout import fast_rollout_unsupported, generate_single_turn
 
 TESTED_TRL = (Version("1.16"), Version("1.17"))
 if not TESTED_TRL[0] <= Version(trl.__version__) < TESTED_TRL[1]:
@@ -172,6 +175,15 @@ class KPOTrainer(GRPOTrainer):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._last_rewards_per_func = rewards_per_func
         return rewards_per_func
+
+    def _generate_single_turn(
+        self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False
+    ):
+        if fast_rollout_unsupported(self, images, multimodal_fields) is None:
+            return generate_single_turn(self, prompt_ids)
+        return super()._generate_single_turn(
+            prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+        )
 
     def _generate_and_score_completions(self, inputs):
         if not self.model.training or self.interrupts is None:

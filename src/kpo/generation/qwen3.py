@@ -1,0 +1,233 @@
+"""A decoder specialised to the Qwen3 architecture (the embedded tiny model's): the HF model's weights packed into
+fused projections (q/k/v in one matrix, gate/up in another) and a key/value cache allocated once for the whole
+generation, so a decode step is a handful of dense products on ``[B, hidden]`` rows and no cache bookkeeping.
+
+It computes what ``Qwen3ForCausalLM`` computes, in the model's dtype and the same order of operations per token
+(RMSNorm in float32, q/k norms per head, rotary positions from the attention mask as ``generate`` derives them);
+only the summation order inside the fused products differs, so logits agree to rounding
+(tests/generation/test_generation.py checks them against the model's own forward).
+
+Prompts that repeat (GRPO's groups: each prompt ``num_generations`` times) are run through the prompt pass once
+and their cache shared: the prompt part of the cache holds one copy per distinct prompt, and each decode step
+attends to it and to its own response part, merging the two softmax pieces.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["Qwen3Decoder", "unsupported"]
+
+
+def unsupported(model) -> str | None:
+    """Why ``model`` cannot run on :class:`Qwen3Decoder` (None: it can)."""
+    config = getattr(model, "config", None)
+    if type(model).__name__ != "Qwen3ForCausalLM" or config is None:
+        return f"{type(model).__name__} is not Qwen3ForCausalLM"
+    if getattr(config, "attention_dropout", 0.0):
+        return f"attention_dropout={config.attention_dropout}"
+    if getattr(config, "attention_bias", False):
+        return "attention_bias=True"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act={config.hidden_act!r}"
+    if getattr(config, "use_sliding_window", False) or any(
+        t != "full_attention" for t in (getattr(config, "layer_types", None) or [])
+    ):
+        return "sliding-window attention"
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        return f"rope_type={rope.get('rope_type', rope.get('type'))!r}"
+    return None
+
+
+def _rope_theta(config) -> float:
+    rope = getattr(config, "rope_parameters", None) or {}
+    return float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3RMSNorm: statistics in float32, the weight applied in the input's dtype."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF's ``x * cos + rotate_half(x) * sin`` (rotate_half: the halves of the last dim as (-x2, x1))."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class Qwen3Decoder:
+    """Prompt pass and decode steps of a ``Qwen3ForCausalLM`` (frozen for the decoder's life: build one per
+    generation call, after the weights last changed).
+
+    ``prefill(input_ids [B, Tp], attention_mask [B, Tp], max_new_tokens)`` -> next-token logits [B, V] (float32);
+    then ``step(tokens [B])`` -> the logits after those tokens, at most ``max_new_tokens - 1`` times.
+    """
+
+    def __init__(self, model):
+        reason = unsupported(model)
+        if reason is not None:
+            raise ValueError(f"Qwen3Decoder: {reason}")
+        c = model.config
+        self.heads, self.kv_heads = c.num_attention_heads, c.num_key_value_heads
+        self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        self.eps = c.rms_norm_eps
+        self.theta = _rope_theta(c)
+        inner = model.model
+        with torch.no_grad():
+            self.embed = inner.embed_tokens.weight.detach()
+            self.lm_head = model.lm_head.weight.detach()
+            self.norm = inner.norm.weight.detach()
+            self.layers = []
+            for layer in inner.layers:
+                a, m = layer.self_attn, layer.mlp
+                self.layers.append(
+                    {
+                        "ln1": layer.input_layernorm.weight.detach(),
+                        "qkv": torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach(),
+                        "q_norm": a.q_norm.weight.detach(),
+                        "k_norm": a.k_norm.weight.detach(),
+                        "o": a.o_proj.weight.detach(),
+                        "ln2": layer.post_attention_layernorm.weight.detach(),
+                        "gate_up": torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach(),
+                        "down": m.down_proj.weight.detach(),
+                    }
+                )
+        self.dtype, self.device = self.embed.dtype, self.embed.device
+        self.scale = self.head_dim**-0.5
+
+    # ------------------------------------------------------------------ pieces
+    def _rope_table(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [positions, head_dim] as HF's default rotary embedding computes them (float32, then dtype)."""
+        d = self.head_dim
+        inv_freq = 1.0 / (
+            self.theta
+            ** (torch.arange(0, d, 2, dtype=torch.int64).to(device=self.device, dtype=torch.float) / d)
+        )
+        freqs = torch.arange(positions, device=self.device, dtype=torch.float)[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+
+    def _qkv(self, w: dict, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x [..., hidden] -> q [..., H, D], k and v [..., KV, D], q and k normed and rotated (cos/sin
+        [..., 1, D])."""
+        h, kv, d = self.heads, self.kv_heads, self.head_dim
+        qkv = F.linear(_rms(x, w["ln1"], self.eps), w["qkv"])
+        q, k, v = qkv.split([h * d, kv * d, kv * d], dim=-1)
+        q = _rotate(_rms(q.unflatten(-1, (h, d)), w["q_norm"], self.eps), cos, sin)
+        k = _rotate(_rms(k.unflatten(-1, (kv, d)), w["k_norm"], self.eps), cos, sin)
+        return q, k, v.unflatten(-1, (kv, d))
+
+    def _mlp(self, w: dict, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(_rms(x, w["ln2"], self.eps), w["gate_up"]).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, w["down"])
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(_rms(x, self.norm, self.eps), self.lm_head).float()
+
+    # ------------------------------------------------------------------ prompt pass
+    @torch.no_grad()
+    def prefill(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int
+    ) -> torch.Tensor:
+        if input_ids.ndim != 2 or input_ids.shape != attention_mask.shape:
+            raise ValueError(
+                f"prefill: input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} "
+                "must both be [batch, prompt_len]"
+            )
+        if max_new_tokens < 1:
+            raise ValueError(f"prefill: max_new_tokens={max_new_tokens} must be >= 1")
+        mask = attention_mask.to(torch.bool)
+        if not bool(mask[:, -1].all()):
+            raise ValueError("prefill: prompts must be left-padded (every row's last position a real token)")
+        b, tp = input_ids.shape
+        unique, row_prompt, counts = torch.unique(
+            torch.cat([input_ids, mask.to(input_ids.dtype)], dim=1),
+            dim=0,
+            return_inverse=True,
+            return_counts=True,
+        )
+        if bool((counts == counts[0]).all()):
+            # rows sorted by their distinct prompt (a stable sort keeps a group's rows in their order)
+            self.rep = int(counts[0])
+            self.order = torch.argsort(row_prompt, stable=True)
+            p_ids, p_mask = unique[:, :tp], unique[:, tp:].to(torch.bool)
+        else:  # groups of unequal sizes: every row its own prompt
+            self.rep = 1
+            self.order = torch.arange(b, device=input_ids.device)
+            p_ids, p_mask = input_ids, mask
+        self.unorder = torch.argsort(self.order)
+        n = p_ids.shape[0]
+        # positions as generate derives them from the mask: real tokens 0, 1, ...; padding 0
+        positions = (p_mask.long().cumsum(-1) - 1).clamp_(min=0)
+        self.next_position = (positions[:, -1] + 1).repeat_interleave(self.rep)  # [B], sorted rows
+        self.cos, self.sin = self._rope_table(int(self.next_position.max()) + max_new_tokens)
+        cos, sin = self.cos[positions][:, :, None], self.sin[positions][:, :, None]  # [n, Tp, 1, D]
+        # causal attention among real tokens; a padding query sees itself only (its output is never read)
+        eye = torch.eye(tp, dtype=torch.bool, device=self.device)
+        allowed = (torch.ones(tp, tp, dtype=torch.bool, device=self.device).tril() & p_mask[:, None, :]) | eye
+        bias = torch.zeros(n, 1, tp, tp, dtype=self.dtype, device=self.device)
+        bias.masked_fill_(~allowed[:, None], float("-inf"))
+        kv, d = self.kv_heads, self.head_dim
+        x = self.embed[p_ids]
+        self.prompt_k, self.prompt_v = [], []
+        # each row's own keys/values, rows ordered (prompt, kv head, row of the group): [L, n*KV*rep, T, D]
+        self.k = torch.empty(
+            len(self.layers), n * kv * self.rep, max_new_tokens, d, dtype=self.dtype, device=self.device
+        )
+        self.v = torch.empty_like(self.k)
+        for w in self.layers:
+            q, k, v = (t.transpose(1, 2) for t in self._qkv(w, x, cos, sin))  # [n, heads, Tp, D]
+            self.prompt_k.append(k.reshape(n * kv, tp, d))
+            self.prompt_v.append(v.reshape(n * kv, tp, d))
+            attn = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=bias, scale=self.scale, enable_gqa=kv != self.heads
+            )
+            x = x + F.linear(attn.transpose(1, 2).flatten(2), w["o"])
+            x = self._mlp(w, x)
+        # the prompt keys' mask per (prompt, kv head): 0 for real tokens, -inf for padding; [n*KV, 1, Tp]
+        self.prompt_bias = torch.zeros(n, kv, 1, tp, dtype=self.dtype, device=self.device)
+        self.prompt_bias.masked_fill_(~p_mask[:, None, None, :], float("-inf"))
+        self.prompt_bias = self.prompt_bias.view(n * kv, 1, tp)
+        self.t = 0
+        logits = self._logits(x[:, -1]).repeat_interleave(self.rep, dim=0)  # sorted rows
+        return logits[self.unorder]
+
+    # ------------------------------------------------------------------ decode
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        t = self.t
+        if t >= self.k.shape[2]:
+            raise ValueError(f"step: the cache holds {self.k.shape[2]} new tokens; none is left")
+        h, kv, d, rep = self.heads, self.kv_heads, self.head_dim, self.rep
+        g = h // kv
+        b = tokens.shape[0]
+        n = b // rep
+        tp = self.prompt_bias.shape[-1]
+        pos = self.next_position + t
+        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [B, 1, D]
+        x = self.embed[tokens[self.order]]
+        for i, w in enumerate(self.layers):
+            q, k, v = self._qkv(w, x, cos, sin)  # q [B, H, D]; k, v [B, KV, D]; B ordered (prompt, row)
+            # to the cache's row order (prompt, kv head, row)
+            self.k[i].view(n, kv, rep, -1, d)[:, :, :, t] = k.view(n, rep, kv, d).transpose(1, 2)
+            self.v[i].view(n, kv, rep, -1, d)[:, :, :, t] = v.view(n, rep, kv, d).transpose(1, 2)
+            q = (q.view(n, rep, kv, g, d).transpose(1, 2) * self.scale).contiguous()  # [n, KV, rep, G, D]
+            k_own, v_own = self.k[i][:, : t + 1], self.v[i][:, : t + 1]  # [n*KV*rep, t+1, D]
+            # scores against the prompt (shared by a prompt's rows) and against the row's own tokens
+            s_prompt = torch.baddbmm(
+                self.prompt_bias, q.view(n * kv, rep * g, d), self.prompt_k[i].transpose(1, 2)
+            )  # [n*KV, rep*G, Tp]
+            s_own = torch.bmm(q.view(n * kv * rep, g, d), k_own.transpose(1, 2))  # [n*KV*rep, G, t+1]
+            p = torch.cat([s_prompt.view(n * kv * rep, g, tp), s_own], dim=-1).softmax(-1)
+            attn = torch.bmm(p[..., :tp].reshape(n * kv, rep * g, tp), self.prompt_v[i]).view(
+                n * kv * rep, g, d
+            )
+            attn = attn + torch.bmm(p[..., tp:], v_own)
+            x = x + F.linear(attn.view(n, kv, rep, g * d).transpose(1, 2).reshape(b, h * d), w["o"])
+            x = self._mlp(w, x)
+        self.t = t + 1
+        return self._logits(x)[self.unorder]

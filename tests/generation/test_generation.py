@@ -1,0 +1,207 @@
+"""kpo.generation against transformers: the decoder's logits against the model's own forward, its tokens against
+``model.generate``'s under the same seed (float64, where rounding cannot flip a draw), the sampler against
+transformers' warpers, the loop's end-of-sequence rules on a scripted sampler, and the settings it refuses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kpo.generation import MultinomialSampler, generate, sampling_settings, unsupported_model
+from kpo.generation.qwen3 import Qwen3Decoder
+
+PAD, EOS = 0, 1
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _model(dtype=torch.float32, kv_heads: int = 2, seed: int = 0, sharpen: float = 20.0):
+    """A random 2-layer Qwen3 LM over 16 tokens (0 pad, 1 eos), 4 query heads of 8 over ``kv_heads`` key/value
+    heads (2: grouped-query attention), its embeddings ``sharpen`` times the init's (logits of size ~10, not the
+    init's near-uniform ~0.1)."""
+    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config
+
+    config = Qwen3Config(
+        vocab_size=16,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        head_dim=8,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).to(dtype).eval()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(sharpen)
+    model.generation_config = GenerationConfig(eos_token_id=EOS, pad_token_id=PAD, bos_token_id=None)
+    return model
+
+
+def _prompts(lengths: list[int], repeat: int = 1, width: int = 12):
+    """Left-padded prompts [len(lengths) * repeat, width] of tokens 2..15, each repeated ``repeat`` times in a
+    row (a GRPO group), and their mask."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.full((len(lengths), width), PAD)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        ids[i, width - n :] = torch.randint(2, 16, (n,), generator=g)
+        mask[i, width - n :] = 1
+    return ids.repeat_interleave(repeat, 0), mask.repeat_interleave(repeat, 0)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+@pytest.mark.parametrize("lengths,repeat", [([12, 9, 5], 3), ([12, 12, 7, 3], 1)])
+def test_decoder_logits_match_the_models_forward(kv_heads, lengths, repeat):
+    """Prompt pass and 10 decode steps against one forward of the model over prompt + tokens, with the positions
+    generate gives left-padded rows (mask cumsum - 1). Grouped rows share one prompt cache."""
+    model = _model(kv_heads=kv_heads)
+    ids, mask = _prompts(lengths, repeat)
+    decoder = Qwen3Decoder(model)
+    steps = [decoder.prefill(ids, mask, max_new_tokens=11)]
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randint(2, 16, (ids.shape[0], 10), generator=g)
+    for t in range(10):
+        steps.append(decoder.step(tokens[:, t]))
+    full = torch.cat([ids, tokens], 1)
+    full_mask = torch.cat([mask, torch.ones_like(tokens)], 1)
+    positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        ref = model(input_ids=full, attention_mask=full_mask, position_ids=positions).logits[
+            :, ids.shape[1] - 1 :
+        ]
+    got = torch.stack(steps, 1)
+    assert got.dtype == torch.float32 and got.shape == ref.shape
+    # float32 rounding of logits of size ~10: the fused products sum in another order
+    torch.testing.assert_close(got, ref, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(temperature=1.0, top_k=0, top_p=1.0),  # kpo train's
+        dict(temperature=0.8, top_k=8, top_p=0.95),
+        dict(temperature=1.3, min_p=0.05),
+    ],
+)
+def test_tokens_equal_generates_under_the_same_seed(settings):
+    """float64 weights: logits agree to ~1e-15, so no draw can flip, and the tokens, padding after the end token
+    and the early stop must be generate's exactly (same warpers, same torch.multinomial stream)."""
+    model = _model(torch.float64, sharpen=6.0)
+    ids, mask = _prompts([12, 8, 4], repeat=4)
+    torch.manual_seed(3)
+    ref = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=True,
+        max_new_tokens=40,
+        pad_token_id=PAD,
+        eos_token_id=[EOS],
+        **settings,
+    )[:, ids.shape[1] :]
+    after_ref = torch.get_rng_state()
+    torch.manual_seed(3)
+    got = generate(
+        model,
+        ids,
+        mask,
+        max_new_tokens=40,
+        eos_token_ids=[EOS],
+        pad_token_id=PAD,
+        sample=MultinomialSampler(**settings),
+    )
+    assert torch.equal(got, ref)
+    # both leave torch's generator where the other does: what a run draws next does not depend on the path
+    assert torch.equal(torch.get_rng_state(), after_ref)
+    ended = (ref == EOS).any(1)
+    assert ended.any() and not ended.all()  # the case covers rows padded after their end and rows cut at 40
+
+
+def test_sampler_equals_transformers_warpers_and_multinomial():
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    logits = torch.randn(64, 16, generator=torch.Generator().manual_seed(4)) * 3
+    warped = TopPLogitsWarper(0.8)(
+        None, TopKLogitsWarper(6)(None, TemperatureLogitsWarper(0.5)(None, logits))
+    )
+    ref = torch.multinomial(warped.softmax(-1), 1, generator=torch.Generator().manual_seed(5)).squeeze(1)
+    sampler = MultinomialSampler(0.5, 6, 0.8, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(sampler(logits), ref)
+
+
+def test_end_token_pads_the_row_and_the_loop_stops_when_all_have_ended():
+    """A scripted sampler (tokens by step, whatever the logits): row 0 ends at step 1, row 1 at step 3, so row 0
+    is padded at steps 2-3 and the loop stops after step 3 with 4 columns though 10 were allowed."""
+    model = _model()
+    ids, mask = _prompts([5, 5])
+    script = iter([[5, 6], [EOS, 7], [8, 9], [10, EOS], [11, 12]])
+    calls = []
+
+    def sample(logits):
+        calls.append(logits.shape)
+        return torch.tensor(next(script))
+
+    out = generate(model, ids, mask, max_new_tokens=10, eos_token_ids=[EOS], pad_token_id=PAD, sample=sample)
+    assert out.tolist() == [[5, EOS, PAD, PAD], [6, 7, 9, EOS]]
+    assert calls == [torch.Size([2, 16])] * 4  # every row drawn at every step, as generate draws
+
+
+def test_settings_generate_cannot_reproduce_are_refused():
+    from transformers import GenerationConfig
+
+    trl_like = dict(
+        max_new_tokens=8, do_sample=True, pad_token_id=PAD, eos_token_id=[EOS], top_k=0, top_p=1.0
+    )
+    assert sampling_settings(GenerationConfig(**trl_like, temperature=0.9, repetition_penalty=1.0)) == {
+        "temperature": 0.9,
+        "top_k": 0,
+        "top_p": 1.0,
+        "min_p": None,
+    }
+    assert "repetition_penalty=1.2" in sampling_settings(GenerationConfig(**trl_like, repetition_penalty=1.2))
+    assert "no_repeat_ngram_size=3" in sampling_settings(GenerationConfig(**trl_like, no_repeat_ngram_size=3))
+    assert sampling_settings(GenerationConfig(max_new_tokens=8)) == "do_sample is not True"
+
+
+def test_models_the_decoder_does_not_cover_are_named():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=16,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+        )
+    )
+    assert unsupported_model(llama) == "LlamaForCausalLM is not Qwen3ForCausalLM"
+    model = _model()
+    assert unsupported_model(model) is None
+    model.config.attention_bias = True
+    assert unsupported_model(model) == "attention_bias=True"
+    with pytest.raises(ValueError, match="Qwen3Decoder: attention_bias=True"):
+        Qwen3Decoder(model)
+
+
+def test_right_padded_prompts_are_an_error():
+    model = _model()
+    ids, mask = _prompts([5, 3])
+    with pytest.raises(ValueError, match="left-padded"):
+        Qwen3Decoder(model).prefill(ids.flip(1), mask.flip(1), 4)
