@@ -63,6 +63,15 @@ CASES = {
     "ctpo": ({"la_clip_high": 0.1, "ratio_mode": "geomean"}, {"la_clip_high": 0.1, "ratio_mode": "geomean"}),
     "holder": ({"holder_p": 0.5}, {**CLIP, "p": 0.5}),
     "vespo": ({"k_pos": 1.5}, {"k_pos": 1.5}),
+    "luspo": (
+        {"delta": 1.2, "off_policy_mask_threshold": 0.01},
+        {**CLIP, "delta": 1.2, "off_policy_mask_threshold": 0.01},
+    ),
+    "minpro": ({}, CLIP),
+    "cppo": (
+        {"cppo_delta": 0.1, "cppo_w_min": 0.6, "cppo_budget_quantile": 0.9},
+        {"cppo_delta": 0.1, "cppo_w_min": 0.6, "cppo_budget_quantile": 0.9},
+    ),
 }
 
 
@@ -167,7 +176,7 @@ def test_verl_call_is_exactly_kpo_policy_loss(name, mode):
         old,
         adv,
         mask,
-        loss_agg_mode="seq-mean" if name == "holder" else mode,
+        loss_agg_mode=None if name in ("holder", "luspo") else mode,  # their methods fix the aggregation
         rollout_is_weights=weights,
         dp_size=2,
         global_num_tokens=50,

@@ -21,8 +21,9 @@ and returns exactly ``kpo.policy_loss(name, log_prob, old_log_prob, advantages, 
   ``loss_scale_factor``; so micro-batch losses sum to the mini-batch loss, as verl's own losses do.
 - ``rollout_is_weights`` multiply the per-token loss (sequence-ratio losses: their per-row geometric mean, as
   verl's geo_mean; VESPO folds them into its sequence weight).
-- ``loss_agg_mode`` is verl's ``actor.loss_agg_mode``, except for sequence-level losses (``holder``), which,
-  like verl's geo_mean, take a plain mean over sequences whatever the mode.
+- ``loss_agg_mode`` is verl's ``actor.loss_agg_mode``, except for losses whose method fixes it: sequence-level
+  losses (``holder``), which, like verl's geo_mean, take a plain mean over sequences whatever the mode, and
+  ``luspo`` (seq-mean-token-sum).
 - metrics are kpo's under ``actor/`` (``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/pg_clipfrac_lower``,
   ``actor/ratio_mean``, ``actor/filtered_ratio_mean``, ...); ``pg_loss`` is left out because verl's
   ``ppo_loss`` records ``actor/pg_loss`` itself with the right cross-micro-batch aggregation. verl averages
@@ -32,8 +33,10 @@ Select a loss with ``actor_rollout_ref.actor.policy_loss.loss_mode=kpo`` and, to
 ``actor_rollout_ref.actor._target_=kpo.integrations.verl.KPOActorConfig`` plus ``+actor_rollout_ref.actor.q=...``
 (the ``+`` because verl's composed config does not have the key); examples/verl/README.md has the full map.
 
-Limitation: verl's loss call carries no token entropy, so ``aspo`` uses its low-entropy clip bounds
-(``clip_ratio_low``/``clip_ratio_high``) for every token.
+Limitations: verl's loss call carries no token entropy, so ``aspo`` uses its low-entropy clip bounds
+(``clip_ratio_low``/``clip_ratio_high``) for every token and TRL's top-entropy mask is not offered; it carries no
+rollout log-probs either, so ``luspo``'s ``off_policy_mask_threshold`` measures the drift from
+``old_log_prob``.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ import torch
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
 from verl.workers.config import FSDPActorConfig
 
-from kpo.losses import SEQ_AGG_MODE, get_loss_spec, policy_loss
+from kpo.losses import get_loss_spec, policy_loss
 from kpo.losses._core import resolve_clip
 
 __all__ = [
@@ -62,7 +65,7 @@ __all__ = [
 ]
 
 # kpo losses verl 0.9.1 does not have: registered under kpo's name.
-VERL_LOSSES = ("kpo", "kpo_unclipped", "aspo", "ctpo", "holder", "vespo")
+VERL_LOSSES = ("kpo", "kpo_unclipped", "aspo", "ctpo", "holder", "vespo", "luspo", "minpro", "cppo")
 # kpo loss (or alias) -> the verl 0.9.1 loss that is the same method; kpo leaves verl's in place.
 # (verl's "gspo" is the per-token stop-gradient construction, i.e. kpo's gspo_token.)
 VERL_EQUIVALENTS = {
@@ -75,6 +78,12 @@ VERL_EQUIVALENTS = {
     "geo_mean": "geo_mean",
     "sapo": "sapo",
     "cispo": "cispo",
+    "dppo_tv": "dppo_tv",
+    "dppo_kl": "dppo_kl",
+    "clip_cov": "clip_cov",
+    "kl_cov": "kl_cov",
+    "gpg": "gpg",
+    "dro": "dro",
 }
 # verl global_batch_info key -> kpo.losses keyword (see kpo.losses.aggregation).
 GLOBAL_BATCH_INFO_KEYS = {
@@ -85,8 +94,9 @@ GLOBAL_BATCH_INFO_KEYS = {
 }
 # kpo hyperparameter -> actor-config field, where the bare name would be ambiguous in verl's actor config.
 _CONFIG_FIELD = {"p": "holder_p"}
-# Hyperparameters verl's loss call cannot supply (tensors the actor does not pass to the loss).
-_NOT_FROM_CONFIG = frozenset({"token_entropy"})
+# Hyperparameters verl's loss call cannot supply (tensors the actor does not pass to the loss, and the entropy
+# mask that needs one).
+_NOT_FROM_CONFIG = frozenset({"token_entropy", "top_entropy_quantile"})
 
 
 def _config_field(hparam: str) -> str:
@@ -110,8 +120,10 @@ def loss_hparams(name: str, config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _agg_mode(name: str, loss_agg_mode: str) -> str | None:
-    """verl's mode, or None (the loss's own plain mean over sequences) for a sequence-level loss."""
-    return None if get_loss_spec(name).agg_modes == (SEQ_AGG_MODE,) else loss_agg_mode
+    """verl's mode, or None (the loss's own) for a loss whose method fixes its aggregation: a sequence-level
+    loss's plain mean over sequences (as verl's geo_mean), LUSPO's sum over tokens (as verl's sapo forces its
+    mode)."""
+    return None if len(get_loss_spec(name).agg_modes) == 1 else loss_agg_mode
 
 
 def _global_batch_kwargs(info: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -221,6 +233,15 @@ class KPOActorConfig(FSDPActorConfig):
     VESPO (``vespo``; METHODS.md section 9):
         k_pos, lambda_pos: kernel W^k e^(lambda (1 - W)) for advantages >= 0 (2.0, 3.0).
         k_neg, lambda_neg: the same for advantages < 0 (3.0, 2.0).
+    LUSPO (``luspo``; TRL's loss): verl's clip_ratio_low/high are its sequence-ratio bounds, and
+        delta: TRL's two-sided clip, the unclipped sequence ratio capped at delta (None: no cap).
+        off_policy_mask_threshold: TRL's off-policy sequence mask (None: off).
+    MinPRO (``minpro``): verl's clip_ratio_low/high bound the prefix-minimum weight (kpo 0.2/0.28).
+    CPPO (``cppo``, Binary-TV):
+        cppo_delta: token-level TV threshold delta (0.15).
+        cppo_w_min: position-weight floor w_min (0.8).
+        cppo_delta_b: prefix-average budget delta_b (0.015).
+        cppo_budget_quantile: q of the per-row budget clamp(quantile_q(D), delta_b, 2 delta_b) (None: fixed).
     ASPO (``aspo``; METHODS.md section 6):
         high_entropy_clip_ratio_low, high_entropy_clip_ratio_high: clip range of the high-entropy tokens (0.4,
             0.4). verl does not pass token entropy to the loss, so in verl every token uses the low-entropy
@@ -248,6 +269,12 @@ class KPOActorConfig(FSDPActorConfig):
     high_entropy_clip_ratio_low: float | None = None
     high_entropy_clip_ratio_high: float | None = None
     entropy_quantile: float | None = None
+    delta: float | None = None
+    off_policy_mask_threshold: float | None = None
+    cppo_delta: float | None = None
+    cppo_w_min: float | None = None
+    cppo_delta_b: float | None = None
+    cppo_budget_quantile: float | None = None
 
     def __post_init__(self):
         super().__post_init__()
