@@ -276,8 +276,8 @@ def test_gpg_and_dro():
     assert loss == pytest.approx(0.25 * math.log(2.0) ** 2, rel=1e-12)
     assert grad.item() == pytest.approx(-(1 - 0.5 * math.log(2.0)), rel=1e-12)
     assert m["ppo_kl"] == pytest.approx(-math.log(2.0))
-    with pytest.raises(ValueError, match="dro needs dro_beta"):
-        _run("dro", [[2.0]], [1.0])
+    with pytest.raises(ValueError, match="dro_beta must be a finite number > 0"):
+        _run("dro", [[2.0]], [1.0], dro_beta=0.0)
 
 
 # Two rows, A = +1 and -1, ratios [1.1, 1] and [0.9, 1]: log p = log 0.55, log 0.5, log 0.45, log 0.5; mean A = 0,

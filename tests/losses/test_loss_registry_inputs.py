@@ -37,8 +37,6 @@ EXPECTED = {
     "cppo",
 }
 
-REQUIRED = {"dro": {"dro_beta": 0.5}}  # hyperparameters without a default
-
 
 def _batch(B=3, T=4, requires_grad=True):
     g = torch.Generator().manual_seed(0)
@@ -219,13 +217,12 @@ def test_garbage_in_padding_is_ignored():
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_empty_rows_contribute_nothing_and_never_nan(name):
     lp, old, adv, mask = _batch()
-    hp = REQUIRED.get(name, {})
     mask_empty = torch.cat([mask, torch.zeros(1, 4, dtype=torch.bool)])
     lp2 = torch.cat([lp.detach(), torch.zeros(1, 4, dtype=torch.float64)]).requires_grad_()
     old2 = torch.cat([old, torch.zeros(1, 4, dtype=torch.float64)])
     adv2 = torch.cat([adv, torch.tensor([5.0], dtype=torch.float64)])
-    loss, metrics = policy_loss(name, lp, old, adv, mask, **hp)
-    loss2, metrics2 = policy_loss(name, lp2, old2, adv2, mask_empty, **hp)
+    loss, metrics = policy_loss(name, lp, old, adv, mask)
+    loss2, metrics2 = policy_loss(name, lp2, old2, adv2, mask_empty)
     loss2.backward()
     assert loss2.item() == pytest.approx(loss.item(), rel=1e-12, abs=1e-15)
     assert torch.isfinite(lp2.grad).all() and (lp2.grad[3] == 0).all()
@@ -234,7 +231,7 @@ def test_empty_rows_contribute_nothing_and_never_nan(name):
     # statistic (mean/min/max of nothing), where a 0.0 would read as "every ratio collapsed to 0".
     none = torch.zeros_like(mask)
     lp3 = lp.detach().clone().requires_grad_()
-    loss3, metrics3 = policy_loss(name, lp3, old, adv, none, **hp)
+    loss3, metrics3 = policy_loss(name, lp3, old, adv, none)
     loss3.backward()
     assert loss3.item() == 0.0 and (lp3.grad == 0).all()
     assert metrics3 == {"pg_loss": 0.0, "pg_clipfrac": 0.0, "pg_clipfrac_lower": 0.0, "ppo_kl": 0.0}
@@ -244,14 +241,11 @@ def test_empty_rows_contribute_nothing_and_never_nan(name):
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_float32_and_0_1_mask_and_advantage_shapes(name):
     lp, old, adv, mask = _batch()
-    hp = REQUIRED.get(name, {})
-    ref, _ = policy_loss(name, lp, old, adv, mask, **hp)
+    ref, _ = policy_loss(name, lp, old, adv, mask)
     for a in (adv[:, None], adv[:, None].expand(3, 4)):
-        assert policy_loss(name, lp, old, a, mask.long(), **hp)[0].item() == pytest.approx(
-            ref.item(), rel=1e-12
-        )
+        assert policy_loss(name, lp, old, a, mask.long())[0].item() == pytest.approx(ref.item(), rel=1e-12)
     lp32 = lp.detach().float().requires_grad_()
-    loss32, metrics32 = policy_loss(name, lp32, old.float(), adv.float(), mask, **hp)
+    loss32, metrics32 = policy_loss(name, lp32, old.float(), adv.float(), mask)
     loss32.backward()
     assert loss32.dtype == torch.float32 and torch.isfinite(lp32.grad).all()
     assert loss32.item() == pytest.approx(ref.item(), rel=1e-4, abs=1e-6)

@@ -87,14 +87,11 @@ def gpg(batch: LossBatch) -> LossTerms:
 
 
 @register_loss("dro", default_agg="token-mean")
-def dro(batch: LossBatch, *, dro_beta: float | None = None) -> LossTerms:
+def dro(batch: LossBatch, *, dro_beta: float = 0.05) -> LossTerms:
     """DRO (verl ``dro``): L = -(A log_prob - beta/2 Delta^2), a policy gradient with a quadratic penalty on the
-    unclamped log-ratio Delta. verl has no default for beta (``policy_loss.dro_beta``) and neither has kpo.
-    ``ppo_kl`` is verl's: the mean of -Delta unclamped."""
-    if dro_beta is None:
-        raise ValueError(
-            "dro needs dro_beta (> 0, the weight of the quadratic log-ratio penalty); verl has no default"
-        )
+    unclamped log-ratio Delta. verl has no default for beta (``policy_loss.dro_beta`` must be set); kpo's 0.05
+    is the value of the usage example in the verl pull request that added the loss. ``ppo_kl`` is verl's: the
+    mean of -Delta unclamped."""
     check_hparams("> 0", dro_beta=dro_beta)
     delta = batch.log_ratio
     return LossTerms(
