@@ -543,6 +543,8 @@ class TrainConfig:
                 torch.ones(2, 2),
                 loss_agg_mode=self.resolved_agg_mode(),
                 **self.resolved_loss_kwargs(),
+                # as the trainer supplies it (top_entropy_quantile needs it)
+                **({"token_entropy": torch.ones(2, 2)} if "token_entropy" in spec.hparams else {}),
             )
         except (ValueError, TypeError) as e:
             errors.append(f"loss_kwargs for {self.loss!r}: {e}")
