@@ -25,8 +25,10 @@ Metrics (plain floats): ``pg_loss``; ``pg_clipfrac`` (valid tokens whose clipped
 log-prob) and ``ratio_mean/min/max`` of the token ratio exp(log_prob - old_log_prob) over valid tokens, both with
 the log-ratio clamped at +-20 as verl's; per loss:
 ``filtered_ratio_mean/min/max`` (KPO: exp of the filtered log-ratio), ``seq_ratio_mean/min/max`` (sequence
-ratio of GSPO, GMPO, HolderPO, VESPO over non-empty rows); with mismatch correction ``rollout_is_mean/max``
-and ``rollout_rs_masked_fraction``. Where a statistic has nothing to run over (no valid token, no non-empty row,
+ratio of GSPO, GMPO, HolderPO, VESPO over non-empty rows), ``prefix_min_ratio_*`` (MinPRO),
+``cppo_budget_masked_fraction`` (CPPO), ``off_policy_masked_fraction`` / ``entropy_masked_fraction`` (TRL's masks,
+when on; ``kpo.losses.masks``); clip_cov, kl_cov and dro report verl's own ``ppo_kl`` (unclamped; kl_cov's is
+mean |Delta|); with mismatch correction ``rollout_is_mean/max`` and ``rollout_rs_masked_fraction``. Where a statistic has nothing to run over (no valid token, no non-empty row,
 no kept token) it is left out of the dict, never reported as 0; the loss, clip fractions and ``ppo_kl`` of such
 a batch are 0. A trainer that averages metrics over micro-batches then averages each one over the micro-batches
 that define it.
