@@ -146,14 +146,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    """``kpo eval``; on several processes (``python -m kpo.launch``) rank 0 alone prints, the others exit with
+    the same status."""
     args = vars(build_parser().parse_args(argv))
+    from kpo._distributed import is_main
     from kpo.evaluation.config import EvalConfig
     from kpo.evaluation.runner import evaluate, format_table
 
     model, data = args.pop("model"), args.pop("data")
     args["synthetic_kw"] = dict(args["synthetic_kw"]) or None
     config = EvalConfig(**args)  # every other option is a field of the same name
-    if config.output is None and config.cache is None:
+    main_process = is_main()
+    if config.output is None and config.cache is None and main_process:
         print(
             "kpo eval: warning: no --output: results are printed only and an interrupted run cannot "
             "resume; pass --output PATH.json",
@@ -162,8 +166,11 @@ def main(argv: list[str]) -> int:
     try:
         results = evaluate(model, data, config)
     except (ValueError, FileNotFoundError) as e:
-        print(f"kpo eval: error: {e}", file=sys.stderr)
+        if main_process:
+            print(f"kpo eval: error: {e}", file=sys.stderr)
         return 2
+    if not main_process:
+        return 0
     print(format_table(results))
     if config.output:
         print(f"\nwrote {config.output} and {Path(config.output).with_suffix('.md')}")

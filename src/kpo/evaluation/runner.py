@@ -1,6 +1,12 @@
 """Sample, cache, grade and score: the engine behind ``kpo eval`` and :func:`kpo.evaluation.evaluate`.
 
 How a sample is drawn reproducibly: :mod:`kpo.evaluation.backends`; how a run resumes: :mod:`kpo.evaluation.cache`.
+
+On N processes (``python -m kpo.launch --nproc-per-node N eval ...``, torchrun) each process loads the model
+(on GPUs its own, ``cuda:LOCAL_RANK``), samples and grades the problems whose index is its rank modulo N, and
+appends its batches to the one cache (appends of whole batches, which a local file system does not interleave);
+the graded problems are gathered, so every process returns the results, which are those of one process (a
+sample does not depend on where it ran), and rank 0 writes the files.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from kpo import _distributed
 from kpo._progress import library_bars, progress_bar
 from kpo.data.math import has_chat_template
 from kpo.evaluation.backends import make_backend
@@ -56,9 +63,17 @@ def evaluate(
     ks = [int(k) for k in cfg.ks]
 
     benchmarks = _load_benchmarks(data, cfg.limit, cfg.synthetic_kw, cfg.problem_key, cfg.answer_key)
-    library_bars(cfg.show_progress)  # the model loader's bar: on a terminal only
+    world, rank = _distributed.world_size(), _distributed.rank()
+    show_progress = cfg.show_progress and rank == 0
+    library_bars(show_progress)  # the model loader's bar: on a terminal only
     store = GenerationCache(cache) if cache is not None else None
-    engine = make_backend(cfg.backend, model, cfg.device, cfg.dtype)
+    _distributed.barrier()  # every process has read the cache before any appends to it
+    engine = make_backend(cfg.backend, model, _process_device(cfg.device, world), cfg.dtype)
+    if world > 1 and engine.name == "vllm":
+        raise ValueError(
+            f"backend vllm on {world} processes: vLLM spreads a model over GPUs itself; run kpo eval as one "
+            "process, or use --backend transformers"
+        )
     use_chat = _use_chat_template(engine.tokenizer, cfg.chat_template)
     model_id = _model_id(model)
 
@@ -67,7 +82,7 @@ def evaluate(
     for name, (rows, grader) in benchmarks.items():
         prompts = [_build_prompt(row, engine.tokenizer, cfg.template, use_chat) for row in rows]
         budget = _fit_budget(
-            name, engine, prompts, cfg.max_new_tokens, _default_budget(name, cfg.synthetic_kw)
+            name, engine, prompts, cfg.max_new_tokens, _default_budget(name, cfg.synthetic_kw), rank == 0
         )
         budgets[name] = budget
         # everything that changes a sample keys the cache (the dtype too: bf16 and fp32 sample differently)
@@ -82,7 +97,9 @@ def evaluate(
         params_key = json.dumps(params, sort_keys=True)
         records: dict[tuple[int, int], dict] = {}
         todo = []
-        for i, (row, prompt) in enumerate(zip(rows, prompts)):
+        mine = range(rank, len(rows), world)  # this process's share of the problems
+        for i in mine:
+            row, prompt = rows[i], prompts[i]
             sha = prompt_hash(prompt)
             for j in range(cfg.n):
                 rec = {
@@ -98,9 +115,13 @@ def evaluate(
                     records[i, j] = hit
                 else:
                     todo.append((i, j, prompt, rec))
-        _generate(engine, todo, records, store, params, cfg.batch_size, name, cfg.show_progress)
-        scores = _score(rows, records, grader, cfg.n, ks, name, cfg.show_progress)
-        results["benchmarks"][name] = {**scores, "max_new_tokens": budget}
+        _generate(engine, todo, records, store, params, cfg.batch_size, name, show_progress)
+        graded = {}
+        for part in _distributed.gather_objects(
+            _grade(rows, records, grader, cfg.n, mine, name, show_progress)
+        ):
+            graded |= part
+        results["benchmarks"][name] = {**_score(rows, graded, cfg.n, ks), "max_new_tokens": budget}
 
     # The budgets used, not the setting (None means a per-benchmark default); a mapping when they differ.
     used = next(iter(budgets.values())) if len(set(budgets.values())) == 1 else budgets
@@ -119,16 +140,27 @@ def evaluate(
     results["macro"] = {
         k: sum(b[k] for b in results["benchmarks"].values()) / len(results["benchmarks"]) for k in metric_keys
     }
-    if output is not None:
+    if output is not None and rank == 0:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(json.dumps(results, indent=2) + "\n")
         table.write_text(format_table(results) + "\n")
     return results
 
 
-def _fit_budget(name: str, engine, prompts: list[str], asked: int | None, default: int) -> int:
+def _process_device(device: str, world: int) -> str:
+    """The device of this process: on several processes, "auto" and "cuda" are the GPU of its local rank."""
+    import torch
+
+    if world > 1 and device in ("auto", "cuda") and torch.cuda.is_available():
+        return f"cuda:{_distributed.local_rank()}"
+    return device
+
+
+def _fit_budget(
+    name: str, engine, prompts: list[str], asked: int | None, default: int, say: bool = True
+) -> int:
     """The generation budget of benchmark ``name``: ``asked``, or ``default`` capped to what the model's context
-    leaves after the longest prompt (said on stderr). ValueError when a prompt fills the context, or when an
+    leaves after the longest prompt (said on stderr if ``say``). ValueError when a prompt fills the context, or when an
     asked budget does not fit: the model's positions past its context are untrained, so such samples would be
     silently garbage."""
     budget = default if asked is None else asked
@@ -151,10 +183,11 @@ def _fit_budget(name: str, engine, prompts: list[str], asked: int | None, defaul
             f"max_new_tokens={asked}: {where}, which leaves {room} tokens; give --max-new-tokens "
             f"{room} or less"
         )
-    print(
-        f"kpo eval: warning: {where}: the generation budget is capped at {room} tokens (default {default})",
-        file=sys.stderr,
-    )
+    if say:
+        print(
+            f"kpo eval: warning: {where}: the generation budget is capped at {room} tokens (default {default})",
+            file=sys.stderr,
+        )
     return room
 
 
@@ -254,14 +287,27 @@ def _generate(engine, todo, records, store, params, batch_size, name, show_progr
     bar.close()
 
 
-def _score(rows, records, grader, n, ks, name, show_progress) -> dict[str, Any]:
-    correct = []
-    with progress_bar(len(rows), f"grade {name}", "problems", enabled=show_progress) as bar:
-        for i, row in enumerate(rows):
-            correct.append([float(grader(records[i, j]["completion"], row["answer"])) for j in range(n)])
+def _grade(rows, records, grader, n, indices, name, show_progress) -> dict[int, dict[str, list]]:
+    """{problem index: {"correct", "n_tokens", "stopped"}: one entry per sample} for the problems ``indices``."""
+    graded = {}
+    with progress_bar(len(indices), f"grade {name}", "problems", enabled=show_progress) as bar:
+        for i in indices:
+            samples = [records[i, j] for j in range(n)]
+            graded[i] = {
+                "correct": [float(grader(r["completion"], rows[i]["answer"])) for r in samples],
+                "n_tokens": [r["n_tokens"] for r in samples],
+                "stopped": [r["stopped"] for r in samples],
+            }
             bar.update()
-    lengths = [records[i, j]["n_tokens"] for i in range(len(rows)) for j in range(n)]
-    truncated = [not records[i, j]["stopped"] for i in range(len(rows)) for j in range(n)]
+    return graded
+
+
+def _score(rows, graded, n, ks) -> dict[str, Any]:
+    """A benchmark's metrics from every problem's graded samples (:func:`_grade`)."""
+    per_problem = [graded[i] for i in range(len(rows))]
+    correct = [g["correct"] for g in per_problem]
+    lengths = [t for g in per_problem for t in g["n_tokens"]]
+    truncated = [not s for g in per_problem for s in g["stopped"]]
     return {
         "problems": len(rows),
         "samples": n,

@@ -15,6 +15,14 @@ refuses such checkpoints). So, after the first SIGINT or SIGTERM:
 
 A second signal stops at once without a checkpoint (:class:`StopNow`), except while a checkpoint or the final
 model is being written: a half-written ``checkpoint-N`` would be what the next ``--resume`` picks up.
+
+Several processes (``python -m kpo.launch``, torchrun) must stop at the same boundary, or one would write a
+checkpoint while another waits for it in a collective. So there a signal is only recorded, and the processes
+agree (a max over ranks, :func:`kpo._distributed.max_over_ranks`) at two points of every generation batch that
+all of them reach together: before it is generated, and after it is generated and scored. If any of them
+received a signal, all abandon the batch there, as above. A signal while they train on a batch therefore stops
+them after it; one while they generate, once it is generated (no process leaves a generation that the others
+are still in: TRL gathers its rewards and lengths across processes).
 """
 
 from __future__ import annotations
@@ -53,9 +61,12 @@ class TrainingInterrupted(KeyboardInterrupt):
 class InterruptGuard:
     """While entered (``with guard:``), SIGINT and SIGTERM are recorded in ``received`` (the first signal's
     name) instead of raising KeyboardInterrupt or killing the process; the trainer asks it where it may stop.
-    Entered outside the main thread (where Python cannot handle signals), it changes nothing."""
+    Entered outside the main thread (where Python cannot handle signals), it changes nothing.
 
-    def __init__(self):
+    ``processes > 1``: one of that many launched together, which stop where they agree to (module docstring)."""
+
+    def __init__(self, processes: int = 1):
+        self.processes = processes
         self.received: str | None = None
         self._generating = False
         self._deferred = 0
@@ -76,19 +87,34 @@ class InterruptGuard:
         self.received = self.received or signal.Signals(signum).name
         if self._deferred:
             return
-        if self._generating:
+        if self._generating and self.processes == 1:
             raise AbandonBatch
         if again:
             raise StopNow
 
+    def _stop_agreed(self) -> bool:
+        """Whether this process, or with several processes any of them, has received a signal; every process
+        calls it at the same point. A process that received none takes the first one's name from the others."""
+        if self.processes == 1:
+            return self.received is not None
+        from kpo._distributed import max_over_ranks
+
+        number = max_over_ranks(signal.Signals[self.received].value if self.received else 0)
+        if number and self.received is None:
+            self.received = signal.Signals(number).name
+        return bool(number)
+
     @contextlib.contextmanager
     def generation(self):
-        """Around the generation and scoring of a batch: a signal received before or during it abandons it."""
+        """Around the generation and scoring of a batch: a signal received before or during it abandons it (at
+        once in one process; with several, where they agree: before the batch, or once it is scored)."""
         self._generating = True
         try:
-            if self.received:
+            if self._stop_agreed():
                 raise AbandonBatch
             yield
+            if self.processes > 1 and self._stop_agreed():
+                raise AbandonBatch
         finally:
             self._generating = False
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -11,6 +10,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from kpo import _distributed
+from kpo.cli import INTERRUPTED
 from kpo.train.card import write_run_card
 from kpo.train.config import TRAJECTORY_FIELDS, ConfigError, TrainConfig
 from kpo.train.interrupt import AbandonBatch, InterruptGuard, StopNow, TrainingInterrupted
@@ -56,10 +57,6 @@ def math_reward_fn(completions: list, answer: list[str], **_) -> list[float]:
     return [math_reward(t, json.loads(a)) for t, a in zip(texts, answer)]
 
 
-def _world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
 def last_checkpoint(out: Path) -> Path | None:
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -67,8 +64,9 @@ def last_checkpoint(out: Path) -> Path | None:
     return Path(found) if found else None
 
 
-def _prepare_output_dir(config: TrainConfig, out: Path) -> Path | None:
-    """Create/clean output_dir; on resume check the config and the checkpoint, then trim metrics to it.
+def _prepare_output_dir(config: TrainConfig, out: Path, world: int) -> Path | None:
+    """Create/clean output_dir; on resume check the config and the checkpoint (``world`` processes), then trim
+    metrics to it.
 
     Returns the checkpoint to resume from, or None for a fresh run. A resume of a run whose last checkpoint is
     at max_steps returns that checkpoint before anything is written (:func:`run_training` then stops)."""
@@ -81,7 +79,7 @@ def _prepare_output_dir(config: TrainConfig, out: Path) -> Path | None:
     out.mkdir(parents=True, exist_ok=True)
     if not config.resume:
         return None
-    ckpt = _resume_checkpoint(config, out)
+    ckpt = _resume_checkpoint(config, out, world)
     step = _step(ckpt)
     metrics = out / "metrics.jsonl"
     if step < config.max_steps and metrics.exists():
@@ -95,8 +93,15 @@ def _step(ckpt: Path) -> int:
     return int(ckpt.name.split("-")[-1])
 
 
-def _resume_checkpoint(config: TrainConfig, out: Path) -> Path:
-    """The checkpoint a resume continues from; ConfigError when the run cannot continue to max_steps."""
+def _checkpoint_processes(ckpt: Path) -> int:
+    """How many processes wrote ``ckpt``: transformers saves each one's random-number generators, as
+    rng_state_{rank}.pth when there are several and rng_state.pth when there is one."""
+    return len(list(ckpt.glob("rng_state_*.pth"))) or 1
+
+
+def _resume_checkpoint(config: TrainConfig, out: Path, world: int) -> Path:
+    """The checkpoint a resume continues from; ConfigError when the run cannot continue to max_steps on
+    ``world`` processes."""
     saved = TrainConfig.from_yaml(out / "config.yaml") if (out / "config.yaml").exists() else None
     if saved is None:
         raise ConfigError([f"resume: {out} has no config.yaml; start the run without --resume"])
@@ -117,6 +122,16 @@ def _resume_checkpoint(config: TrainConfig, out: Path) -> Path:
     if ckpt is None:
         raise ConfigError([f"resume: no checkpoint-* in {out}; set save_steps to checkpoint a run"])
     step = _step(ckpt)
+    wrote = _checkpoint_processes(ckpt)
+    if wrote != world:
+        # each process samples with its own generator and its share of the prompts: on another number of
+        # processes the resumed run would leave the trajectory (transformers only warns of the missing states)
+        raise ConfigError(
+            [
+                f"resume: {ckpt.name} was written by {wrote} process(es) and this run has {world}; resume it on "
+                f"{wrote} (python -m kpo.launch --nproc-per-node {wrote} train ...), or start a new --output-dir"
+            ]
+        )
     if step > config.max_steps:
         raise ConfigError(
             [
@@ -206,43 +221,64 @@ def _load_model(path: Path):
 
 
 def run_training(config: TrainConfig) -> Path:
-    """Train as ``config`` says; returns the output directory (see the package docstring for its files)."""
+    """Train as ``config`` says; returns the output directory (see the package docstring for its files).
+
+    Launched as several processes (``python -m kpo.launch --nproc-per-node N train``, torchrun), each runs this:
+    rank 0 prepares output_dir, builds the embedded warm start alone and writes every file; the others wait for
+    it, then all train data-parallel. Where rank 0 raises (ConfigError, TrainingInterrupted) the others exit
+    quietly with the status the command gives it (``SystemExit``), so the command says it once."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
-    world = _world_size()
-    config.validate(world_size=world)
-    for line in notices(config):
+    world, main = _distributed.world_size(), _distributed.is_main()
+    try:
+        config.validate(world_size=world)
+    except ConfigError:
+        if main:
+            raise
+        raise SystemExit(2) from None  # kpo train's status for a ConfigError, which rank 0 prints
+    for line in notices(config) if main else ():
         print(f"kpo train: {line}", file=sys.stderr)
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
+    from kpo.train.progress import library_bars
+
+    library_bars(config.progress)  # before the warm start's and the model loader's bars
     out = Path(config.output_dir)
-    ckpt = _prepare_output_dir(config, out)
-    if ckpt is not None and _step(ckpt) == config.max_steps:
+    cuda = torch.cuda.is_available()
+    ckpt = _prepare_output_dir(config, out, world) if main else None
+    complete = ckpt is not None and _step(ckpt) == config.max_steps
+    if main and not complete:
+        # resume/overwrite say what this command does to output_dir, not what the run is: kept out of
+        # config.yaml so that `kpo train --config RUN/config.yaml --resume` continues it
+        dataclasses.replace(config, resume=False, overwrite=False).save_yaml(out / "config.yaml")
+        with _distributed.single_process():
+            start = model_path(config)
+        if config.model is None and not (out / "warm_start").exists():
+            # the embedded model's starting point beside the run (a few MB), so it can be evaluated like final/
+            shutil.copytree(start, out / "warm_start")
+    _distributed.join(cpu=not cuda)  # the others wait here for what rank 0 wrote
+    if not main:
+        ckpt = last_checkpoint(out) if config.resume else None
+        complete = ckpt is not None and _step(ckpt) == config.max_steps
+        start = model_path(config)  # rank 0 built and cached it
+    if complete:
         # Training on would add a step past max_steps and replace final/: leave the finished run as it is.
-        print(
-            f"kpo train: the run in {out} is already complete ({ckpt.name}, max_steps={config.max_steps}); "
-            f"nothing to do. Raise --max-steps to train further.",
-            file=sys.stderr,
-        )
+        if main:
+            print(
+                f"kpo train: the run in {out} is already complete ({ckpt.name}, max_steps={config.max_steps}); "
+                f"nothing to do. Raise --max-steps to train further.",
+                file=sys.stderr,
+            )
         return out
-    # resume/overwrite say what this command does to output_dir, not what the run is: kept out of config.yaml
-    # so that `kpo train --config RUN/config.yaml --resume` continues it
-    dataclasses.replace(config, resume=False, overwrite=False).save_yaml(out / "config.yaml")
 
     from trl import GRPOConfig
 
     from kpo.train.plots import plot_training_dynamics
-    from kpo.train.progress import checkpointing_arg, library_bars, use_quiet_progress
+    from kpo.train.progress import checkpointing_arg, use_quiet_progress
     from kpo.train.trainer import KPOTrainer
 
-    library_bars(config.progress)  # before the warm start's and the model loader's bars
-    start = model_path(config)
-    if config.model is None and not (out / "warm_start").exists():
-        # the embedded model's starting point beside the run (a few MB), so it can be evaluated like final/
-        shutil.copytree(start, out / "warm_start")
-    cuda = torch.cuda.is_available()
     use_bf16 = bool(cuda and torch.cuda.is_bf16_supported()) if config.bf16 is None else config.bf16
     model, tokenizer = _load_model(start)
     dataset, reward_fn = _load_data(config, tokenizer)
@@ -283,6 +319,8 @@ def run_training(config: TrainConfig) -> Path:
         vllm_importance_sampling_mode=config.vllm_importance_sampling_mode,
         vllm_importance_sampling_clip_max=config.vllm_importance_sampling_clip_max,
         dataloader_num_workers=0,
+        # every parameter of a causal LM takes part in its loss: DDP need not search the graph for unused ones
+        ddp_find_unused_parameters=False,
         # TRL's default trades a recomputed forward for memory; the embedded model needs no memory saved
         **checkpointing_arg(config.model is not None),
         shuffle_dataset=True,
@@ -302,13 +340,11 @@ def run_training(config: TrainConfig) -> Path:
         metrics_path=out / "metrics.jsonl",
         dump_ratios_every=config.dump_ratios_every,
         ratios_dir=out / "ratios",
-        interrupts=InterruptGuard(),
+        interrupts=InterruptGuard(processes=world),
         run_card=lambda: write_run_card(config, out),
     )
     use_quiet_progress(trainer, config.progress)
-    # several processes would each stop at their own batch boundary and wait for the others in a collective:
-    # signals are handled (the guard entered) in a single-process run only
-    with trainer.interrupts if world == 1 else contextlib.nullcontext():
+    with trainer.interrupts:
         _train(trainer, config, ckpt)
         with trainer.interrupts.deferred():
             if trainer.accelerator.is_main_process:
@@ -327,7 +363,10 @@ def _train(trainer, config: TrainConfig, ckpt: Path | None) -> None:
     """``trainer.train()``, from ``ckpt`` if given. On SIGINT/SIGTERM (``kpo.train.interrupt``):
     :class:`TrainingInterrupted` whose message says where the run stopped and the command that resumes it."""
     out = Path(config.output_dir)
-    again = f"kpo train --config {shlex.quote(str(out / 'config.yaml'))}"
+    world = trainer.accelerator.num_processes
+    # the same number of processes, which a resume requires
+    launch = "kpo train" if world == 1 else f"python -m kpo.launch --nproc-per-node {world} train"
+    again = f"{launch} --config {shlex.quote(str(out / 'config.yaml'))}"
     try:
         trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
         return
@@ -357,6 +396,7 @@ def _train(trainer, config: TrainConfig, ckpt: Path | None) -> None:
     # what the end of training does besides saving: close the progress bar (the line must not land on it) and
     # flush the loggers (TensorBoard)
     trainer.callback_handler.on_train_end(trainer.args, trainer.state, trainer.control)
-    if trainer.accelerator.is_main_process:
-        write_run_card(config, out)
+    if not trainer.accelerator.is_main_process:
+        raise SystemExit(INTERRUPTED)  # the status kpo gives an interrupt; rank 0 says where the run stopped
+    write_run_card(config, out)
     raise TrainingInterrupted(line, kept)

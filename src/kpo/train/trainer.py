@@ -80,13 +80,14 @@ _GENERATION_KEYS = (
 )
 
 
-def _combine(key: str, pairs: list[tuple[float, float]]) -> float:
-    """One optimizer step's value of a loss metric from its micro-batches' (value, valid tokens): pg_loss
-    pieces are already scaled to the whole mini-batch (sum), extremes combine as extremes, means weighted
+def _combine(key: str, pairs: list[tuple[float, float]], processes: int = 1) -> float:
+    """One optimizer step's value of a loss metric from its micro-batches' (value, valid tokens), those of all
+    ``processes``: pg_loss pieces are already scaled to the whole mini-batch (sum; each process's sum is
+    ``processes`` times its share, as DDP averages gradients), extremes combine as extremes, means weighted
     by tokens (exact for token means such as ppo_kl and pg_clipfrac)."""
     values = [v for v, _ in pairs]
     if key == "pg_loss":
-        return sum(values)
+        return sum(values) / processes
     if key.endswith("_max"):
         return max(values)
     if key.endswith("_min"):
@@ -254,7 +255,10 @@ class KPOTrainer(GRPOTrainer):
         if step == 0:
             return None
         folder = Path(self.args.output_dir) / f"checkpoint-{step}"
-        if not folder.is_dir():
+        saved = folder.is_dir()
+        # every process looks before the main one writes the folder: all of them save, or none
+        self.accelerator.wait_for_everyone()
+        if not saved:
             restore_rng(self._batch_end_rng)
             self._save_checkpoint(self.model_wrapped, trial=None)
         return folder
@@ -372,12 +376,20 @@ class KPOTrainer(GRPOTrainer):
         if (self._step + 1) % self.current_gradient_accumulation_steps:
             return  # more micro-batches of this optimizer step to come
         parts, self._dump_parts = self._dump_parts, []
-        if not self.accelerator.is_main_process:
-            return
         width = max(p["mask"].shape[1] for p in parts)
         pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
         log_ratio = torch.cat([pad(p["log_ratio"]) for p in parts])
         mask_u8 = torch.cat([pad(p["mask"]) for p in parts])
+        if self.accelerator.num_processes > 1:
+            # every process's rows (rank 0's, then rank 1's, ...), padded to the widest
+            log_ratio, mask_u8 = (
+                self.accelerator.gather(
+                    self.accelerator.pad_across_processes(t.to(self.accelerator.device), dim=1)
+                ).cpu()
+                for t in (log_ratio, mask_u8)
+            )
+        if not self.accelerator.is_main_process:
+            return
         # the first optimizer step of a generation batch updates the policy that sampled it: on-policy, whatever
         # rounding makes of its log-ratios (kpo analyze --off-policy-only reads this)
         write_dump(
@@ -398,8 +410,8 @@ class KPOTrainer(GRPOTrainer):
             for key, value in self._generation_stats.items():
                 if not metrics.get(key):
                     metrics[key].append(value)
-            for key, pairs in self._step_loss_metrics.items():
-                metrics[f"loss/{key}"].append(_combine(key, pairs))
+            for key, value in self._gathered_loss_metrics().items():
+                metrics[f"loss/{key}"].append(value)
             self._step_loss_metrics.clear()
             if self._step_entropy:
                 metrics["entropy"].append(sum(self._step_entropy))
@@ -407,6 +419,18 @@ class KPOTrainer(GRPOTrainer):
         super().log(logs, start_time)
         if training and self.metrics_path is not None and self.accelerator.is_main_process:
             self._write_row(logs)
+
+    def _gathered_loss_metrics(self) -> dict[str, float]:
+        """This optimizer step's loss metrics over its micro-batches and every process (:func:`_combine`); every
+        process calls it, with the same keys and number of micro-batches."""
+        keys = list(self._step_loss_metrics)
+        processes = self.accelerator.num_processes
+        if processes == 1 or not keys:
+            return {k: _combine(k, self._step_loss_metrics[k]) for k in keys}
+        # [K keys, M micro-batches, (value, tokens)] -> [processes, K, M, 2]
+        local = torch.tensor([self._step_loss_metrics[k] for k in keys], dtype=torch.float64)
+        every = self.accelerator.gather(local.unsqueeze(0).to(self.accelerator.device)).cpu()
+        return {k: _combine(k, every[:, i].reshape(-1, 2).tolist(), processes) for i, k in enumerate(keys)}
 
     def _write_row(self, logs: dict[str, float]) -> None:
         def get(key, default=float("nan")):
@@ -426,6 +450,7 @@ class KPOTrainer(GRPOTrainer):
             "learning_rate": get("learning_rate"),
             "grad_norm": get("grad_norm"),
             "frac_reward_zero_std": get("frac_reward_zero_std"),
+            "world_size": self.accelerator.num_processes,  # processes the step was trained on
         }
         row |= {
             k.removeprefix("loss/"): float(v)

@@ -1,0 +1,140 @@
+"""Several processes of one kpo command (``python -m kpo.launch``, ``torchrun``): who this process is, from the
+launcher's environment, and the few collectives kpo itself needs besides the ones TRL makes.
+
+Every helper is a no-op in a single process (``WORLD_SIZE`` unset or 1), so callers need no branch of their own.
+One machine only: rank 0 writes the run's files, and the ranks share its file system.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+__all__ = [
+    "LAUNCHER_ENV",
+    "barrier",
+    "gather_objects",
+    "is_main",
+    "join",
+    "local_rank",
+    "max_over_ranks",
+    "rank",
+    "single_process",
+    "world_size",
+]
+
+# What torchrun and kpo.launch put in each process's environment that accelerate and torch.distributed read to
+# decide that the process is one of several.
+LAUNCHER_ENV = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+)
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def is_main() -> bool:
+    """Whether this process writes the files and prints the lines of the command (rank 0)."""
+    return rank() == 0
+
+
+@contextlib.contextmanager
+def single_process() -> Iterator[None]:
+    """Run what is inside as a process of its own: the launcher's variables are hidden, so a Trainer built there
+    (the embedded warm start's SFT, which rank 0 alone builds) sees one process instead of waiting for the others
+    in a collective. Accelerate's shared state is cleared on the way out, so the next TrainingArguments build
+    the launched processes' state. Enter it before :func:`join` (no process group may exist yet)."""
+    hidden = {k: os.environ.pop(k) for k in LAUNCHER_ENV if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(hidden)
+        if hidden:
+            from accelerate.state import AcceleratorState
+
+            AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def join(*, cpu: bool) -> None:
+    """Join the other processes: the process group accelerate builds for ``cpu`` (gloo on a CPU, NCCL on GPUs),
+    which TRL's Trainer then reuses, and a barrier, so that what rank 0 wrote before it is there for all."""
+    if world_size() == 1:
+        return
+    from accelerate import PartialState
+
+    PartialState(cpu=cpu)
+    barrier()
+
+
+def _init_gloo() -> None:
+    """A process group for kpo's own collectives where no library builds one (``kpo eval``): gloo, which
+    gathers Python objects on any device."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+
+
+def barrier() -> None:
+    if world_size() == 1:
+        return
+    import torch.distributed as dist
+
+    _init_gloo()
+    dist.barrier()
+
+
+def _device():
+    """Where this process's collectives put their tensors: its GPU under NCCL, else the CPU."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def max_over_ranks(value: int) -> int:
+    """The largest ``value`` any process passed (every process must call it at the same point)."""
+    if world_size() == 1:
+        return value
+    import torch
+    import torch.distributed as dist
+
+    _init_gloo()
+    tensor = torch.tensor([value], dtype=torch.int64, device=_device())
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+def gather_objects(obj) -> list:
+    """``[obj of rank 0, obj of rank 1, ...]`` on every process (picklable objects; every process calls it)."""
+    if world_size() == 1:
+        return [obj]
+    import torch.distributed as dist
+
+    _init_gloo()
+    out = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out

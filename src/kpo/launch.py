@@ -1,0 +1,124 @@
+"""``python -m kpo.launch --nproc-per-node N COMMAND [ARGS...]``: N processes of ``kpo COMMAND`` on this machine,
+data-parallel over gloo on a CPU or NCCL on GPUs (one GPU each), e.g. ``python -m kpo.launch --nproc-per-node 2
+train --config run.yaml`` or ``... eval --model M --data synthetic``.
+
+What it does that ``torchrun`` does not: Ctrl-C or SIGTERM reaches every process once and the launcher waits for
+them, so ``kpo train`` stops them all at one generation-batch boundary with one checkpoint, rank 0's one line,
+and exit status 130. (torchrun forwards the signal, kills the processes 30 s later whatever they are writing,
+and exits 1 with a traceback; a terminal's Ctrl-C also reaches its processes directly, a second signal.)
+The processes get the variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT), each in a process group of its own so that only the launcher hears the terminal. If one fails,
+the others are stopped; the exit status is rank 0's, or the failed process's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from kpo.cli import COMMANDS
+
+__all__ = ["main"]
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# How long the others may take to notice that a process failed (its peers' collectives fail) before they are
+# killed: they are stuck in a collective that the failed one will never join.
+FAILURE_GRACE_S = 10.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m kpo.launch",
+        description="Run a kpo command as N data-parallel processes on this machine.",
+        allow_abbrev=False,
+    )
+    p.add_argument(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        dest="nproc",
+        type=int,
+        required=True,
+        metavar="N",
+        help="processes (GPUs on a GPU machine)",
+    )
+    p.add_argument("--master-port", type=int, default=None, help="rank 0's port (default: a free one)")
+    p.add_argument("command", choices=COMMANDS, help="the kpo command, followed by its arguments")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # the launcher's options end at the command's name: what follows is the command's (its --n is not ours)
+    at = next((i for i, arg in enumerate(argv) if arg in COMMANDS), len(argv))
+    args = _parser().parse_args(argv[: at + 1])
+    if args.nproc < 1:
+        print(f"python -m kpo.launch: --nproc-per-node {args.nproc}: must be >= 1", file=sys.stderr)
+        return 2
+    command = [args.command, *argv[at + 1 :]]
+    port = args.master_port or _free_port()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_")}
+    procs = []
+    received = []
+
+    def forward(signum, frame):
+        received.append(signum)
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in SIGNALS}
+    try:
+        for rank in range(args.nproc):
+            env = {
+                **base,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(args.nproc),
+                "LOCAL_WORLD_SIZE": str(args.nproc),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            }
+            procs.append(subprocess.Popen([sys.executable, "-m", "kpo", *command], env=env, process_group=0))
+        return _wait(procs, received)
+    finally:
+        for p in procs:  # the launcher itself failed (or was killed by an exception): leave nothing behind
+            if p.poll() is None:
+                p.kill()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _wait(procs: list[subprocess.Popen], received: list[int]) -> int:
+    """Rank 0's exit status once every process has ended; the first failure's if rank 0 succeeded. A process
+    that fails while no signal was sent gets the others stopped (SIGTERM, then SIGKILL after FAILURE_GRACE_S)."""
+    failed_at = None
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes):
+            failures = [c for c in codes if c != 0]
+            return codes[0] if codes[0] != 0 or not failures else failures[0]
+        if failed_at is None and not received and any(c not in (None, 0) for c in codes):
+            failed_at = time.monotonic()
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+        if failed_at is not None and time.monotonic() - failed_at > FAILURE_GRACE_S:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        time.sleep(0.05)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

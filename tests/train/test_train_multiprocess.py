@@ -1,0 +1,165 @@
+"""`kpo train` on 2 processes on this CPU (gloo; the code path NCCL takes on GPUs): rank 0 writes each metrics row
+once, loss metrics and ratio dumps cover every rank, one optimizer step on a fixed batch equals the one-process
+step, and an interrupt sent to the launcher stops both ranks at one generation-batch boundary.
+
+Each test starts real processes (torchrun, or kpo's own launcher for the interrupt): ~20 s each on 2 cores.
+The tiny runs are conftest.tiny_config_factory's (8 prompts x 4 responses, 2 optimizer steps per generation
+batch), so each rank holds 2 of the 4 groups of a mini-batch."""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import cli_flags
+from .test_train_interrupt import _env, _rows, _trajectory
+
+pytestmark = pytest.mark.slow
+
+PROCS = 2
+STEPS = 6  # 3 generation batches: a signal after the first row lands before the last one trains
+TIMEOUT_S = 600
+
+
+def _torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(PROCS), *args]
+
+
+def _launch(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kpo.launch", "--nproc-per-node", str(PROCS), *args]
+
+
+def _train_flags(config) -> list[str]:
+    return [*cli_flags(config), "--progress", "false", "--dump-ratios-every", str(config.dump_ratios_every)]
+
+
+def _run(command: list[str]) -> subprocess.CompletedProcess:
+    done = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
+@pytest.fixture(scope="module")
+def two_processes(tiny_config_in, tmp_path_factory):
+    """The uninterrupted 2-process run, `torchrun --nproc_per_node 2 -m kpo train`, STEPS steps, a ratio dump
+    at every step (with a fresh warm-start cache, rank 0 builds the warm start alone while rank 1 waits)."""
+    config = tiny_config_in(tmp_path_factory.mktemp("two"))("full", max_steps=STEPS, dump_ratios_every=1)
+    _run(_torchrun("-m", "kpo", "train", *_train_flags(config)))
+    return config
+
+
+def test_rank_0_writes_each_row_once_with_the_world_size(two_processes):
+    rows = _rows(two_processes.output_dir)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert all(r["world_size"] == PROCS for r in rows)
+    # each checkpoint holds both ranks' generators (what a resume on 2 processes needs)
+    ckpt = Path(two_processes.output_dir) / f"checkpoint-{STEPS}"
+    assert sorted(p.name for p in ckpt.glob("rng_state*")) == ["rng_state_0.pth", "rng_state_1.pth"]
+
+
+def test_dumps_hold_every_rank_and_loss_metrics_are_gathered(two_processes):
+    """Each step's dump holds its whole mini-batch (16 = 8 rows per rank); the step's ratio_mean/min/max in
+    metrics.jsonl are those of all 16 rows (token-weighted mean), not of rank 0's 8."""
+    from safetensors import safe_open
+
+    rows = _rows(two_processes.output_dir)
+    told_apart = 0
+    for row in rows:
+        path = Path(two_processes.output_dir) / "ratios" / f"step_{row['step']:06d}.safetensors"
+        with safe_open(str(path), "pt") as f:
+            z, mask = f.get_tensor("log_ratio").double(), f.get_tensor("mask").bool()
+        assert z.shape[0] == 16
+        ratio = z.exp()
+        everyone = ratio[mask]
+        assert row["ratio_mean"] == pytest.approx(everyone.mean().item(), rel=1e-5)
+        assert row["ratio_max"] == pytest.approx(everyone.max().item(), rel=1e-5)
+        assert row["ratio_min"] == pytest.approx(everyone.min().item(), rel=1e-5)
+        rank_0 = ratio[:8][mask[:8]]
+        told_apart += not math.isclose(rank_0.mean().item(), everyone.mean().item(), rel_tol=1e-4)
+    # off-policy steps (2, 4, 6) have ratios != 1, where rank 0's rows alone give another mean
+    assert told_apart >= 1
+
+
+def test_one_step_on_a_fixed_batch_equals_one_process(tiny_config, tmp_path, monkeypatch):
+    """From the same warm start and the same generated batch (tests/train/fixed_batch.py), one optimizer step
+    on 2 processes (DDP: each rank's gradient of its half, averaged) gives the weights of 1 process within
+    float32 summation-order error, and the same gathered rewards and loss metrics. token-mean aggregation makes
+    pg_loss non-zero (responses of two lengths), so a rank-0-only value would differ."""
+    from safetensors.torch import load_file
+
+    from kpo.train import run_training
+    from kpo.train.trainer import KPOTrainer
+
+    from . import fixed_batch
+
+    settings = dict(max_steps=1, minibatches=1, loss_agg_mode="token-mean")
+    two = tiny_config("two", **settings)
+    two.save_yaml(tmp_path / "two.yaml")
+    _run(_torchrun(str(Path(fixed_batch.__file__)), str(tmp_path / "two.yaml")))
+    monkeypatch.setattr(KPOTrainer, "_generate_single_turn", fixed_batch.fixed_responses)
+    one = run_training(tiny_config("one", **settings))
+
+    start = load_file(str(one / "warm_start" / "model.safetensors"))
+    w1 = load_file(str(one / "final" / "model.safetensors"))
+    w2 = load_file(str(Path(two.output_dir) / "final" / "model.safetensors"))
+    # AdamW's first step moves a weight by about lr = 1e-2; float32 weights of size ~1 resolve ~1e-7
+    assert max((w1[k] - start[k]).abs().max().item() for k in w1) > 5e-3
+    assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-5
+    (r1,), (r2,) = _rows(one), _rows(two.output_dir)
+    assert (r1["world_size"], r2["world_size"]) == (1, PROCS)
+    assert r1["reward_mean"] == r2["reward_mean"] == 0.5  # rewards 1, 0, 1, 0 in every group, gathered
+    assert r1["response_length"] == r2["response_length"] == 2.5
+    assert abs(r1["pg_loss"]) > 1e-3
+    for key in ("pg_loss", "entropy", "grad_norm", "reward_std"):
+        assert r2[key] == pytest.approx(r1[key], rel=1e-5), key
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT])
+def test_interrupting_the_launcher_stops_every_rank_at_one_boundary(two_processes, tiny_config, sig):
+    """`python -m kpo.launch --nproc-per-node 2 train`, signalled once its first rows are logged: exit 130,
+    rank 0's one line (no traceback, rank 1 silent), one checkpoint at a generation-batch boundary written by
+    both ranks; the command in the line resumes on 2 processes and repeats the uninterrupted run."""
+    config = tiny_config("int", max_steps=STEPS, dump_ratios_every=1)
+    metrics = Path(config.output_dir) / "metrics.jsonl"
+    proc = subprocess.Popen(
+        _launch("train", *_train_flags(config)),
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + TIMEOUT_S
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 1):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=TIMEOUT_S)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    name = signal.Signals(sig).name
+    lines = [line for line in stderr.splitlines() if name in line]
+    assert len(lines) == 1 and stderr.rstrip().endswith(lines[0]), stderr
+    found = re.fullmatch(
+        rf"kpo train: interrupted by {name} at step (\d+)/{STEPS}, checkpoint saved in (\S+); resume with: "
+        rf"(python -m kpo.launch --nproc-per-node {PROCS} train .*)",
+        lines[0],
+    )
+    assert found, lines[0]
+    step, checkpoint = int(found[1]), Path(found[2])
+    assert step % config.minibatches == 0 and 0 < step < STEPS
+    assert [p.name for p in Path(config.output_dir).glob("checkpoint-*")] == [checkpoint.name]
+    assert sorted(p.name for p in checkpoint.glob("rng_state*")) == ["rng_state_0.pth", "rng_state_1.pth"]
+    assert [r["step"] for r in _rows(config.output_dir)] == list(range(1, step + 1))
+
+    _run([sys.executable, *shlex.split(found[3])[1:]])
+    rows = _rows(config.output_dir)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert _trajectory(rows) == _trajectory(_rows(two_processes.output_dir))  # bit for bit
