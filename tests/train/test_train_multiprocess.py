@@ -50,10 +50,25 @@ def _run(command: list[str]) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def two_processes(tiny_config_in, tmp_path_factory):
     """The uninterrupted 2-process run, `torchrun --nproc_per_node 2 -m kpo train`, STEPS steps, a ratio dump
-    at every step (with a fresh warm-start cache, rank 0 builds the warm start alone while rank 1 waits)."""
-    config = tiny_config_in(tmp_path_factory.mktemp("two"))("full", max_steps=STEPS, dump_ratios_every=1)
+    at every step, with a warm-start cache of its own: rank 0 builds the warm start while rank 1 waits."""
+    directory = tmp_path_factory.mktemp("two")
+    config = tiny_config_in(directory)(
+        "full", max_steps=STEPS, dump_ratios_every=1, cache_dir=str(directory / "cache")
+    )
     _run(_torchrun("-m", "kpo", "train", *_train_flags(config)))
     return config
+
+
+def test_rank_0_builds_the_warm_start_of_one_process(two_processes, tiny_config):
+    """The warm start's SFT runs as one process in rank 0 (a Trainer there would otherwise join the launched
+    processes and train data-parallel, a different model under the same cache key): bit for bit the one built
+    here in one process."""
+    from kpo.train.run import model_path
+
+    here = model_path(tiny_config())
+    one = (here / "model.safetensors").read_bytes()
+    assert (Path(two_processes.cache_dir) / here.name / "model.safetensors").read_bytes() == one
+    assert (Path(two_processes.output_dir) / "warm_start" / "model.safetensors").read_bytes() == one
 
 
 def test_rank_0_writes_each_row_once_with_the_world_size(two_processes):
@@ -120,6 +135,33 @@ def test_one_step_on_a_fixed_batch_equals_one_process(tiny_config, tmp_path, mon
     assert abs(r1["pg_loss"]) > 1e-3
     for key in ("pg_loss", "entropy", "grad_norm", "reward_std"):
         assert r2[key] == pytest.approx(r1[key], rel=1e-5), key
+
+
+def test_resume_refuses_another_number_of_processes(tiny_config):
+    """A checkpoint of 2 processes (rng_state_0/1.pth) resumed on 1 would leave the trajectory (each process
+    samples with its own generator): refused before anything loads."""
+    from kpo.train import ConfigError, run_training
+
+    config = tiny_config("moved", max_steps=4, resume=True)
+    ckpt = Path(config.output_dir) / "checkpoint-2"
+    ckpt.mkdir(parents=True)
+    for name in ("rng_state_0.pth", "rng_state_1.pth"):
+        (ckpt / name).touch()
+    config.save_yaml(Path(config.output_dir) / "config.yaml")
+    with pytest.raises(
+        ConfigError, match=r"checkpoint-2 was written by 2 process\(es\) and this run has 1; "
+    ):
+        run_training(config)
+
+
+def test_a_config_error_is_said_once_with_its_status(tiny_config):
+    """Both ranks find the error; rank 0 says it, rank 1 exits quietly with the same status 2."""
+    config = tiny_config("bad", max_steps=3)  # not a multiple of minibatches=2
+    done = subprocess.run(
+        _launch("train", *_train_flags(config)), env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("max_steps=3 must be a multiple of minibatches=2") == 1, done.stderr
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT])
