@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The paper's KPO run on stock verl 0.9.1 + kpo's plugin: Qwen3-4B, DAPO-Math-17k, 32 prompts x 8 samples,
 # mini-batch 8 prompts (4 optimizer steps per batch), lr 1e-6, responses up to 4096 tokens, GRPO advantages,
-# no KL, seq-mean-token-mean, validation avg@16 on AIME24/AIME25/AMC23/MATH500/Minerva/OlympiadBench.
+# no KL, seq-mean-token-mean, an FSDP2 actor, validation avg@16 on AIME24/AIME25/AMC23/MATH500/Minerva/
+# OlympiadBench.
 #
 #   python examples/verl/prepare_data.py --out ~/data/kpo_verl     # once
 #   examples/verl/run_kpo_qwen3_4b.sh [extra hydra overrides]        # one node, 8 GPUs
@@ -36,8 +37,12 @@ ARGS=(
     "data.max_response_length=$MAX_RESPONSE"
     data.filter_overlong_prompts=True
     data.truncation=error
-    # model
+    # model, trained with FSDP2 (verl's fsdp2 strategy; the reference model follows the actor's): the strategy
+    # kpo's end-to-end test runs verl's trainer with (tests/integrations/test_verl_e2e.py, on CPUs). verl's
+    # default FSDP1 cannot run there (it hard-codes sync_module_states=True, a broadcast from a GPU), so it is
+    # untested with kpo's losses; the loss itself is the same function under either strategy.
     "actor_rollout_ref.model.path=$MODEL"
+    actor_rollout_ref.actor.strategy=fsdp2
     actor_rollout_ref.model.use_remove_padding=True
     actor_rollout_ref.model.enable_gradient_checkpointing=True
     # KPO: kpo's actor config carries q/v; clip range 3e-4/4e-4 (used by kpo, ignored by kpo_unclipped)

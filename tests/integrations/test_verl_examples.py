@@ -1,11 +1,12 @@
-"""examples/verl without verl: the data-prep script writes verl's RL schema from the shared files, and the
-custom reward grades with every accepted answer. (The launch scripts are checked against verl's own config
-validation in test_verl_plugin.py.)"""
+"""examples/verl without verl: the data-prep script writes verl's RL schema from the shared files, the custom
+reward grades with every accepted answer, and the launch scripts train with the strategy verl's trainer is tested
+with here. (The launch scripts are checked against verl's own config validation in test_verl_plugin.py.)"""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -70,3 +71,22 @@ def test_reward_uses_every_accepted_answer():
     assert reward.compute_score("minerva", good, "0.4", {"answers": np.array(["0.4"])}) == 0.0
     assert reward.compute_score("aime24", good, "1/2", None) == 1.0
     assert reward.compute_score("aime24", "no final answer here", "1/2", {}) == 0.0
+
+
+@pytest.mark.parametrize(
+    "script, args, env",
+    [("run_kpo_qwen3_4b.sh", [], {}), ("run_kpo_qwen3_4b_multinode.sh", ["train"], {"NNODES": "2"})],
+)
+def test_launch_scripts_train_with_fsdp2(script, args, env):
+    # FSDP2 is what tests/integrations/test_verl_e2e.py runs verl's trainer with (verl's default FSDP1 cannot
+    # run on a CPU); the reference model's strategy follows the actor's in verl's config.
+    out = subprocess.run(
+        ["bash", str(ROOT / "examples" / "verl" / script), *args],
+        env={**os.environ, "DRY_RUN": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    strategies = [line for line in out.stdout.splitlines() if ".strategy=" in line]
+    assert strategies == ["actor_rollout_ref.actor.strategy=fsdp2"]
