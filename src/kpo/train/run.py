@@ -327,6 +327,8 @@ def run_training(config: TrainConfig) -> Path:
         # the GPU filter kernel reads and writes 16-byte vectors only when rows are a multiple of 16 long
         pad_to_multiple_of=16 if cuda else None,
     )
+    if world > 1 and not cuda:
+        _plain_cpu_device(args)
     trainer = KPOTrainer(
         model=model,
         reward_funcs=[reward_fn],
@@ -357,6 +359,18 @@ def run_training(config: TrainConfig) -> Path:
                     title=f"{config.loss} (seed {config.seed})",
                 )
     return out
+
+
+def _plain_cpu_device(args) -> None:
+    """Name the device of one of several CPU processes "cpu", not accelerate's indexed "cpu:RANK" (the same
+    device): some transformers releases (5.10.4, the one verl 0.9.1's environment resolves; not 5.24) load a
+    resumed optimizer state with map_location=args.device when there are several processes, and torch.load cannot
+    restore to an indexed CPU device ("don't know how to restore data location ... (tagged with cpu:0)"), so a
+    multi-process CPU run could not resume."""
+    import torch
+
+    if args.device.type == "cpu":  # reading it builds accelerate's state first, which is kept
+        args.__dict__["_setup_devices"] = torch.device("cpu")  # the cached_property's value
 
 
 def _train(trainer, config: TrainConfig, ckpt: Path | None) -> None:
