@@ -52,7 +52,7 @@ class HFCPURolloutServer:
     """One replica's generation server: a float32 transformers model on the CPU.
 
     Args:
-        config: verl's ``RolloutConfig`` (``response_length``, ``seed``, ``calculate_log_probs`` are read).
+        config: verl's ``RolloutConfig`` (``response_length`` and ``seed`` are read).
         model_config: verl's model config (DictConfig or ``HFModelConfig``); the checkpoint at its ``local_path``.
         replica_rank: this replica's rank (seeds its sampler with ``config.seed + replica_rank``).
     """
@@ -84,19 +84,19 @@ class HFCPURolloutServer:
             raise ValueError("hf_cpu rollout: repetition_penalty is not supported (verl's default is 1.0)")
         greedy = temperature == 0
         prompt = torch.tensor([list(prompt_ids)], dtype=torch.long)
-        with (
-            torch.no_grad()
-        ):  # not a decorator: torch.no_grad() would turn this coroutine into a plain function
+        # verl's top_k -1 (off) is transformers' 0; left unset, transformers would sample from the top 50
+        top_p = float(sampling_params.get("top_p", 1.0))
+        sampling = {} if greedy else {"temperature": temperature, "top_k": max(top_k, 0), "top_p": top_p}
+        # a block, not a decorator: torch.no_grad() would turn this coroutine into a plain function
+        with torch.no_grad():
             out = self.model.generate(
                 prompt,
                 attention_mask=torch.ones_like(prompt),
                 max_new_tokens=self.config.response_length,
                 do_sample=not greedy,
-                temperature=None if greedy else temperature,
-                top_k=top_k if top_k > 0 and not greedy else None,
-                top_p=None if greedy else float(sampling_params.get("top_p", 1.0)),
                 return_dict_in_generate=True,
                 output_scores=True,
+                **sampling,
             )
         token_ids = out.sequences[0, prompt.shape[1] :].tolist()
         log_probs = None

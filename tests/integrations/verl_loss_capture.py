@@ -64,7 +64,7 @@ def _recorded(name: str, fn):
 
 def load_calls(directory: Path) -> dict[int, list[dict]]:
     """rank -> that rank's recorded calls in call order."""
-    calls: dict[int, list[tuple[str, dict]]] = {}
+    calls: dict[int, list[dict]] = {}
     for path in sorted(Path(directory).glob("rank*-*-*.pt")):
         rank = int(path.name.split("-")[0].removeprefix("rank"))
         calls.setdefault(rank, []).append(torch.load(path, weights_only=False))
