@@ -17,7 +17,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Qwen3Decoder", "unsupported"]
+__all__ = ["PREFILL_TOKENS", "Qwen3Decoder", "unsupported"]
+
+# Tokens per chunk of the prompt pass (prompts are run in chunks of rows): a chunk's activations, ~2048 x 384
+# floats at the embedded model's width, stay in cache, where one pass over 128 x 129 prompts at once spends a
+# third more time on writing them to memory.
+PREFILL_TOKENS = 2048
 
 
 def unsupported(model) -> str | None:
@@ -129,6 +134,30 @@ class Qwen3Decoder:
         return F.linear(_rms(x, self.norm, self.eps), self.lm_head).float()
 
     # ------------------------------------------------------------------ prompt pass
+    def _prompt_pass(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor):
+        """Prompts ids/mask/positions [n, Tp] through the model: per layer keys [n*KV, D, Tp] and values
+        [n*KV, Tp, D], and the last position's hidden state [n, hidden]."""
+        n, tp = ids.shape
+        kv, d = self.kv_heads, self.head_dim
+        cos, sin = self.cos[positions][:, :, None], self.sin[positions][:, :, None]  # [n, Tp, 1, D]
+        # causal attention among real tokens; a padding query sees itself only (its output is never read)
+        eye = torch.eye(tp, dtype=torch.bool, device=self.device)
+        allowed = (torch.ones(tp, tp, dtype=torch.bool, device=self.device).tril() & mask[:, None, :]) | eye
+        bias = torch.zeros(n, 1, tp, tp, dtype=self.dtype, device=self.device)
+        bias.masked_fill_(~allowed[:, None], float("-inf"))
+        x = self.embed[ids]
+        keys, values = [], []
+        for w in self.layers:
+            q, k, v = (t.transpose(1, 2) for t in self._qkv(w, x, cos, sin))  # [n, heads, Tp, D]
+            keys.append(k.transpose(2, 3).reshape(n * kv, d, tp))
+            values.append(v.reshape(n * kv, tp, d))
+            attn = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=bias, scale=self.scale, enable_gqa=kv != self.heads
+            )
+            x = x + F.linear(attn.transpose(1, 2).flatten(2), w["o"])
+            x = self._mlp(w, x)
+        return keys, values, x[:, -1]
+
     @torch.no_grad()
     def prefill(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int
@@ -165,43 +194,38 @@ class Qwen3Decoder:
         positions = (p_mask.long().cumsum(-1) - 1).clamp_(min=0)
         self.next_position = (positions[:, -1] + 1).repeat_interleave(self.rep)  # [B], sorted rows
         self.cos, self.sin = self._rope_table(int(self.next_position.max()) + max_new_tokens)
-        cos, sin = self.cos[positions][:, :, None], self.sin[positions][:, :, None]  # [n, Tp, 1, D]
-        # causal attention among real tokens; a padding query sees itself only (its output is never read)
-        eye = torch.eye(tp, dtype=torch.bool, device=self.device)
-        allowed = (torch.ones(tp, tp, dtype=torch.bool, device=self.device).tril() & p_mask[:, None, :]) | eye
-        bias = torch.zeros(n, 1, tp, tp, dtype=self.dtype, device=self.device)
-        bias.masked_fill_(~allowed[:, None], float("-inf"))
         kv, d = self.kv_heads, self.head_dim
-        x = self.embed[p_ids]
-        self.prompt_k, self.prompt_v = [], []
-        # each row's own keys/values, rows ordered (prompt, kv head, row of the group): [L, n*KV*rep, T, D]
-        self.k = torch.empty(
-            len(self.layers), n * kv * self.rep, max_new_tokens, d, dtype=self.dtype, device=self.device
-        )
-        self.v = torch.empty_like(self.k)
-        for w in self.layers:
-            q, k, v = (t.transpose(1, 2) for t in self._qkv(w, x, cos, sin))  # [n, heads, Tp, D]
-            self.prompt_k.append(k.reshape(n * kv, tp, d))
-            self.prompt_v.append(v.reshape(n * kv, tp, d))
-            attn = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=bias, scale=self.scale, enable_gqa=kv != self.heads
-            )
-            x = x + F.linear(attn.transpose(1, 2).flatten(2), w["o"])
-            x = self._mlp(w, x)
+        # the prompt pass in chunks of about PREFILL_TOKENS tokens: its activations stay in cache
+        chunk = max(1, PREFILL_TOKENS // tp)
+        pieces = [
+            self._prompt_pass(p_ids[i : i + chunk], p_mask[i : i + chunk], positions[i : i + chunk])
+            for i in range(0, n, chunk)
+        ]
+        # Keys are kept transposed ([D, T] per head) and values not ([T, D]): both decode products then read
+        # their operand in rows, at memory speed (a transposed view of [T, D] keys runs at half of it).
+        # per layer [n*KV, D, Tp] and [n*KV, Tp, D], rows ordered (prompt, kv head)
+        self.prompt_kt = [torch.cat([kts[i] for kts, _, _ in pieces]) for i in range(len(self.layers))]
+        self.prompt_v = [torch.cat([vs[i] for _, vs, _ in pieces]) for i in range(len(self.layers))]
+        last = torch.cat([x for _, _, x in pieces])
+        # each row's own keys/values, rows ordered (prompt, kv head, row of the group): [L, n*KV*rep, D, N] and
+        # [L, n*KV*rep, N, D]
+        rows = n * kv * self.rep
+        self.kt = torch.empty(len(self.layers), rows, d, max_new_tokens, dtype=self.dtype, device=self.device)
+        self.v = torch.empty(len(self.layers), rows, max_new_tokens, d, dtype=self.dtype, device=self.device)
         # the prompt keys' mask per (prompt, kv head): 0 for real tokens, -inf for padding; [n*KV, 1, Tp]
         self.prompt_bias = torch.zeros(n, kv, 1, tp, dtype=self.dtype, device=self.device)
         self.prompt_bias.masked_fill_(~p_mask[:, None, None, :], float("-inf"))
         self.prompt_bias = self.prompt_bias.view(n * kv, 1, tp)
         self.t = 0
-        logits = self._logits(x[:, -1]).repeat_interleave(self.rep, dim=0)  # sorted rows
+        logits = self._logits(last).repeat_interleave(self.rep, dim=0)  # sorted rows
         return logits[self.unorder]
 
     # ------------------------------------------------------------------ decode
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         t = self.t
-        if t >= self.k.shape[2]:
-            raise ValueError(f"step: the cache holds {self.k.shape[2]} new tokens; none is left")
+        if t >= self.v.shape[2]:
+            raise ValueError(f"step: the cache holds {self.v.shape[2]} new tokens; none is left")
         h, kv, d, rep = self.heads, self.kv_heads, self.head_dim, self.rep
         g = h // kv
         b = tokens.shape[0]
@@ -213,20 +237,15 @@ class Qwen3Decoder:
         for i, w in enumerate(self.layers):
             q, k, v = self._qkv(w, x, cos, sin)  # q [B, H, D]; k, v [B, KV, D]; B ordered (prompt, row)
             # to the cache's row order (prompt, kv head, row)
-            self.k[i].view(n, kv, rep, -1, d)[:, :, :, t] = k.view(n, rep, kv, d).transpose(1, 2)
+            self.kt[i].view(n, kv, rep, d, -1)[..., t] = k.view(n, rep, kv, d).transpose(1, 2)
             self.v[i].view(n, kv, rep, -1, d)[:, :, :, t] = v.view(n, rep, kv, d).transpose(1, 2)
             q = (q.view(n, rep, kv, g, d).transpose(1, 2) * self.scale).contiguous()  # [n, KV, rep, G, D]
-            k_own, v_own = self.k[i][:, : t + 1], self.v[i][:, : t + 1]  # [n*KV*rep, t+1, D]
             # scores against the prompt (shared by a prompt's rows) and against the row's own tokens
-            s_prompt = torch.baddbmm(
-                self.prompt_bias, q.view(n * kv, rep * g, d), self.prompt_k[i].transpose(1, 2)
-            )  # [n*KV, rep*G, Tp]
-            s_own = torch.bmm(q.view(n * kv * rep, g, d), k_own.transpose(1, 2))  # [n*KV*rep, G, t+1]
+            s_prompt = torch.bmm(q.view(n * kv, rep * g, d), self.prompt_kt[i]) + self.prompt_bias
+            s_own = torch.bmm(q.view(n * kv * rep, g, d), self.kt[i][:, :, : t + 1])  # [n*KV*rep, G, t+1]
             p = torch.cat([s_prompt.view(n * kv * rep, g, tp), s_own], dim=-1).softmax(-1)
-            attn = torch.bmm(p[..., :tp].reshape(n * kv, rep * g, tp), self.prompt_v[i]).view(
-                n * kv * rep, g, d
-            )
-            attn = attn + torch.bmm(p[..., tp:], v_own)
+            attn = torch.bmm(p[..., :tp].view(n * kv, rep * g, tp), self.prompt_v[i]).view(n * kv * rep, g, d)
+            attn = attn + torch.bmm(p[..., tp:], self.v[i][:, : t + 1])
             x = x + F.linear(attn.view(n, kv, rep, g * d).transpose(1, 2).reshape(b, h * d), w["o"])
             x = self._mlp(w, x)
         self.t = t + 1
