@@ -26,8 +26,7 @@ from kpo.cli import COMMANDS
 __all__ = ["main"]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-# How long the others may take to notice that a process failed (its peers' collectives fail) before they are
-# killed: they are stuck in a collective that the failed one will never join.
+# How long the other processes may take to end by themselves once one failed, before they are stopped.
 FAILURE_GRACE_S = 10.0
 
 
@@ -100,23 +99,27 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _wait(procs: list[subprocess.Popen], received: list[int]) -> int:
-    """Rank 0's exit status once every process has ended; the first failure's if rank 0 succeeded. A process
-    that fails while no signal was sent gets the others stopped (SIGTERM, then SIGKILL after FAILURE_GRACE_S)."""
-    failed_at = None
+    """Every process's end; returns rank 0's exit status, or, where rank 0 succeeded or was stopped here, the
+    first failure's. When one fails while no signal was sent, the others get FAILURE_GRACE_S to end too (an error
+    that every rank finds ends them all), then SIGTERM, then SIGKILL after as long again: a process waiting in a
+    collective for the failed one would wait for ever."""
+    failed_at, first_failure, stopped = None, None, set()
     while True:
         codes = [p.poll() for p in procs]
+        for rank, code in enumerate(codes):
+            if code not in (None, 0) and rank not in stopped and first_failure is None:
+                first_failure, failed_at = code, time.monotonic()
         if all(c is not None for c in codes):
-            failures = [c for c in codes if c != 0]
-            return codes[0] if codes[0] != 0 or not failures else failures[0]
-        if failed_at is None and not received and any(c not in (None, 0) for c in codes):
-            failed_at = time.monotonic()
-            for p in procs:
-                if p.poll() is None:
-                    p.terminate()
-        if failed_at is not None and time.monotonic() - failed_at > FAILURE_GRACE_S:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
+            if 0 in stopped or codes[0] == 0:
+                return first_failure or 0
+            return codes[0]
+        waited = time.monotonic() - failed_at if failed_at is not None and not received else 0.0
+        for rank, p in enumerate(procs):
+            if p.poll() is None and waited > 2 * FAILURE_GRACE_S:
+                p.kill()
+            elif p.poll() is None and waited > FAILURE_GRACE_S and rank not in stopped:
+                stopped.add(rank)
+                p.terminate()
         time.sleep(0.05)
 
 

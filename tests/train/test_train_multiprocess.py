@@ -154,14 +154,21 @@ def test_resume_refuses_another_number_of_processes(tiny_config):
         run_training(config)
 
 
-def test_a_config_error_is_said_once_with_its_status(tiny_config):
-    """Both ranks find the error; rank 0 says it, rank 1 exits quietly with the same status 2."""
-    config = tiny_config("bad", max_steps=3)  # not a multiple of minibatches=2
+def test_an_error_of_rank_0_alone_ends_every_rank_with_its_status(tiny_config):
+    """--resume of a run without a checkpoint: rank 0 alone checks output_dir (rank 1 waits for it), finds the
+    ConfigError and tells rank 1, which exits quietly with status 2; the error is said once."""
+    config = tiny_config("nothing", resume=True)
+    Path(config.output_dir).mkdir(parents=True)
+    config.save_yaml(Path(config.output_dir) / "config.yaml")
     done = subprocess.run(
-        _launch("train", *_train_flags(config)), env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S
+        _launch("train", *_train_flags(config), "--resume"),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
     )
     assert done.returncode == 2, done.stderr
-    assert done.stderr.count("max_steps=3 must be a multiple of minibatches=2") == 1, done.stderr
+    assert done.stderr.count("resume: no checkpoint-* in") == 1, done.stderr
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT])

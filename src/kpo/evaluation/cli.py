@@ -169,6 +169,12 @@ def main(argv: list[str]) -> int:
         if main_process:
             print(f"kpo eval: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if main_process:
+            raise  # kpo's one line on an interrupt
+        from kpo.cli import INTERRUPTED
+
+        return INTERRUPTED
     if not main_process:
         return 0
     print(format_table(results))

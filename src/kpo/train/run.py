@@ -247,18 +247,22 @@ def run_training(config: TrainConfig) -> Path:
     library_bars(config.progress)  # before the warm start's and the model loader's bars
     out = Path(config.output_dir)
     cuda = torch.cuda.is_available()
-    ckpt = _prepare_output_dir(config, out, world) if main else None
-    complete = ckpt is not None and _step(ckpt) == config.max_steps
-    if main and not complete:
-        # resume/overwrite say what this command does to output_dir, not what the run is: kept out of
-        # config.yaml so that `kpo train --config RUN/config.yaml --resume` continues it
-        dataclasses.replace(config, resume=False, overwrite=False).save_yaml(out / "config.yaml")
-        with _distributed.single_process():
-            start = model_path(config)
-        if config.model is None and not (out / "warm_start").exists():
-            # the embedded model's starting point beside the run (a few MB), so it can be evaluated like final/
-            shutil.copytree(start, out / "warm_start")
+    ckpt, complete, failed = None, False, None
+    if main:
+        try:
+            ckpt = _prepare_output_dir(config, out, world)
+            complete = ckpt is not None and _step(ckpt) == config.max_steps
+            if not complete:
+                start = _write_run_start(config, out)
+        except Exception as e:  # the others are waiting for rank 0: they learn of it below, then it is raised
+            failed = e
     _distributed.join(cpu=not cuda)  # the others wait here for what rank 0 wrote
+    # rank 0's failure, as the status the command gives it (2 for a ConfigError), told to every process
+    status = _distributed.max_over_ranks(0 if failed is None else 2 if isinstance(failed, ConfigError) else 1)
+    if failed is not None:
+        raise failed
+    if status:
+        raise SystemExit(status)  # rank 0 says why
     if not main:
         ckpt = last_checkpoint(out) if config.resume else None
         complete = ckpt is not None and _step(ckpt) == config.max_steps
@@ -359,6 +363,20 @@ def run_training(config: TrainConfig) -> Path:
                     title=f"{config.loss} (seed {config.seed})",
                 )
     return out
+
+
+def _write_run_start(config: TrainConfig, out: Path) -> Path:
+    """Rank 0's part of a run's start: config.yaml, the starting checkpoint (the embedded warm start built as one
+    process) and its copy in warm_start/; returns the starting checkpoint."""
+    # resume/overwrite say what this command does to output_dir, not what the run is: kept out of config.yaml so
+    # that `kpo train --config RUN/config.yaml --resume` continues it
+    dataclasses.replace(config, resume=False, overwrite=False).save_yaml(out / "config.yaml")
+    with _distributed.single_process():
+        start = model_path(config)
+    if config.model is None and not (out / "warm_start").exists():
+        # the embedded model's starting point beside the run (a few MB), so it can be evaluated like final/
+        shutil.copytree(start, out / "warm_start")
+    return start
 
 
 def _plain_cpu_device(args) -> None:
