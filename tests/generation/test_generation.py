@@ -194,6 +194,7 @@ def test_models_the_decoder_does_not_cover_are_named():
     assert unsupported_model(llama) == "LlamaForCausalLM is not Qwen3ForCausalLM"
     model = _model()
     assert unsupported_model(model) is None
+    assert unsupported_model(_model().to("meta")) == "the model is on meta, not the CPU"
     model.config.attention_bias = True
     assert unsupported_model(model) == "attention_bias=True"
     with pytest.raises(ValueError, match="Qwen3Decoder: attention_bias=True"):

@@ -30,6 +30,10 @@ def unsupported(model) -> str | None:
     config = getattr(model, "config", None)
     if type(model).__name__ != "Qwen3ForCausalLM" or config is None:
         return f"{type(model).__name__} is not Qwen3ForCausalLM"
+    device = model.get_input_embeddings().weight.device
+    if device.type != "cpu":
+        # measured and tested on CPU only; a GPU keeps generate (or vLLM) until the decoder is checked there
+        return f"the model is on {device}, not the CPU"
     if getattr(config, "attention_dropout", 0.0):
         return f"attention_dropout={config.attention_dropout}"
     if getattr(config, "attention_bias", False):
