@@ -2,9 +2,9 @@
 once, loss metrics and ratio dumps cover every rank, one optimizer step on a fixed batch equals the one-process
 step, and an interrupt sent to the launcher stops both ranks at one generation-batch boundary.
 
-Each test starts real processes (torchrun, or kpo's own launcher for the interrupt): ~20 s each on 2 cores.
-The tiny runs are conftest.tiny_config_factory's (8 prompts x 4 responses, 2 optimizer steps per generation
-batch), so each rank holds 2 of the 4 groups of a mini-batch."""
+The tests start real processes (torchrun, or kpo's own launcher): ~15-20 s a launch on 2 idle cores. The tiny
+runs are conftest.tiny_config_factory's (8 prompts x 4 responses, 2 optimizer steps per generation batch): each
+rank generates 4 of the 8 groups of a batch and trains on half of its 16 rows at each of the 2 steps."""
 
 from __future__ import annotations
 
@@ -57,6 +57,37 @@ def two_processes(tiny_config_in, tmp_path_factory):
     )
     _run(_torchrun("-m", "kpo", "train", *_train_flags(config)))
     return config
+
+
+def test_several_processes_abandon_a_batch_where_they_agree(monkeypatch):
+    """The guard of one of 2 processes: a signal during generation does not leave it (the other process is still
+    generating, and TRL gathers across them): the batch is abandoned once generated and scored; one while
+    training stops before the next batch. A process that received nothing stops with the others (here the other
+    process received SIGTERM: the max over ranks is 15)."""
+    from kpo import _distributed
+    from kpo.train.interrupt import AbandonBatch, InterruptGuard
+
+    others = {"signal": 0}  # what the other process passes to the agreement
+    monkeypatch.setattr(_distributed, "max_over_ranks", lambda value: max(value, others["signal"]))
+    generated = []
+    with InterruptGuard(processes=2) as guard:
+        with pytest.raises(AbandonBatch), guard.generation():
+            signal.raise_signal(signal.SIGINT)  # recorded, not raised: the generation goes on
+            generated.append(1)
+        assert generated == [1] and guard.received == "SIGINT"
+
+    guard = InterruptGuard(processes=2)
+    with guard:
+        signal.raise_signal(signal.SIGTERM)  # while training on a batch: nothing happens there
+    with pytest.raises(AbandonBatch), guard.generation():  # the agreement before the next batch
+        generated.append(2)
+    assert generated == [1] and guard.received == "SIGTERM"
+
+    quiet = InterruptGuard(processes=2)
+    others["signal"] = signal.SIGTERM.value
+    with pytest.raises(AbandonBatch), quiet.generation():
+        generated.append(3)
+    assert generated == [1] and quiet.received == "SIGTERM"
 
 
 def test_rank_0_builds_the_warm_start_of_one_process(two_processes, tiny_config):
@@ -171,9 +202,8 @@ def test_an_error_of_rank_0_alone_ends_every_rank_with_its_status(tiny_config):
     assert done.stderr.count("resume: no checkpoint-* in") == 1, done.stderr
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT])
-def test_interrupting_the_launcher_stops_every_rank_at_one_boundary(two_processes, tiny_config, sig):
-    """`python -m kpo.launch --nproc-per-node 2 train`, signalled once its first rows are logged: exit 130,
+def test_interrupting_the_launcher_stops_every_rank_at_one_boundary(two_processes, tiny_config):
+    """`python -m kpo.launch --nproc-per-node 2 train`, Ctrl-C'd once its first row is logged: exit 130,
     rank 0's one line (no traceback, rank 1 silent), one checkpoint at a generation-batch boundary written by
     both ranks; the command in the line resumes on 2 processes and repeats the uninterrupted run."""
     config = tiny_config("int", max_steps=STEPS, dump_ratios_every=1)
@@ -189,6 +219,7 @@ def test_interrupting_the_launcher_stops_every_rank_at_one_boundary(two_processe
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 1):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
+    sig = signal.SIGINT  # SIGTERM takes the same path (the launcher forwards both; kpo.train.interrupt)
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=TIMEOUT_S)
     assert proc.returncode == 130, stderr

@@ -94,7 +94,8 @@ class InterruptGuard:
 
     def _stop_agreed(self) -> bool:
         """Whether this process, or with several processes any of them, has received a signal; every process
-        calls it at the same point. A process that received none takes the first one's name from the others."""
+        calls it at the same point. A process that received none takes the signal's name from the others (the
+        higher-numbered one where they received different signals)."""
         if self.processes == 1:
             return self.received is not None
         from kpo._distributed import max_over_ranks
