@@ -36,7 +36,7 @@ import torch
 from verl.plugin.platform import PlatformBase, PlatformRegistry, get_platform
 from verl.utils import distributed as verl_distributed
 
-__all__ = ["CPUDeviceModule", "PlatformCPU"]
+__all__ = ["CPUDeviceModule", "PlatformCPU", "initialize_global_process_group_ray"]
 
 
 class CPUDeviceModule(ModuleType):

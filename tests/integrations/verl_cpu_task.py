@@ -3,8 +3,8 @@ schema, and the reward function verl's reward loop calls (``reward.custom_reward
 ``.name=compute_score``). Nothing is downloaded.
 
 The model is kpo's warm start of the tiny Qwen3-architecture model on sums of two numbers up to 4, the one the
-`kpo train` tests use (:func:`tests.train.conftest.tiny_config_factory`: a reward of about 0.6, so GRPO groups
-are mixed and advantages are not all zero). Its character-level tokenizer gets a chat template that is the bare
+`kpo train` tests use (:func:`tests.train.conftest.tiny_config_factory`). Sampled at temperature 1 in verl it
+scores 0.25-0.42 per step (measured), so GRPO groups are mixed and advantages are not all zero. Its character-level tokenizer gets a chat template that is the bare
 message text: verl applies the chat template to every prompt, and the task's prompts are raw text
 (``"3+4="``), exactly what the model was warm-started on.
 """
