@@ -84,7 +84,23 @@ def join(*, cpu: bool) -> None:
     from accelerate import PartialState
 
     PartialState(cpu=cpu)
+    _destroy_at_exit()
     barrier()
+
+
+def _destroy_at_exit() -> None:
+    """Take the process group down when the process ends: a gloo group still alive at interpreter shutdown can
+    abort the process after its work is done ("terminate called without an active exception", status -6)."""
+    import atexit
+
+    atexit.register(_destroy)
+
+
+def _destroy() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _init_gloo() -> None:
@@ -94,6 +110,7 @@ def _init_gloo() -> None:
 
     if not dist.is_initialized():
         dist.init_process_group("gloo")
+        _destroy_at_exit()
 
 
 def barrier() -> None:
