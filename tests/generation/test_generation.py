@@ -62,12 +62,24 @@ def _prompts(lengths: list[int], repeat: int = 1, width: int = 12):
 
 
 @pytest.mark.parametrize("kv_heads", [4, 2])
-@pytest.mark.parametrize("lengths,repeat", [([12, 9, 5], 3), ([12, 12, 7, 3], 1)])
-def test_decoder_logits_match_the_models_forward(kv_heads, lengths, repeat):
+@pytest.mark.parametrize(
+    "lengths,repeat,rows",
+    [
+        ([12, 9, 5], 3, None),
+        ([12, 12, 7, 3], 1, None),
+        ([12, 9, 5], 1, [2, 0, 1, 0, 2, 1]),
+        ([12, 9, 5], 1, [1, 0, 1, 2, 2, 1]),
+    ],
+)
+def test_decoder_logits_match_the_models_forward(kv_heads, lengths, repeat, rows):
     """Prompt pass and 10 decode steps against one forward of the model over prompt + tokens, with the positions
-    generate gives left-padded rows (mask cumsum - 1). Grouped rows share one prompt cache."""
+    generate gives left-padded rows (mask cumsum - 1). Groups of equal size share one prompt cache (3 x 3 rows
+    in a row; 3 x 2 rows apart); distinct prompts, and repeats in groups of unequal sizes (3, 1 and 2 copies),
+    have one cache each."""
     model = _model(kv_heads=kv_heads)
     ids, mask = _prompts(lengths, repeat)
+    if rows is not None:
+        ids, mask = ids[rows], mask[rows]
     decoder = Qwen3Decoder(model)
     steps = [decoder.prefill(ids, mask, max_new_tokens=11)]
     g = torch.Generator().manual_seed(2)
