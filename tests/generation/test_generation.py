@@ -71,11 +71,14 @@ def _prompts(lengths: list[int], repeat: int = 1, width: int = 12):
         ([12, 9, 5], 1, [1, 0, 1, 2, 2, 1]),
     ],
 )
-def test_decoder_logits_match_the_models_forward(kv_heads, lengths, repeat, rows):
+def test_decoder_logits_match_the_models_forward(kv_heads, lengths, repeat, rows, monkeypatch):
     """Prompt pass and 10 decode steps against one forward of the model over prompt + tokens, with the positions
     generate gives left-padded rows (mask cumsum - 1). Groups of equal size share one prompt cache (3 x 3 rows
     in a row; 3 x 2 rows apart); distinct prompts, and repeats in groups of unequal sizes (3, 1 and 2 copies),
     have one cache each."""
+    from kpo.generation import qwen3
+
+    monkeypatch.setattr(qwen3, "CACHE_STEPS", 3)  # the response cache grows twice (3 -> 6 -> 11 tokens)
     model = _model(kv_heads=kv_heads)
     ids, mask = _prompts(lengths, repeat)
     if rows is not None:

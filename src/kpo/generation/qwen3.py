@@ -17,12 +17,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["PREFILL_TOKENS", "Qwen3Decoder", "unsupported"]
+__all__ = ["CACHE_STEPS", "PREFILL_TOKENS", "Qwen3Decoder", "unsupported"]
 
 # Tokens per chunk of the prompt pass (prompts are run in chunks of rows): a chunk's activations, ~2048 x 384
 # floats at the embedded model's width, stay in cache; one pass over 128 distinct 129-token prompts at once took
 # 0.50 s of CPU against 0.34 s in chunks of 16 prompts (1 thread).
 PREFILL_TOKENS = 2048
+# New tokens the response cache has room for before it first grows (then it doubles): a run allowed 1024 new
+# tokens whose responses end after 100 does not hold 1024 tokens' keys and values for every row (28 GB for 128
+# rows of a 28-layer model with 8 key/value heads of 128).
+CACHE_STEPS = 256
 
 
 def unsupported(model) -> str | None:
@@ -213,9 +217,11 @@ class Qwen3Decoder:
         last = torch.cat([x for _, _, x in pieces])
         # each row's own keys/values, rows ordered (prompt, kv head, row of the group): [L, n*KV*rep, D, N] and
         # [L, n*KV*rep, N, D]
-        rows = n * kv * self.rep
-        self.kt = torch.empty(len(self.layers), rows, d, max_new_tokens, dtype=self.dtype, device=self.device)
-        self.v = torch.empty(len(self.layers), rows, max_new_tokens, d, dtype=self.dtype, device=self.device)
+        # [L, n*KV*rep, N, D]; room for CACHE_STEPS tokens at first, doubled when full, up to max_new_tokens
+        rows, room = n * kv * self.rep, min(max_new_tokens, CACHE_STEPS)
+        self.max_new_tokens = max_new_tokens
+        self.kt = torch.empty(len(self.layers), rows, d, room, dtype=self.dtype, device=self.device)
+        self.v = torch.empty(len(self.layers), rows, room, d, dtype=self.dtype, device=self.device)
         # the prompt keys' mask per (prompt, kv head): 0 for real tokens, -inf for padding; [n*KV, 1, Tp]
         self.prompt_bias = torch.zeros(n, kv, 1, tp, dtype=self.dtype, device=self.device)
         self.prompt_bias.masked_fill_(~p_mask[:, None, None, :], float("-inf"))
@@ -225,11 +231,23 @@ class Qwen3Decoder:
         return logits[self.unorder]
 
     # ------------------------------------------------------------------ decode
+    def _grow(self) -> None:
+        """Double the response cache's room (at most max_new_tokens), keeping what it holds."""
+        held = self.v.shape[2]
+        room = min(2 * held, self.max_new_tokens)
+        kt = self.kt.new_empty(*self.kt.shape[:-1], room)
+        v = self.v.new_empty(self.v.shape[0], self.v.shape[1], room, self.v.shape[3])
+        kt[..., :held] = self.kt
+        v[:, :, :held] = self.v
+        self.kt, self.v = kt, v
+
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         t = self.t
-        if t >= self.v.shape[2]:
-            raise ValueError(f"step: the cache holds {self.v.shape[2]} new tokens; none is left")
+        if t >= self.max_new_tokens:
+            raise ValueError(f"step: the cache holds {self.max_new_tokens} new tokens; none is left")
+        if t == self.v.shape[2]:
+            self._grow()
         h, kv, d, rep = self.heads, self.kv_heads, self.head_dim, self.rep
         g = h // kv
         b = tokens.shape[0]
