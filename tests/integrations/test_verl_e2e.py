@@ -4,10 +4,9 @@ with verl's ``vanilla`` on 1: 3 runs of about a minute each on 2 cores (55 s, 66
 other work), about 4.5 GB of memory at most (2 workers), plus ~10 s for the warm start.
 
 What runs is verl's stock driver, Ray worker groups, FSDP2 actor (gloo process group), agent loop, reward loop
-and naive weight sync; kpo adds only what a CPU (and trl 1.x beside verl) lacks, through verl's
+and naive weight sync; kpo adds only what a CPU lacks, through verl's
 ``VERL_USE_EXTERNAL_MODULES`` hook (each module's docstring says what and why): a CPU platform (:mod:`tests.integrations.verl_cpu_platform`), a
-transformers rollout in place of vLLM (:mod:`tests.integrations.verl_cpu_rollout`), verl's model patching made
-to tolerate trl 1.x (:mod:`tests.integrations.verl_trl_compat`), and a recorder of every policy-loss call inside
+transformers rollout in place of vLLM (:mod:`tests.integrations.verl_cpu_rollout`), and a recorder of every policy-loss call inside
 the workers (:mod:`tests.integrations.verl_loss_capture`). The data is written by the test
 (:mod:`tests.integrations.verl_cpu_task`); nothing is downloaded.
 
@@ -47,8 +46,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Imported by `import verl` in the driver and in every Ray worker; the platform first (it wraps a verl function
 # before verl's workers import it).
 EXTERNAL_MODULES = ",".join(
-    f"tests.integrations.{m}"
-    for m in ("verl_cpu_platform", "verl_trl_compat", "verl_cpu_rollout", "verl_loss_capture")
+    f"tests.integrations.{m}" for m in ("verl_cpu_platform", "verl_cpu_rollout", "verl_loss_capture")
 )
 PROMPTS = 6  # per step (the train split has 12 problems: one epoch is 2 steps)
 SAMPLES = 8  # GRPO group size: with a warm-start reward of ~0.3-0.6 a group of 8 is all-equal rarely

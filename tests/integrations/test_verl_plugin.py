@@ -29,6 +29,7 @@ from kpo.integrations.verl import (  # noqa: E402
     VERL_LOSSES,
     KPOActorConfig,
     register_with_verl,
+    trl_has_value_head_model,
     verl_policy_loss,
 )
 from kpo.losses import get_loss_spec, list_losses, policy_loss  # noqa: E402
@@ -127,6 +128,19 @@ def test_entry_point_registers_in_a_clean_interpreter():
         assert modules.get(name) == "kpo.integrations.verl", f"{name} not registered by kpo: {modules}"
     for name in VERL_BUILTINS:
         assert modules[name] == "verl.trainer.ppo.core_algos", f"verl's {name!r} was replaced"
+
+
+def test_verl_model_patching_tolerates_trl_1():
+    # verl's apply_monkey_patch imports trl's value-head model whenever "trl is available"; the plugin narrows
+    # that check to "trl still has the class". trl 1.x (kpo's train extra; installed beside verl here) has none,
+    # so verl skips the step instead of failing every model build (test_verl_e2e trains through it).
+    from importlib.metadata import version
+
+    from verl.models.transformers import monkey_patch
+
+    assert monkey_patch.is_trl_available is trl_has_value_head_model
+    if int(version("trl").split(".")[0]) >= 1:
+        assert not monkey_patch.is_trl_available()
 
 
 def test_entry_point_is_declared():

@@ -33,6 +33,9 @@ Select a loss with ``actor_rollout_ref.actor.policy_loss.loss_mode=kpo`` and, to
 ``actor_rollout_ref.actor._target_=kpo.integrations.verl.KPOActorConfig`` plus ``+actor_rollout_ref.actor.q=...``
 (the ``+`` because verl's composed config does not have the key); examples/verl/README.md has the full map.
 
+It also lets verl's FSDP engine build models when trl 1.x is installed beside it (kpo's ``train`` extra pins
+trl 1.16): see :func:`tolerate_trl_1`.
+
 Limitations: verl's loss call carries no token entropy, so ``aspo`` uses its low-entropy clip bounds
 (``clip_ratio_low``/``clip_ratio_high``) for every token and TRL's top-entropy mask is not offered; it carries no
 rollout log-probs either, so ``luspo``'s ``off_policy_mask_threshold`` measures the drift from
@@ -61,6 +64,8 @@ __all__ = [
     "VERL_LOSSES",
     "loss_hparams",
     "register_with_verl",
+    "tolerate_trl_1",
+    "trl_has_value_head_model",
     "verl_policy_loss",
 ]
 
@@ -324,4 +329,32 @@ class KPOActorConfig(FSDPActorConfig):
             )
 
 
+def trl_has_value_head_model() -> bool:
+    """Whether trl provides ``AutoModelForCausalLMWithValueHead`` where verl 0.9.1 looks for it."""
+    try:
+        from trl.experimental.ppo import AutoModelForCausalLMWithValueHead  # noqa: F401
+    except ImportError:
+        try:
+            from trl import AutoModelForCausalLMWithValueHead  # noqa: F401
+        except ImportError:
+            return False
+    return True
+
+
+def tolerate_trl_1() -> None:
+    """Narrow verl's "is trl installed" check in its model patching to "trl still has the value-head model".
+
+    Whenever trl is importable, verl 0.9.1's ``apply_monkey_patch`` (run by the FSDP engine for every model it
+    builds) imports trl's ``AutoModelForCausalLMWithValueHead`` to patch its ``state_dict``. trl 1.x has that class
+    neither at the top level nor under ``trl.experimental.ppo``, so with trl 1.x beside verl every training run
+    failed at model build (``ImportError: cannot import name 'AutoModelForCausalLMWithValueHead' from 'trl'``).
+    The patch only matters for trl's value-head models, so with trl 1.x the step is skipped; with trl 0.x
+    (verl's ``fsdp`` extra pins 0.27) verl runs it as before.
+    """
+    from verl.models.transformers import monkey_patch
+
+    monkey_patch.is_trl_available = trl_has_value_head_model
+
+
 REGISTERED = register_with_verl()
+tolerate_trl_1()
