@@ -1,6 +1,7 @@
 """A decoder specialised to the Qwen3 architecture (the embedded tiny model's): the HF model's weights packed into
-fused projections (q/k/v in one matrix, gate/up in another) and a key/value cache allocated once for the whole
-generation, so a decode step is a handful of dense products on ``[B, hidden]`` rows and no cache bookkeeping.
+fused projections (q/k/v in one matrix, gate/up in another) and a key/value cache preallocated (for the first
+:data:`CACHE_STEPS` new tokens, then doubled when full), so a decode step is a handful of dense products on
+``[B, hidden]`` rows and a write into the cache.
 
 It computes what ``Qwen3ForCausalLM`` computes, in the model's dtype and the same order of operations per token
 (RMSNorm in float32, q/k norms per head, rotary positions from the attention mask as ``generate`` derives them);
