@@ -1,4 +1,4 @@
-"""Several processes of one kpo command (``python -m kpo.launch``, ``torchrun``): who this process is, from the
+"""Several processes of one kpo command (``kpo launch``, ``torchrun``): who this process is, from the
 launcher's environment, and the few collectives kpo itself needs besides the ones TRL makes.
 
 Every helper is a no-op in a single process (``WORLD_SIZE`` unset or 1), so callers need no branch of their own.

@@ -25,6 +25,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("kpo.bench", "benchmarks printed as side-by-side ratios (e.g. `kpo bench filter`)"),
     "summary": ("kpo.train.summary", "one run's summary.json: warm start vs final avg@k with 95% intervals"),
     "compare": ("kpo.compare.cli", "train, evaluate and analyze several methods and seeds into one report"),
+    "launch": (
+        "kpo.launch",
+        "run `kpo train` or `kpo eval` as N data-parallel processes (gloo on CPU, NCCL on GPUs)",
+    ),
 }
 
 # What an interrupted command keeps, for the commands whose interrupt has no message of its own.

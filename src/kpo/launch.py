@@ -1,5 +1,5 @@
-"""``python -m kpo.launch --nproc-per-node N COMMAND [ARGS...]``: N processes of ``kpo COMMAND`` on this machine,
-data-parallel over gloo on a CPU or NCCL on GPUs (one GPU each), e.g. ``python -m kpo.launch --nproc-per-node 2
+"""``kpo launch --nproc-per-node N COMMAND [ARGS...]`` (or ``python -m kpo.launch ...``): N processes of ``kpo COMMAND`` on this machine,
+data-parallel over gloo on a CPU or NCCL on GPUs (one GPU each), e.g. ``kpo launch --nproc-per-node 2
 train --config run.yaml`` or ``... eval --model M --data synthetic``.
 
 What it does that ``torchrun`` does not: Ctrl-C or SIGTERM reaches every process once and the launcher waits for
@@ -26,6 +26,8 @@ from kpo.cli import COMMANDS
 __all__ = ["main"]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# What a launched process may run: every kpo command but the launcher itself.
+LAUNCHABLE = tuple(name for name in COMMANDS if name != "launch")
 # How long the other processes may take to end by themselves once one failed, before they are stopped.
 FAILURE_GRACE_S = 10.0
 
@@ -38,7 +40,7 @@ def _free_port() -> int:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m kpo.launch",
+        prog="kpo launch",
         description="Run a kpo command as N data-parallel processes on this machine.",
         allow_abbrev=False,
     )
@@ -52,17 +54,17 @@ def _parser() -> argparse.ArgumentParser:
         help="processes (GPUs on a GPU machine)",
     )
     p.add_argument("--master-port", type=int, default=None, help="rank 0's port (default: a free one)")
-    p.add_argument("command", choices=COMMANDS, help="the kpo command, followed by its arguments")
+    p.add_argument("command", choices=LAUNCHABLE, help="the kpo command, followed by its arguments")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # the launcher's options end at the command's name: what follows is the command's (its --n is not ours)
-    at = next((i for i, arg in enumerate(argv) if arg in COMMANDS), len(argv))
+    at = next((i for i, arg in enumerate(argv) if arg in LAUNCHABLE), len(argv))
     args = _parser().parse_args(argv[: at + 1])
     if args.nproc < 1:
-        print(f"python -m kpo.launch: --nproc-per-node {args.nproc}: must be >= 1", file=sys.stderr)
+        print(f"kpo launch: --nproc-per-node {args.nproc}: must be >= 1", file=sys.stderr)
         return 2
     command = [args.command, *argv[at + 1 :]]
     port = args.master_port or _free_port()

@@ -34,7 +34,7 @@ def _torchrun(*args: str) -> list[str]:
 
 
 def _launch(*args: str) -> list[str]:
-    return [sys.executable, "-m", "kpo.launch", "--nproc-per-node", str(PROCS), *args]
+    return [sys.executable, "-m", "kpo", "launch", "--nproc-per-node", str(PROCS), *args]
 
 
 def _train_flags(config) -> list[str]:
@@ -55,7 +55,8 @@ def two_processes(tiny_config_in, tmp_path_factory):
     config = tiny_config_in(directory)(
         "full", max_steps=STEPS, dump_ratios_every=1, cache_dir=str(directory / "cache")
     )
-    _run(_torchrun("-m", "kpo", "train", *_train_flags(config)))
+    done = _run(_torchrun("-m", "kpo", "train", *_train_flags(config)))
+    (directory / "stdout.txt").write_text(done.stdout)
     return config
 
 
@@ -103,6 +104,8 @@ def test_rank_0_builds_the_warm_start_of_one_process(two_processes, tiny_config)
 
 
 def test_rank_0_writes_each_row_once_with_the_world_size(two_processes):
+    stdout = (Path(two_processes.output_dir).parent / "stdout.txt").read_text()
+    assert stdout.count("kpo train: done.") == 1, stdout  # rank 0 alone says where the files are
     rows = _rows(two_processes.output_dir)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert all(r["world_size"] == PROCS for r in rows)
@@ -203,7 +206,7 @@ def test_an_error_of_rank_0_alone_ends_every_rank_with_its_status(tiny_config):
 
 
 def test_interrupting_the_launcher_stops_every_rank_at_one_boundary(two_processes, tiny_config):
-    """`python -m kpo.launch --nproc-per-node 2 train`, Ctrl-C'd once its first row is logged: exit 130,
+    """`kpo launch --nproc-per-node 2 train`, Ctrl-C'd once its first row is logged: exit 130,
     rank 0's one line (no traceback, rank 1 silent), one checkpoint at a generation-batch boundary written by
     both ranks; the command in the line resumes on 2 processes and repeats the uninterrupted run."""
     config = tiny_config("int", max_steps=STEPS, dump_ratios_every=1)
@@ -229,7 +232,7 @@ def test_interrupting_the_launcher_stops_every_rank_at_one_boundary(two_processe
     assert len(lines) == 1 and stderr.rstrip().endswith(lines[0]), stderr
     found = re.fullmatch(
         rf"kpo train: interrupted by {name} at step (\d+)/{STEPS}, checkpoint saved in (\S+); resume with: "
-        rf"(python -m kpo.launch --nproc-per-node {PROCS} train .*)",
+        rf"(kpo launch --nproc-per-node {PROCS} train .*)",
         lines[0],
     )
     assert found, lines[0]
@@ -239,7 +242,7 @@ def test_interrupting_the_launcher_stops_every_rank_at_one_boundary(two_processe
     assert sorted(p.name for p in checkpoint.glob("rng_state*")) == ["rng_state_0.pth", "rng_state_1.pth"]
     assert [r["step"] for r in _rows(config.output_dir)] == list(range(1, step + 1))
 
-    _run([sys.executable, *shlex.split(found[3])[1:]])
+    _run([sys.executable, "-m", "kpo", *shlex.split(found[3])[1:]])
     rows = _rows(config.output_dir)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert _trajectory(rows) == _trajectory(_rows(two_processes.output_dir))  # bit for bit

@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    """``kpo eval``; on several processes (``python -m kpo.launch``) rank 0 alone prints, the others exit with
+    """``kpo eval``; on several processes (``kpo launch``) rank 0 alone prints, the others exit with
     the same status."""
     args = vars(build_parser().parse_args(argv))
     from kpo._distributed import is_main

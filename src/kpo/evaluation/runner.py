@@ -2,7 +2,7 @@
 
 How a sample is drawn reproducibly: :mod:`kpo.evaluation.backends`; how a run resumes: :mod:`kpo.evaluation.cache`.
 
-On N processes (``python -m kpo.launch --nproc-per-node N eval ...``, torchrun) each process loads the model
+On N processes (``kpo launch --nproc-per-node N eval ...``, torchrun) each process loads the model
 (on GPUs its own, ``cuda:LOCAL_RANK``), samples and grades the problems whose index is its rank modulo N, and
 appends its batches to the one cache (appends of whole batches, which a local file system does not interleave);
 the graded problems are gathered, so every process returns the results, which are those of one process (a

@@ -4,8 +4,8 @@
     out = run_training(TrainConfig(loss="kpo", max_steps=40, output_dir="runs/demo"))
 
 A run's output_dir holds ``config.yaml``, ``metrics.jsonl`` (one row per optimizer step: step, reward_mean,
-reward_std, entropy, clip_frac, pg_loss, ppo_kl, response_length, step_time and the loss's own metrics),
-``checkpoint-*``, ``final/`` (model + tokenizer, ``from_pretrained``-ready), ``training_dynamics.png``,
+reward_std, entropy, clip_frac, pg_loss, ppo_kl, response_length, step_time, world_size and the loss's own
+metrics), ``checkpoint-*``, ``final/`` (model + tokenizer, ``from_pretrained``-ready), ``training_dynamics.png``,
 TensorBoard logs under ``runs/``, and with ``dump_ratios_every`` ``ratios/step_{N:06d}.safetensors``.
 Attributes load on first use so ``import kpo.train`` does not import TRL.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from kpo._distributed import is_main
 from kpo.train.config import ConfigError, parse_args
 
 __all__ = ["main"]
@@ -18,6 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"kpo train: {e}", file=sys.stderr)
         return 2
+    if not is_main():  # on several processes rank 0 alone says where the run's files are
+        return 0
     print(
         f"kpo train: done. metrics: {out / 'metrics.jsonl'}  plot: {out / 'training_dynamics.png'}  "
         f"model: {out / 'final'}"

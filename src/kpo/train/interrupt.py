@@ -16,7 +16,7 @@ refuses such checkpoints). So, after the first SIGINT or SIGTERM:
 A second signal stops at once without a checkpoint (:class:`StopNow`), except while a checkpoint or the final
 model is being written: a half-written ``checkpoint-N`` would be what the next ``--resume`` picks up.
 
-Several processes (``python -m kpo.launch``, torchrun) must stop at the same boundary, or one would write a
+Several processes (``kpo launch``, torchrun) must stop at the same boundary, or one would write a
 checkpoint while another waits for it in a collective. So there a signal is only recorded, and the processes
 agree (a max over ranks, :func:`kpo._distributed.max_over_ranks`) at two points of every generation batch that
 all of them reach together: before it is generated, and after it is generated and scored. If any of them

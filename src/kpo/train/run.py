@@ -129,7 +129,7 @@ def _resume_checkpoint(config: TrainConfig, out: Path, world: int) -> Path:
         raise ConfigError(
             [
                 f"resume: {ckpt.name} was written by {wrote} process(es) and this run has {world}; resume it on "
-                f"{wrote} (python -m kpo.launch --nproc-per-node {wrote} train ...), or start a new --output-dir"
+                f"{wrote} (kpo launch --nproc-per-node {wrote} train ...), or start a new --output-dir"
             ]
         )
     if step > config.max_steps:
@@ -223,7 +223,7 @@ def _load_model(path: Path):
 def run_training(config: TrainConfig) -> Path:
     """Train as ``config`` says; returns the output directory (see the package docstring for its files).
 
-    Launched as several processes (``python -m kpo.launch --nproc-per-node N train``, torchrun), each runs this:
+    Launched as several processes (``kpo launch --nproc-per-node N train``, torchrun), each runs this:
     rank 0 prepares output_dir, builds the embedded warm start alone and writes every file; the others wait for
     it, then all train data-parallel. Where rank 0 raises (ConfigError, TrainingInterrupted) the others exit
     quietly with the status the command gives it (``SystemExit``), so the command says it once."""
@@ -397,7 +397,7 @@ def _train(trainer, config: TrainConfig, ckpt: Path | None) -> None:
     out = Path(config.output_dir)
     world = trainer.accelerator.num_processes
     # the same number of processes, which a resume requires
-    launch = "kpo train" if world == 1 else f"python -m kpo.launch --nproc-per-node {world} train"
+    launch = "kpo train" if world == 1 else f"kpo launch --nproc-per-node {world} train"
     again = f"{launch} --config {shlex.quote(str(out / 'config.yaml'))}"
     try:
         trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
