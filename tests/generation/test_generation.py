@@ -13,12 +13,7 @@ from kpo.generation.qwen3 import Qwen3Decoder
 PAD, EOS = 0, 1
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _model(dtype=torch.float32, kv_heads: int = 2, seed: int = 0, sharpen: float = 20.0):

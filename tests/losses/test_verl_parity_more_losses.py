@@ -13,10 +13,9 @@ core_algos = pytest.importorskip(
     "verl.trainer.ppo.core_algos",
     reason="verl 0.9.1 not installed: `make test` runs this file in .venv-verl",
 )
+from tests.losses.test_verl_parity import _kpo, _verl  # noqa: E402
 from verl.workers.config import ActorConfig  # noqa: E402
 from verl.workers.config.actor import PolicyLossConfig  # noqa: E402
-
-from kpo import policy_loss  # noqa: E402
 
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
@@ -41,30 +40,6 @@ def _config(policy_loss_kw=None, **kw):
         policy_loss=PolicyLossConfig(**(policy_loss_kw or {})),
         **kw,
     )
-
-
-def _verl(name, lp, old, adv, mask, mode, config, weights):
-    leaf = lp.clone().requires_grad_()
-    loss, metrics = core_algos.get_policy_loss_fn(name)(
-        old_log_prob=old,
-        log_prob=leaf,
-        advantages=adv[:, None].expand_as(lp),
-        response_mask=mask,
-        loss_agg_mode=mode,
-        config=config,
-        rollout_is_weights=weights,
-    )
-    loss.backward()
-    return loss.item(), leaf.grad, {k.removeprefix("actor/"): v for k, v in metrics.items()}
-
-
-def _kpo(name, lp, old, adv, mask, mode, weights, **kw):
-    leaf = lp.clone().requires_grad_()
-    loss, metrics = policy_loss(
-        name, leaf, old, adv, mask, loss_agg_mode=mode, rollout_is_weights=weights, **kw
-    )
-    loss.backward()
-    return loss.item(), leaf.grad, metrics
 
 
 def _compare(verl_out, kpo_out):

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import os
+import re
+import signal
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +87,20 @@ def tiny_config_in(tiny_cache):
     """``tiny_config_in(directory)``: :func:`tiny_config_factory` for runs in ``directory``, for fixtures shared
     by several tests (a module's uninterrupted reference run)."""
     return lambda directory: tiny_config_factory(tiny_cache, directory)
+
+
+def interrupt_line(stderr: str, sig: int, steps: int, resume: str) -> tuple[int, Path, str]:
+    """(step, checkpoint, resume command) of the one line an interrupted ``kpo train`` ends with, checking that
+    nothing else mentions the signal and no traceback was printed; ``resume`` is a regex of the command's
+    start (``kpo train``, ``kpo launch --nproc-per-node 2 train``)."""
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    name = signal.Signals(sig).name
+    lines = [line for line in stderr.splitlines() if name in line]
+    assert len(lines) == 1 and stderr.rstrip().endswith(lines[0]), stderr
+    found = re.fullmatch(
+        rf"kpo train: interrupted by {name} at step (\d+)/{steps}, checkpoint saved in (\S+); resume with: "
+        rf"({resume} .*)",
+        lines[0],
+    )
+    assert found, lines[0]
+    return int(found[1]), Path(found[2]), found[3]

@@ -46,12 +46,7 @@ def _trainer(tmp_path, **generation_kwargs):
     )
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_rollouts_equal_trls_generate_under_the_same_seed(tmp_path):

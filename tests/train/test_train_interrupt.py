@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -23,7 +22,7 @@ import kpo
 from kpo.train import run as run_module
 from kpo.train.trainer import KPOTrainer
 
-from .conftest import cli_flags
+from .conftest import cli_flags, interrupt_line
 
 pytestmark = pytest.mark.slow
 
@@ -202,17 +201,8 @@ def test_command_line_interrupt_and_resume(tiny_config, uninterrupted, sig):
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 130, stderr
-    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
-    name = signal.Signals(sig).name
-    lines = [line for line in stderr.splitlines() if name in line]
-    assert len(lines) == 1 and stderr.rstrip().endswith(lines[0]), stderr
-    found = re.fullmatch(
-        rf"kpo train: interrupted by {name} at step (\d+)/{STEPS}, checkpoint saved in "
-        r"(\S+); resume with: (kpo train .*)",
-        lines[0],
-    )
-    assert found, lines[0]
-    step, checkpoint, command = int(found[1]), Path(found[2]), shlex.split(found[3])
+    step, checkpoint, command = interrupt_line(stderr, sig, STEPS, "kpo train")
+    command = shlex.split(command)
     assert step % config.minibatches == 0 and step >= 2 and checkpoint.name == f"checkpoint-{step}"
     assert checkpoint.is_dir() and [r["step"] for r in _rows(config.output_dir)] == list(range(1, step + 1))
 

@@ -9,7 +9,6 @@ rank generates 4 of the 8 groups of a batch and trains on half of its 16 rows at
 from __future__ import annotations
 
 import math
-import re
 import shlex
 import signal
 import subprocess
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import cli_flags
+from .conftest import cli_flags, interrupt_line
 from .test_train_interrupt import _env, _rows, _trajectory
 
 pytestmark = pytest.mark.slow
@@ -226,23 +225,15 @@ def test_interrupting_the_launcher_stops_every_rank_at_one_boundary(two_processe
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=TIMEOUT_S)
     assert proc.returncode == 130, stderr
-    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
-    name = signal.Signals(sig).name
-    lines = [line for line in stderr.splitlines() if name in line]
-    assert len(lines) == 1 and stderr.rstrip().endswith(lines[0]), stderr
-    found = re.fullmatch(
-        rf"kpo train: interrupted by {name} at step (\d+)/{STEPS}, checkpoint saved in (\S+); resume with: "
-        rf"(kpo launch --nproc-per-node {PROCS} train .*)",
-        lines[0],
+    step, checkpoint, command = interrupt_line(
+        stderr, sig, STEPS, f"kpo launch --nproc-per-node {PROCS} train"
     )
-    assert found, lines[0]
-    step, checkpoint = int(found[1]), Path(found[2])
     assert step % config.minibatches == 0 and 0 < step < STEPS
     assert [p.name for p in Path(config.output_dir).glob("checkpoint-*")] == [checkpoint.name]
     assert sorted(p.name for p in checkpoint.glob("rng_state*")) == ["rng_state_0.pth", "rng_state_1.pth"]
     assert [r["step"] for r in _rows(config.output_dir)] == list(range(1, step + 1))
 
-    _run([sys.executable, "-m", "kpo", *shlex.split(found[3])[1:]])
+    _run([sys.executable, "-m", "kpo", *shlex.split(command)[1:]])
     rows = _rows(config.output_dir)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert _trajectory(rows) == _trajectory(_rows(two_processes.output_dir))  # bit for bit

@@ -100,6 +100,6 @@ def test_overwrite_removes_the_previous_runs_evaluations_and_summary(tmp_path):
     for name in ("eval.md", "eval.generations.jsonl", "eval_warm_start.generations.jsonl", "notes.txt"):
         (run / name).write_text("x")
     (run / "warm_start").mkdir()
-    _prepare_output_dir(TrainConfig(output_dir=str(run), overwrite=True), run)
+    _prepare_output_dir(TrainConfig(output_dir=str(run), overwrite=True), run, world=1)
     # a stale evaluation would let kpo summary pair the new run with the old models' results
     assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
