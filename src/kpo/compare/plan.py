@@ -404,12 +404,13 @@ def warm_start_dir(out: Path, seed: int) -> Path:
 
 
 # The plan's cost model, measured on this project's 2-core CPU machine with kpo compare's 2 workers of one
-# torch thread each (so each figure includes the other worker's load): one optimizer step of one run (two 40-step
-# runs side by side: 1.33 s); one held-out sample (a 128-token response); a run's fixed cost (start-up, the
-# exact evaluation, writing); one seed's warm start (one 400-step SFT round and its check: 236 s, two side by
-# side).
-STEP_SECONDS = 1.33
-SAMPLE_SECONDS = 0.012
+# torch thread each (so each figure includes the other worker's load), at 6613ad4 (kpo's decoder for rollouts
+# and evaluation): one optimizer step of one run (two 40-step runs side by side: 0.97 s; 1.33 s on TRL's
+# generate); one held-out sample (a 128-token response; two 1024-sample evaluations side by side: 9 ms; 12 ms
+# before); a run's fixed cost (start-up, the exact evaluation, writing); one seed's warm start (one 400-step SFT
+# round and its check: 236 s, two side by side).
+STEP_SECONDS = 0.97
+SAMPLE_SECONDS = 0.009
 RUN_SECONDS = 20.0
 WARM_START_SECONDS = 240.0
 # The prior for the plan's half-widths: the sd over seeds of a paired difference in held-out accuracy between
