@@ -8,7 +8,8 @@ alike:
 - a training step: forward of a 32-sequence mini-batch, per-token log-probs, `kpo.policy_loss`, backward and
   an AdamW step, once with `vanilla` and once with `kpo` (memory=matched, the filter acting);
 - the loss call alone, and KPO's filter call alone (its share of the loss call);
-- generation (tokens/s), and the old-log-prob forward `kpo train` runs once per generation batch.
+- generation as `kpo train`'s rollouts run it (kpo.generation; tokens/s), and the old-log-prob forward
+  `kpo train` runs once per generation batch.
 It prints min and median of each, the KPO/vanilla ratio of the training step and of the whole optimizer step
 (training step + a quarter of the generation and old-log-prob time: `--minibatches 4`), and RL tokens/s.
 """
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     from kpo import kalman_filter, policy_loss
     from kpo.advantages import compute_advantages
     from kpo.data.synthetic import load_split
+    from kpo.generation import MultinomialSampler, generate
     from kpo.losses.kpo import filter_settings
     from kpo.train.config import TrainConfig
     from kpo.train.run import model_path
@@ -66,14 +68,17 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(0)
         with torch.no_grad():
             start = time.perf_counter()
-            out = model.generate(
-                **enc,
-                do_sample=True,
-                temperature=config.temperature,
-                top_k=0,
-                top_p=1.0,
+            # kpo train's rollout: kpo's decoder with generate's sampling step (kpo.train.rollout)
+            new = generate(
+                model,
+                enc["input_ids"],
+                enc["attention_mask"],
                 max_new_tokens=config.max_completion(),
+                eos_token_ids=[tokenizer.eos_token_id],
+                pad_token_id=tokenizer.pad_token_id,
+                sample=MultinomialSampler(temperature=config.temperature, top_k=0, top_p=1.0),
             )
+            out = torch.cat([enc["input_ids"], new], dim=1)
             gen_times.append(time.perf_counter() - start)
             old_times.append(_timed(lambda ids=out: _log_probs(model, ids, prompt_len)))
     completion = out[:, prompt_len:]
