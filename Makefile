@@ -44,7 +44,7 @@ install: $(STAMP) $(VERL_STAMP)
 VERL_TESTS := tests/filter tests/losses tests/integrations tests/test_public_api.py tests/train
 test: $(STAMP) $(VERL_STAMP)
 	$(PY) -m pytest -q tests
-	$(VERL_PY) -m pytest -q $(VERL_TESTS)
+	$(VERL_PY) -m pytest -q -p no:asyncio $(VERL_TESTS)
 
 # The main job: KPO on the embedded long-response task (128-token responses; the warm start is built and cached
 # on first use), then the warm start and the trained model evaluated on the same 256 held-out problems, and
