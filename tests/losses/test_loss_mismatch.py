@@ -88,21 +88,34 @@ def test_token_rejection_equals_the_loss_without_that_token(name):
     kept = mask.clone()
     kept[0, 2] = False
     results = []
-    # precomputed weights of 0 (TRL's *_mask modes) reject the same way
-    zero_weight = torch.where(kept, 1.0, 0.0).to(torch.float64)
-    for kw, m in (
-        ({"rollout_log_prob": rollout, "rollout_rs": "token"}, mask),
-        ({"rollout_is_weights": zero_weight}, mask),
-        ({}, kept),
-    ):
+    for kw, m in (({"rollout_log_prob": rollout, "rollout_rs": "token"}, mask), ({}, kept)):
         lp = lp0.clone().requires_grad_()
         loss, _ = policy_loss(name, lp, old, adv, m, **kw)
         (grad,) = torch.autograd.grad(loss, lp)
         results.append((loss.detach(), grad))
     # rtol 1e-9: GMPO/HolderPO take the geometric mean of the kept weights (all 1) as verl does, log(w + 1e-10)
-    for loss, grad in results[:2]:
-        torch.testing.assert_close(loss, results[2][0], rtol=1e-9, atol=1e-14)
-        torch.testing.assert_close(grad, results[2][1], rtol=1e-9, atol=1e-14)
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-9, atol=1e-14)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-9, atol=1e-14)
+
+
+def test_a_precomputed_zero_weight_keeps_its_token_and_kpo_observes_it():
+    # IcePop's weight 0 (verl) or TRL's *_mask modes: the token stays in the mask, as both hosts keep it. One row,
+    # kpo_unclipped with q = v = 1 (gains 1/2, 3/5, 8/13), A = 1, log-ratios z = [0, log 2, 0], weights [1, 0, 1].
+    # The filter observes token 2: rho = [0, 3/5 log 2, (1 - 8/13) 3/5 log 2 = 3/13 log 2]. Token losses
+    # -w exp(rho) = [-1, 0, -2^(3/13)], and the row mean counts all 3 tokens: (-1 - 2^(3/13)) / 3 = -0.72449.
+    # (Skipping token 2, as a rejection does, would give rho_3 = 0 and (-1 - 1) / 2 = -1.)
+    old = torch.full((1, 3), LOG_HALF, dtype=torch.float64)
+    lp = (old + torch.tensor([[0.0, math.log(2.0), 0.0]], dtype=torch.float64)).requires_grad_()
+    w = torch.tensor([[1.0, 0.0, 1.0]], dtype=torch.float64)
+    adv, mask = torch.ones(1, dtype=torch.float64), torch.ones(1, 3, dtype=torch.bool)
+    loss, metrics = policy_loss("kpo_unclipped", lp, old, adv, mask, rollout_is_weights=w, q=1.0, v=1.0)
+    assert loss.item() == pytest.approx((-1 - 2 ** (3 / 13)) / 3, rel=1e-12)
+    # d/d lp_t = -w_t exp(rho_t) / 3; none through the detached filter
+    (grad,) = torch.autograd.grad(loss, lp)
+    torch.testing.assert_close(grad, torch.tensor([[-1 / 3, 0.0, -(2 ** (3 / 13)) / 3]], dtype=torch.float64))
+    # the metrics count it too: ratio_max is token 2's r = 2, filtered_ratio_max its exp(3/5 log 2)
+    assert metrics["ratio_max"] == pytest.approx(2.0)
+    assert metrics["filtered_ratio_max"] == pytest.approx(2**0.6)
 
 
 def test_sequence_mis_with_token_tis():

@@ -15,10 +15,12 @@ Keywords every loss accepts (besides its own):
   sum of the losses of the pieces of a split mini-batch equals the loss of the unsplit one.
 - train/inference mismatch (see ``kpo.losses.mismatch``): ``rollout_is``, ``rollout_is_threshold``,
   ``rollout_rs``, ``rollout_rs_threshold``, ``rollout_rs_threshold_lower`` (used with ``rollout_log_prob``), or
-  precomputed detached weights ``rollout_is_weights`` [B, T] (what verl passes; >= 0). A token of weight 0 is
-  rejected: it leaves the mask, as in verl. The weights multiply the per-token loss; GMPO and HolderPO multiply
-  their per-sequence loss by the geometric mean of the row's weights (as verl's geo_mean); VESPO folds them into
-  its sequence weight (as its authors).
+  precomputed detached weights ``rollout_is_weights`` [B, T] (what verl passes; >= 0). A token that
+  ``rollout_rs`` rejects leaves the mask, as verl's rejection takes it out of ``response_mask``; a precomputed
+  weight of 0 (verl's IcePop, TRL's *_mask modes) keeps its token in the mask, as verl and TRL do: it counts in
+  the denominators and sequence ratios and KPO's filter observes it, with no loss of its own. The weights
+  multiply the per-token loss; GMPO and HolderPO multiply their per-sequence loss by the geometric mean of the
+  row's weights (as verl's geo_mean); VESPO folds them into its sequence weight (as its authors).
 
 Metrics (plain floats): ``pg_loss``; ``pg_clipfrac`` (valid tokens whose clipped branch is active);
 ``pg_clipfrac_lower`` (dual-clip fraction; GMPO: log-clip hits with A < 0); ``ppo_kl`` = mean(old - new
@@ -165,15 +167,18 @@ def policy_loss(
             raise ValueError("pass rollout_log_prob or precomputed rollout_is_weights, not both")
         weights, rc_metrics = rollout_correction(olp, rollout_log_prob.to(lp.dtype), m, **mismatch_kw)
         metrics.update(rc_metrics)
+        # the tokens rollout_rs rejected (weight 0) leave the mask, as verl's rejection takes them out of
+        # response_mask before the loss
+        m = m & (weights > 0)
     elif mismatch_kw:
         raise ValueError(
             f"{', '.join(sorted(mismatch_kw))} need rollout_log_prob (the rollout engine's log-probs)"
         )
     if weights is not None:
+        # A precomputed weight of 0 (verl's IcePop, TRL's *_mask modes) keeps its token in the mask, as both
+        # hosts do: it counts in every denominator and sequence ratio, and KPO's filter observes it; its own
+        # loss is multiplied by 0.
         weights = weights.detach().to(lp.dtype)
-        # a zero weight is a rejected token (rollout_rs, TRL's *_mask importance-sampling modes): it leaves
-        # the mask, as verl's rejection does
-        m = m & (weights > 0)
 
     rollout = None
     if rollout_log_prob is not None:

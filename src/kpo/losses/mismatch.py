@@ -15,10 +15,10 @@ With l_t = old_log_prob_t - rollout_log_prob_t (trainer vs rollout engine, verl'
   applied in log space to k1 (a single number u means ``1/u_u``). Presets (METHODS.md): Geo-RS
   ``rollout_rs="seq_mean_k1", rollout_rs_threshold="0.999_1.001"``; K3-RS ``"seq_mean_k3"`` with 0.01; Seq-MIS
   ``"seq_sum_k1"`` with ``"0.5_2.0"``. A dropped token gets weight 0, and ``policy_loss``
-  takes a token of weight 0 out of the response mask, as verl does with rejected tokens: it counts in no local
-  denominator, a sequence-level loss (GMPO, HolderPO, VESPO) forms its row ratio without it, and KPO's filter
-  treats it as a hole. Global token/sequence counts, when given, are the denominators as passed (verl counts
-  kept tokens only).
+  takes the tokens rejected here out of the response mask, as verl does with rejected tokens: it counts in no
+  local denominator, a sequence-level loss (GMPO, HolderPO, VESPO) forms its row ratio without it, and KPO's
+  filter treats it as a hole (precomputed ``rollout_is_weights`` of 0, IcePop's, stay in the mask). Global
+  token/sequence counts, when given, are the denominators as passed (verl counts kept tokens only).
 
 When ``rollout_log_prob`` is given and neither option is set, token-level TIS is used. The weights are detached
 and 0 on padding.
