@@ -78,7 +78,11 @@ ARGS=(
     algorithm.use_kl_in_reward=False
     "reward.custom_reward_function.path=$HERE/reward.py"
     reward.custom_reward_function.name=compute_score
-    # trainer
+    # trainer: verl's v1 trainer on TransferQueue (verl 0.9.1's default, set here so a new default cannot change
+    # it), the one kpo's end-to-end test runs with kpo's loss, bypass mode and IcePop included
+    # (tests/integrations/test_verl_e2e.py). On a node with few cores see docs/verl.md: TransferQueue's storage
+    # units and the worker slots need 2 + 8 + 3 x GPUs logical CPUs.
+    trainer.use_v1=True
     "trainer.nnodes=$NNODES"
     "trainer.n_gpus_per_node=$GPUS_PER_NODE"
     "trainer.logger=[console,tensorboard]"

@@ -1,6 +1,7 @@
 """examples/verl without verl: the data-prep script writes verl's RL schema from the shared files, the custom
-reward grades with every accepted answer, and the launch scripts train with the strategy verl's trainer is tested
-with here. (The launch scripts are checked against verl's own config validation in test_verl_plugin.py.)"""
+reward grades with every accepted answer, and the launch scripts train with the strategy and the trainer that
+verl's main_ppo is tested with here. (The launch scripts are checked against verl's own config validation in
+test_verl_plugin.py.)"""
 
 from __future__ import annotations
 
@@ -77,9 +78,9 @@ def test_reward_uses_every_accepted_answer():
     "script, args, env",
     [("run_kpo_qwen3_4b.sh", [], {}), ("run_kpo_qwen3_4b_multinode.sh", ["train"], {"NNODES": "2"})],
 )
-def test_launch_scripts_train_with_fsdp2(script, args, env):
-    # FSDP2 is what tests/integrations/test_verl_e2e.py runs verl's trainer with (verl's default FSDP1 cannot
-    # run on a CPU); the reference model's strategy follows the actor's in verl's config.
+def test_launch_scripts_train_as_tested(script, args, env):
+    # FSDP2 and the v1 trainer are what tests/integrations/test_verl_e2e.py runs verl's trainer with (verl's
+    # default FSDP1 cannot run on a CPU); the reference model's strategy follows the actor's in verl's config.
     out = subprocess.run(
         ["bash", str(ROOT / "examples" / "verl" / script), *args],
         env={**os.environ, "DRY_RUN": "1", **env},
@@ -90,3 +91,4 @@ def test_launch_scripts_train_with_fsdp2(script, args, env):
     assert out.returncode == 0, out.stderr
     strategies = [line for line in out.stdout.splitlines() if ".strategy=" in line]
     assert strategies == ["actor_rollout_ref.actor.strategy=fsdp2"]
+    assert [line for line in out.stdout.splitlines() if "use_v1" in line] == ["trainer.use_v1=True"]

@@ -377,6 +377,7 @@ def test_launch_scripts_pass_verl_config_validation(script, env, loss, q, nnodes
         8,
     )
     assert cfg.data.max_response_length == 4096 and cfg.actor_rollout_ref.rollout.val_kwargs.n == 16
+    assert cfg.trainer.use_v1  # the trainer test_verl_e2e.py runs
     assert len(cfg.data.val_files) == 6 and cfg.trainer.nnodes == nnodes
     assert Path(cfg.reward.custom_reward_function.path).is_file()
 

@@ -5,9 +5,12 @@ module plugs a small one into verl's own rollout interfaces, the way vLLM's plug
 loop, reward loop and weight sync all run unchanged:
 
 - :class:`HFCPURolloutServer`: the server a replica launches (a Ray actor). It holds the policy as a plain
-  transformers model in float32 and answers verl's token-in/token-out ``generate`` one request at a time with
-  ``model.generate`` (temperature, top-k, top-p as vLLM reads them; per-token log-probs after those, vLLM's
-  "processed_logprobs"). ``load_weights`` replaces its weights with the actor's.
+  transformers model in ``actor_rollout_ref.rollout.dtype`` (verl's key; vLLM reads it too and defaults to
+  bfloat16) and answers verl's token-in/token-out ``generate`` one request at a time with ``model.generate``
+  (temperature, top-k, top-p as vLLM reads them; per-token log-probs after those, vLLM's "processed_logprobs",
+  in float32 from the model's logits). ``load_weights`` replaces its weights with the actor's, cast to that
+  dtype. A bfloat16 server beside verl's actor is a real train-inference mismatch: the same weights, rounded
+  and computed differently (one token at a time from a key/value cache, not a padded batch).
 - :class:`HFCPUReplica`: verl's ``RolloutReplica``: one server per replica (tensor parallel size 1: one per
   training worker), registered as "hf_cpu" in ``RolloutReplicaRegistry``.
 - :class:`HFCPUServerAdapter`: verl's ``BaseRollout`` inside each hybrid actor worker. verl's "naive" weight
@@ -28,6 +31,7 @@ from typing import Any
 
 import ray
 import torch
+from tests.integrations.verl_loss_capture import record_sample
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.config import HFModelConfig
 from verl.workers.rollout import base as rollout_base
@@ -37,6 +41,7 @@ from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry,
 __all__ = ["NAME", "HFCPUReplica", "HFCPURolloutServer", "HFCPUServerAdapter"]
 
 NAME = "hf_cpu"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # actor_rollout_ref.rollout.dtype -> torch
 
 
 def server_name(replica_rank: int) -> str:
@@ -49,10 +54,11 @@ def _replica_world_size(config) -> int:
 
 
 class HFCPURolloutServer:
-    """One replica's generation server: a float32 transformers model on the CPU.
+    """One replica's generation server: a transformers model on the CPU.
 
     Args:
-        config: verl's ``RolloutConfig`` (``response_length`` and ``seed`` are read).
+        config: verl's ``RolloutConfig`` (``response_length``, ``seed`` and ``dtype``, "float32" or "bfloat16",
+            are read).
         model_config: verl's model config (DictConfig or ``HFModelConfig``); the checkpoint at its ``local_path``.
         replica_rank: this replica's rank (seeds its sampler with ``config.seed + replica_rank``).
     """
@@ -63,7 +69,14 @@ class HFCPURolloutServer:
         torch.set_num_threads(1)
         self.config = omega_conf_to_dataclass(config)
         self.model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_config.local_path, dtype=torch.float32)
+        if self.config.dtype not in DTYPES:
+            raise ValueError(
+                f"hf_cpu rollout: actor_rollout_ref.rollout.dtype={self.config.dtype!r} is not supported; "
+                f"use one of {', '.join(DTYPES)}"
+            )
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.model_config.local_path, dtype=DTYPES[self.config.dtype]
+        )
         self.model.eval()
         torch.manual_seed(self.config.seed + replica_rank)
         self.global_steps = None
@@ -104,6 +117,7 @@ class HFCPURolloutServer:
             # scores are the logits after temperature/top-k/top-p: log-probs of what was sampled from
             scores = torch.stack(out.scores, dim=1)[0].float().log_softmax(-1)
             log_probs = scores.gather(-1, torch.tensor(token_ids)[:, None])[:, 0].tolist()
+        record_sample(token_ids, log_probs)
         return TokenOutput(
             token_ids=token_ids,
             log_probs=log_probs,
@@ -112,7 +126,8 @@ class HFCPURolloutServer:
         )
 
     async def load_weights(self, tensors: dict[str, torch.Tensor], global_steps: int | None) -> int:
-        """Replace every weight with the actor's (HF names, full tensors); returns how many updates so far."""
+        """Replace every weight with the actor's (HF names, full tensors; copied into the server's dtype);
+        returns how many updates so far."""
         self.model.load_state_dict(tensors, strict=True)
         self.global_steps = global_steps
         self.weight_updates += 1

@@ -1,5 +1,5 @@
-"""Records every policy-loss call verl's actor makes inside its Ray workers (test-only), so a test can recompute
-the loss itself on exactly the batch verl trained on.
+"""Records every policy-loss call verl's actor makes inside its Ray workers, and every response the CPU sampler
+returns (test-only), so a test can recompute the loss itself on exactly the batch verl trained on.
 
 Loaded in every worker through ``VERL_USE_EXTERNAL_MODULES`` (after :mod:`tests.integrations.verl_cpu_platform`),
 with ``KPO_VERL_CAPTURE_DIR`` naming a directory. It imports kpo's plugin (which registers kpo's losses) and then
@@ -12,6 +12,10 @@ number in that process), with:
     global_batch_info                 verl's per-micro-batch global counts (dp_size, batch_num_tokens, ...)
     config                            the actor-config fields the losses read (clip ratios, kpo's q)
     loss, metrics                     what the function returned to verl
+
+and, through :func:`record_sample` (which the hf_cpu server calls), every response the sampler returns to verl,
+``<dir>/sample-<pid>-<N>.pt`` with ``token_ids`` and ``log_probs`` (its per-token log-probs, None when verl
+did not ask for them): what verl's rollout correction and bypass mode read as ``rollout_log_probs``.
 """
 
 from __future__ import annotations
@@ -26,11 +30,12 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
 
 import kpo.integrations.verl  # noqa: F401  (registers kpo's losses before they are wrapped)
 
-__all__ = ["CAPTURE_DIR_ENV", "CONFIG_FIELDS", "load_calls"]
+__all__ = ["CAPTURE_DIR_ENV", "CONFIG_FIELDS", "load_calls", "load_samples", "record_sample"]
 
 CAPTURE_DIR_ENV = "KPO_VERL_CAPTURE_DIR"
 CONFIG_FIELDS = ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "q", "memory")
 _calls = itertools.count()
+_samples = itertools.count()
 
 
 def _number(value):
@@ -60,6 +65,18 @@ def _recorded(name: str, fn):
         return loss, metrics
 
     return call
+
+
+def record_sample(token_ids: list[int], log_probs: list[float] | None) -> None:
+    """Save one response the sampler returned to verl (a no-op unless ``KPO_VERL_CAPTURE_DIR`` is set)."""
+    if os.environ.get(CAPTURE_DIR_ENV):
+        out = Path(os.environ[CAPTURE_DIR_ENV]) / f"sample-{os.getpid()}-{next(_samples):05d}.pt"
+        torch.save({"token_ids": token_ids, "log_probs": log_probs}, out)
+
+
+def load_samples(directory: Path) -> list[dict]:
+    """Every response :func:`record_sample` saved in ``directory``."""
+    return [torch.load(path) for path in sorted(Path(directory).glob("sample-*-*.pt"))]
 
 
 def load_calls(directory: Path) -> dict[int, list[dict]]:
