@@ -9,7 +9,8 @@ tiny model for 2 GRPO steps on the embedded task, four times (:data:`RUNS`):
 - ``kpo-1-legacy``: loss_mode=kpo on 1 worker, verl's legacy trainer (``trainer.use_v1=False``), kept while
   verl ships it.
 
-Each takes about a minute on 2 cores and at most ~5.5 GB (2 workers); the warm start adds ~10 s.
+Each takes 1.5 minutes on 2 shared cores (docs/verl.md has the measures) and at most 5.3 GiB (2 workers); the
+warm start adds 10-25 s.
 
 What runs is verl's stock driver, Ray worker groups, FSDP2 actor (gloo process group), agent loop, reward loop,
 TransferQueue (v1) and naive weight sync; kpo adds only what a CPU lacks, through verl's

@@ -20,7 +20,10 @@ and returns exactly ``kpo.policy_loss(name, log_prob, old_log_prob, advantages, 
   ``batch_num_tokens`` -> ``global_num_tokens``, ``global_batch_size`` -> ``global_num_seqs``, ``dp_size``,
   ``loss_scale_factor``; so micro-batch losses sum to the mini-batch loss, as verl's own losses do.
 - ``rollout_is_weights`` multiply the per-token loss (sequence-ratio losses: their per-row geometric mean, as
-  verl's geo_mean; VESPO folds them into its sequence weight).
+  verl's geo_mean; VESPO folds them into its sequence weight). A weight of 0 (IcePop) keeps its token in
+  ``response_mask``, as verl's losses do; KPO's filter observes it (docs/verl.md says why).
+- log-probs may arrive in bfloat16 (verl's v1 trainer passes both so); ``kpo.policy_loss`` computes in float32 at
+  least, where verl's own losses compute in the dtype they receive.
 - ``loss_agg_mode`` is verl's ``actor.loss_agg_mode``, except for losses whose method fixes it: sequence-level
   losses (``holder``), which, like verl's geo_mean, take a plain mean over sequences whatever the mode, and
   ``luspo`` (seq-mean-token-sum).
@@ -39,7 +42,7 @@ trl 1.16): see :func:`tolerate_trl_1`.
 Limitations: verl's loss call carries no token entropy, so ``aspo`` uses its low-entropy clip bounds
 (``clip_ratio_low``/``clip_ratio_high``) for every token and TRL's top-entropy mask is not offered; it carries no
 rollout log-probs either, so ``luspo``'s ``off_policy_mask_threshold`` measures the drift from
-``old_log_prob``.
+``old_log_prob`` (the sampler's own log-probs in verl's bypass mode).
 """
 
 from __future__ import annotations
