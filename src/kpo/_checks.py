@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -11,6 +12,16 @@ def file_in_the_way(folder: Path) -> Path | None:
     """The file that stands where ``folder`` or one of its parents must be a directory, or None."""
     existing = next(p for p in (folder, *folder.parents) if p.exists())
     return None if existing.is_dir() else existing
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why files cannot be created in ``folder`` (created if missing), or None: its nearest existing folder is on a
+    read-only file system or not writable by this user (root writes any folder of a writable file system)."""
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if os.access(existing, os.W_OK | os.X_OK):
+        return None
+    why = "is on a read-only file system" if os.statvfs(existing).f_flag & os.ST_RDONLY else "is not writable"
+    return f"{str(existing)!r} {why}"
 
 
 def bool_mask(mask: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ __all__ = [
     "leave",
     "local_rank",
     "max_over_ranks",
+    "peer_lost",
     "rank",
     "single_process",
     "world_size",
@@ -43,6 +44,11 @@ LAUNCHER_ENV = (
     "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_USE_AGENT_STORE",
 )
+
+
+# How a collective says that the process on its other side ended: gloo ("Read error [...]: Connection reset by peer"),
+# NCCL's ("remote process exited or there was a network error"), a socket of either.
+_PEER_LOST = ("reset by peer", "closed by peer", "Broken pipe", "remote process exited")
 
 
 def world_size() -> int:
@@ -118,6 +124,16 @@ def leave(code: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """Whether ``exc``, raised in one of several processes, is a collective's failure because another process of the
+    run ended (its own status says why; ``kpo launch`` names it): not this process's fault."""
+    dist = sys.modules.get("torch.distributed")
+    network = dist is not None and isinstance(exc, dist.DistNetworkError)
+    return world_size() > 1 and (
+        network or (isinstance(exc, RuntimeError) and any(s in str(exc) for s in _PEER_LOST))
+    )
 
 
 def _init_gloo() -> None:

@@ -5,7 +5,10 @@ command runs, so ``kpo bench`` never imports TRL and ``kpo --help`` is instant.
 
 Ctrl-C (SIGINT) and SIGTERM end every command the same way: one line on stderr, exit status 130, no traceback.
 ``kpo train`` first writes a checkpoint and its line says how to resume (``kpo.train.interrupt``); the others
-say what they keep.
+say what they keep. A fault of the file system a user can fix (a full disk, a read-only or forbidden path, a
+missing file: ``kpo._files``) is one line too, naming the path and what to do, with status 2 (74 for want of
+space); so is, on one of several processes, a collective whose other side died (status 1; ``kpo launch`` names
+the process that died).
 """
 
 from __future__ import annotations
@@ -39,6 +42,12 @@ KEPT_ON_INTERRUPT = {
     "compare": "finished runs are kept: rerun the same command to continue with the others",
 }
 INTERRUPTED = 130  # 128 + SIGINT, the shell's status for a command ended by Ctrl-C
+# How to carry on once a fault is fixed (a full disk, a process that died), for the commands that keep their work.
+CARRY_ON = {
+    "train": "continue the run with the same command and --resume (from its last complete checkpoint)",
+    "eval": "rerun the same command (with --output or --cache it continues from the cached generations)",
+    "compare": "rerun the same command (finished runs are kept)",
+}
 
 
 def _usage() -> str:
@@ -77,9 +86,35 @@ def main(argv: list[str] | None = None) -> int:
         _close_bars()
         print(f"kpo {name}: {message}", file=sys.stderr, flush=True)
         return INTERRUPTED
+    except Exception as e:
+        said = _one_line(name, e)
+        if said is None:
+            raise  # a bug: its traceback
+        line, status = said
+        _close_bars()
+        print(f"kpo {name}: {line}", file=sys.stderr, flush=True)
+        return status
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _one_line(name: str, exc: Exception) -> tuple[str, int] | None:
+    """(line, exit status) of a failure that is not a bug (module docstring), or None."""
+    from kpo import _distributed
+    from kpo._files import file_fault
+
+    fault = file_fault(exc)
+    if fault is not None:
+        line, status = fault
+        return (f"{line}, then {CARRY_ON[name]}" if name in CARRY_ON else line), status
+    if _distributed.peer_lost(exc):
+        return (
+            f"rank {_distributed.rank()} of {_distributed.world_size()} stopped: another rank of this run ended, so "
+            "an exchange with it failed (the launcher names it and why)",
+            1,
+        )
+    return None
 
 
 def _close_bars() -> None:

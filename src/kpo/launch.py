@@ -8,7 +8,9 @@ and exit status 130. (torchrun forwards the signal, kills the processes 30 s lat
 and exits 1 with a traceback; a terminal's Ctrl-C also reaches its processes directly, a second signal.)
 The processes get the variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT), each in a process group of its own so that only the launcher hears the terminal. If one fails,
-the others are stopped; the exit status is rank 0's, or the failed process's.
+the others are stopped; the exit status is rank 0's, or the failed process's. A process killed by a signal the
+launcher did not send (the kernel's out-of-memory killer, ``kill -9``) is named in one line, with its signal,
+and the status is the shell's for that signal, 128 + N.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from kpo.cli import COMMANDS
+from kpo.cli import CARRY_ON, COMMANDS
 
 __all__ = ["main"]
 
@@ -91,7 +93,22 @@ def main(argv: list[str] | None = None) -> int:
                 "MASTER_PORT": str(port),
             }
             procs.append(subprocess.Popen([sys.executable, "-m", "kpo", *command], env=env, process_group=0))
-        return _wait(procs, received)
+        status, killed = _wait(procs, received)
+        if killed is not None:
+            rank, number = killed
+            name = signal.Signals(number).name
+            why = (
+                " (what the kernel's out-of-memory killer sends: see dmesg)"
+                if number == signal.SIGKILL
+                else ""
+            )
+            print(
+                f"kpo launch: rank {rank} of {args.nproc} (pid {procs[rank].pid}) was killed by {name}{why}, and "
+                f"the other ranks stopped; {CARRY_ON.get(args.command, 'run the command again')}",
+                file=sys.stderr,
+                flush=True,
+            )
+        return status
     finally:
         for p in procs:  # the launcher itself failed (or was killed by an exception): leave nothing behind
             if p.poll() is None:
@@ -100,21 +117,25 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(sig, handler)
 
 
-def _wait(procs: list[subprocess.Popen], received: list[int]) -> int:
-    """Every process's end; returns rank 0's exit status, or, where rank 0 succeeded or was stopped here, the
-    first failure's. When one fails while no signal was sent, the others get FAILURE_GRACE_S to end too (an error
-    that every rank finds ends them all), then SIGTERM, then SIGKILL after as long again: a process waiting in a
-    collective for the failed one would wait for ever."""
-    failed_at, first_failure, stopped = None, None, set()
+def _wait(procs: list[subprocess.Popen], received: list[int]) -> tuple[int, tuple[int, int] | None]:
+    """Every process's end: (exit status, (rank, signal) of the first process killed by a signal the launcher did
+    not send, or None). The status is that signal's 128 + N, else rank 0's, or, where rank 0 succeeded or was
+    stopped here, the first failure's. When one fails while no signal was sent, the others get FAILURE_GRACE_S to
+    end too (an error that every rank finds ends them all), then SIGTERM, then SIGKILL after as long again: a
+    process waiting in a collective for the failed one would wait for ever."""
+    failed_at, first_failure, stopped, killed = None, None, set(), None
     while True:
         codes = [p.poll() for p in procs]
         for rank, code in enumerate(codes):
             if code not in (None, 0) and rank not in stopped and first_failure is None:
                 first_failure, failed_at = code, time.monotonic()
+            if code is not None and code < 0 and rank not in stopped and not received and killed is None:
+                killed = (rank, -code)
         if all(c is not None for c in codes):
-            if 0 in stopped or codes[0] == 0:
-                return first_failure or 0
-            return codes[0]
+            status = (
+                -killed[1] if killed else (first_failure or 0) if 0 in stopped or codes[0] == 0 else codes[0]
+            )
+            return (128 - status if status < 0 else status), killed  # killed by signal N: the shell's 128 + N
         waited = time.monotonic() - failed_at if failed_at is not None and not received else 0.0
         for rank, p in enumerate(procs):
             if p.poll() is None and waited > 2 * FAILURE_GRACE_S:

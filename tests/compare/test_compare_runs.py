@@ -15,6 +15,7 @@ import kpo.compare.run
 from kpo.compare import Run, run_compare
 from kpo.compare.plan import train_argv
 from kpo.compare.run import _execute
+from kpo.train.checkpoints import mark_complete
 from kpo.train.config import parse_args
 
 
@@ -139,7 +140,9 @@ def test_an_unfinished_run_restarts_without_its_stale_metrics(compare_config, fa
     assert len((stale / "metrics.jsonl").read_text().splitlines()) == cfg.steps
 
 
-def test_an_interrupt_of_kpo_compare_stops_its_workers(compare_config, fake_workers, monkeypatch):
+def test_an_interrupt_of_kpo_compare_stops_its_workers(
+    compare_config, fake_workers, monkeypatch, sigint_raises
+):
     # kpo compare alone is signalled (`kill PID`, `timeout`): its workers, in process groups of their own, must
     # hear of it from kpo compare, once, and stop, instead of training on while the pool waits for them
     fake_workers({"vanilla-seed0": "slow"})
@@ -165,7 +168,8 @@ def test_a_run_an_interrupt_stopped_resumes_from_its_checkpoint(compare_config, 
         folder = runs / f"{name}-seed0"
         folder.mkdir(parents=True)
         parse_args(train_argv(cfg, Run(name, 0), folder) + list(extra)).save_yaml(folder / "config.yaml")
-        (folder / "checkpoint-2").mkdir()  # what an interrupt at step 2 leaves
+        (folder / "checkpoint-2").mkdir()  # what an interrupt at step 2 leaves: a complete checkpoint
+        mark_complete(folder / "checkpoint-2")
         (folder / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
     run_compare(cfg)
     # vanilla's checkpoint has this compare's settings: resumed; gspo's was made at another learning rate: redone

@@ -79,7 +79,7 @@ def _resume(config) -> list[dict]:
     return _rows(run_training(config))
 
 
-def test_signal_while_generating_abandons_the_batch(tiny_config, monkeypatch, uninterrupted):
+def test_signal_while_generating_abandons_the_batch(tiny_config, monkeypatch, uninterrupted, sigint_raises):
     """SIGINT while batch 3 is scored (steps 1-4 done): checkpoint-4 is written (save_steps 0 writes none before
     the end), metrics end at step 4, and the resumed run redoes batch 3 exactly as the uninterrupted run did."""
     from kpo.train import run_training

@@ -9,6 +9,7 @@ rank generates 4 of the 8 groups of a batch and trains on half of its 16 rows at
 from __future__ import annotations
 
 import math
+import os
 import shlex
 import signal
 import subprocess
@@ -174,12 +175,14 @@ def test_resume_refuses_another_number_of_processes(tiny_config):
     """A checkpoint of 2 processes (rng_state_0/1.pth) resumed on 1 would leave the trajectory (each process
     samples with its own generator): refused before anything loads."""
     from kpo.train import ConfigError, run_training
+    from kpo.train.checkpoints import mark_complete
 
     config = tiny_config("moved", max_steps=4, resume=True)
     ckpt = Path(config.output_dir) / "checkpoint-2"
     ckpt.mkdir(parents=True)
     for name in ("rng_state_0.pth", "rng_state_1.pth"):
         (ckpt / name).touch()
+    mark_complete(ckpt)
     config.save_yaml(Path(config.output_dir) / "config.yaml")
     with pytest.raises(
         ConfigError, match=r"checkpoint-2 was written by 2 process\(es\) and this run has 1; "
@@ -201,7 +204,7 @@ def test_an_error_of_rank_0_alone_ends_every_rank_with_its_status(tiny_config):
         timeout=TIMEOUT_S,
     )
     assert done.returncode == 2, done.stderr
-    assert done.stderr.count("resume: no checkpoint-* in") == 1, done.stderr
+    assert done.stderr.count("resume: no complete checkpoint-* in") == 1, done.stderr
 
 
 def test_interrupting_the_launcher_stops_every_rank_at_one_boundary(two_processes, tiny_config):
@@ -237,3 +240,46 @@ def test_interrupting_the_launcher_stops_every_rank_at_one_boundary(two_processe
     rows = _rows(config.output_dir)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert _trajectory(rows) == _trajectory(_rows(two_processes.output_dir))  # bit for bit
+
+
+def _rank_pid(launcher: subprocess.Popen, rank: int) -> int:
+    """The pid of the launched process of ``rank`` (a child of the launcher with RANK=rank)."""
+    children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
+    for pid in children:
+        if f"RANK={rank}" in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0"):
+            return int(pid)
+    raise AssertionError(f"no rank {rank} among {children}")
+
+
+def test_a_killed_rank_is_named_and_the_run_resumes(two_processes, tiny_config):
+    """`kill -9` of rank 1 once checkpoint-2 is complete (what the out-of-memory killer does): the launcher names
+    it and its signal in one line, after rank 0's one line (no traceback), and exits 137; the same command with
+    --resume continues from the last complete checkpoint and repeats the uninterrupted run."""
+    from kpo.train.checkpoints import RECORD
+
+    config = tiny_config("killed", max_steps=STEPS, dump_ratios_every=1)
+    first = Path(config.output_dir) / "checkpoint-2" / RECORD
+    command = _launch("train", *_train_flags(config), "--save-steps", "2")
+    proc = subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + TIMEOUT_S
+    while not first.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    pid = _rank_pid(proc, 1)
+    os.kill(pid, signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=TIMEOUT_S)
+    assert proc.returncode == 128 + signal.SIGKILL and "Traceback" not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("kpo ")]
+    assert lines == [
+        "kpo train: rank 0 of 2 stopped: another rank of this run ended, so an exchange with it failed (the "
+        "launcher names it and why)",
+        f"kpo launch: rank 1 of 2 (pid {pid}) was killed by SIGKILL (what the kernel's out-of-memory killer "
+        "sends: see dmesg), and the other ranks stopped; continue the run with the same command and --resume "
+        "(from its last complete checkpoint)",
+    ], stderr
+
+    resumed = _run([*command, "--resume"])
+    assert "kpo train: resuming from checkpoint-" in resumed.stderr
+    rows = _rows(config.output_dir)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert _trajectory(rows) == _trajectory(_rows(two_processes.output_dir))

@@ -148,10 +148,12 @@ def test_resume_refuses_a_checkpoint_inside_a_generation_batch(tiny_config):
     """A checkpoint at step 3 of 2-step generation batches (written by an older version) lost the rest of
     batch 2: resuming would regenerate it and silently diverge, so it is refused before anything loads."""
     from kpo.train import ConfigError, run_training
+    from kpo.train.checkpoints import mark_complete
 
     config = tiny_config("mid", max_steps=4, resume=True)
     out = Path(config.output_dir)
     (out / "checkpoint-3").mkdir(parents=True)
+    mark_complete(out / "checkpoint-3")
     config.save_yaml(out / "config.yaml")
     with pytest.raises(ConfigError, match="checkpoint-3 ends inside a generation batch .*minibatches=2"):
         run_training(config)

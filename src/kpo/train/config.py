@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from kpo._checks import file_in_the_way
+from kpo._checks import file_in_the_way, unwritable
 from kpo.data.math import DEFAULT_INSTRUCTION
 
 __all__ = ["ConfigError", "TrainConfig", "parse_args", "TRAJECTORY_FIELDS"]
@@ -502,6 +502,13 @@ class TrainConfig:
             ]
         if self.resume and self.overwrite:
             return ["resume and overwrite are exclusive: resume continues the run, overwrite replaces it"]
+        if self.resume and not out.is_dir():
+            return [
+                f"resume: output_dir={self.output_dir!r} does not exist, so there is no run to resume; check the "
+                "path, or start the run without --resume"
+            ]
+        if (why := unwritable(out)) is not None:
+            return [f"output_dir={self.output_dir!r}: {why}; choose another --output-dir"]
         if not self.resume and not self.overwrite and (out / "metrics.jsonl").exists():
             return [
                 f"output_dir={self.output_dir!r} already holds a run: pass --resume to continue it, "

@@ -6,22 +6,34 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["load_metrics", "window_mean"]
+from kpo._files import complete_part
+
+__all__ = ["load_metrics", "parse_rows", "window_mean"]
 
 
 def load_metrics(path: str | Path) -> list[dict]:
-    """Rows of a ``metrics.jsonl`` (or of ``<run dir>/metrics.jsonl``); a bad line is an error naming it."""
+    """Rows of a ``metrics.jsonl`` (or of ``<run dir>/metrics.jsonl``), without a torn last line (a row being
+    appended, or cut by a kill); any other bad line is an error naming it."""
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.jsonl"
+    return parse_rows(path, complete_part(path.read_bytes()))
+
+
+def parse_rows(path: Path, data: bytes) -> list[dict]:
+    """The rows of ``data``, the whole lines of the metrics file ``path``; ValueError naming a line that is not a
+    JSON object."""
     rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{number}: not a JSON object ({e})") from None
+        if not isinstance(row, dict) or "step" not in row:
+            raise ValueError(f"{path}:{number}: not a metrics row (a JSON object with a step)")
+        rows.append(row)
     return rows
 
 

@@ -11,10 +11,13 @@ import sys
 from pathlib import Path
 
 from kpo import _distributed
+from kpo._files import complete_part, replacing, writing
 from kpo.cli import INTERRUPTED
+from kpo.train import checkpoints
 from kpo.train.card import write_run_card
 from kpo.train.config import TRAJECTORY_FIELDS, ConfigError, TrainConfig
 from kpo.train.interrupt import AbandonBatch, InterruptGuard, StopNow, TrainingInterrupted
+from kpo.train.metrics import parse_rows
 from kpo.train.summary import EVAL_FILES
 
 __all__ = ["last_checkpoint", "model_path", "notices", "run_training", "synthetic_reward", "math_reward_fn"]
@@ -58,10 +61,8 @@ def math_reward_fn(completions: list, answer: list[str], **_) -> list[float]:
 
 
 def last_checkpoint(out: Path) -> Path | None:
-    from transformers.trainer_utils import get_last_checkpoint
-
-    found = get_last_checkpoint(str(out)) if out.is_dir() else None
-    return Path(found) if found else None
+    """The checkpoint ``kpo train --resume`` continues from: the newest complete one (:mod:`kpo.train.checkpoints`)."""
+    return checkpoints.last_complete(out)
 
 
 def _prepare_output_dir(config: TrainConfig, out: Path, world: int) -> Path | None:
@@ -74,23 +75,52 @@ def _prepare_output_dir(config: TrainConfig, out: Path, world: int) -> Path | No
         for name in _RUN_OUTPUTS:
             path = out / name
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-        for ckpt in out.glob("checkpoint-*"):
+        for ckpt in (*out.glob("checkpoint-*"), *out.glob(f"{checkpoints.SET_ASIDE_PREFIX}checkpoint-*")):
             shutil.rmtree(ckpt)
-    out.mkdir(parents=True, exist_ok=True)
     if not config.resume:
+        out.mkdir(parents=True, exist_ok=True)
         return None
     ckpt = _resume_checkpoint(config, out, world)
-    step = _step(ckpt)
+    step = checkpoints.step_of(ckpt)
     metrics = out / "metrics.jsonl"
-    if step < config.max_steps and metrics.exists():
-        rows = [line for line in metrics.read_text().splitlines() if line.strip()]
-        kept = [line for line in rows if json.loads(line)["step"] <= step]
-        metrics.write_text("".join(line + "\n" for line in kept))
+    if step < config.max_steps:
+        if metrics.exists():
+            _trim_metrics(metrics, step)
+        _say(f"resuming from {ckpt.name} (step {step} of {config.max_steps})")
+    elif not _finished(ckpt, config):
+        _say(
+            f"{ckpt.name} is the run's last step but final/ is missing (cut while it was written): writing it"
+        )
     return ckpt
 
 
-def _step(ckpt: Path) -> int:
-    return int(ckpt.name.split("-")[-1])
+def _say(line: str) -> None:
+    print(f"kpo train: {line}", file=sys.stderr, flush=True)
+
+
+def _trim_metrics(metrics: Path, step: int) -> None:
+    """Keep the rows of metrics.jsonl up to ``step`` (the resumed run writes the later ones again), without the
+    torn last line a kill or a full disk during an append leaves (said)."""
+    data = metrics.read_bytes()
+    whole = complete_part(data)
+    if len(whole) < len(data):
+        _say(
+            f"dropped the torn last line of {metrics} ({len(data) - len(whole)} bytes, cut while it was written)"
+        )
+    try:
+        rows = parse_rows(metrics, whole)
+    except ValueError as e:
+        raise ConfigError(
+            [f"resume: {e}; delete that line (rows after step {step} are written again)"]
+        ) from None
+    with replacing(metrics) as partial:
+        partial.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in rows if r["step"] <= step))
+
+
+def _finished(ckpt: Path, config: TrainConfig) -> bool:
+    """Whether the run whose last checkpoint is ``ckpt`` is done: trained to max_steps, its final/ written (a run cut
+    while it wrote final/ has none: resuming it writes final/ without training)."""
+    return checkpoints.step_of(ckpt) == config.max_steps and (Path(config.output_dir) / "final").is_dir()
 
 
 def _checkpoint_processes(ckpt: Path) -> int:
@@ -118,10 +148,17 @@ def _resume_checkpoint(config: TrainConfig, out: Path, world: int) -> Path:
                 for c in changed
             ]
         )
+    for line in checkpoints.set_aside_incomplete(out):
+        _say(f"{line}; delete it once you no longer need it")
     ckpt = last_checkpoint(out)
     if ckpt is None:
-        raise ConfigError([f"resume: no checkpoint-* in {out}; set save_steps to checkpoint a run"])
-    step = _step(ckpt)
+        raise ConfigError(
+            [
+                f"resume: no complete checkpoint-* in {out}; start the run again with --overwrite (save_steps sets "
+                "how often a run is checkpointed)"
+            ]
+        )
+    step = checkpoints.step_of(ckpt)
     wrote = _checkpoint_processes(ckpt)
     if wrote != world:
         # each process samples with its own generator and its share of the prompts: on another number of
@@ -251,7 +288,7 @@ def run_training(config: TrainConfig) -> Path:
     if main:
         try:
             ckpt = _prepare_output_dir(config, out, world)
-            complete = ckpt is not None and _step(ckpt) == config.max_steps
+            complete = ckpt is not None and _finished(ckpt, config)
             if not complete:
                 start = _write_run_start(config, out)
         except Exception as e:  # the others are waiting for rank 0: they learn of it below, then it is raised
@@ -265,7 +302,7 @@ def run_training(config: TrainConfig) -> Path:
         raise SystemExit(status)  # rank 0 says why
     if not main:
         ckpt = last_checkpoint(out) if config.resume else None
-        complete = ckpt is not None and _step(ckpt) == config.max_steps
+        complete = ckpt is not None and _finished(ckpt, config)
         start = model_path(config)  # rank 0 built and cached it
     if complete:
         # Training on would add a step past max_steps and replace final/: leave the finished run as it is.
@@ -352,10 +389,11 @@ def run_training(config: TrainConfig) -> Path:
     use_quiet_progress(trainer, config.progress)
     with trainer.interrupts:
         _train(trainer, config, ckpt)
-        with trainer.interrupts.deferred():
+        with trainer.interrupts.deferred(), writing(out):
             if trainer.accelerator.is_main_process:
-                trainer.save_model(str(out / "final"))
-                tokenizer.save_pretrained(out / "final")
+                with replacing(out / "final") as partial:  # whole or absent, as a checkpoint
+                    trainer.save_model(str(partial))
+                    tokenizer.save_pretrained(partial)
                 write_run_card(config, out)
                 plot_training_dynamics(
                     out / "metrics.jsonl",
@@ -370,12 +408,14 @@ def _write_run_start(config: TrainConfig, out: Path) -> Path:
     process) and its copy in warm_start/; returns the starting checkpoint."""
     # resume/overwrite say what this command does to output_dir, not what the run is: kept out of config.yaml so
     # that `kpo train --config RUN/config.yaml --resume` continues it
-    dataclasses.replace(config, resume=False, overwrite=False).save_yaml(out / "config.yaml")
+    with replacing(out / "config.yaml") as partial:
+        dataclasses.replace(config, resume=False, overwrite=False).save_yaml(partial)
     with _distributed.single_process():
         start = model_path(config)
     if config.model is None and not (out / "warm_start").exists():
         # the embedded model's starting point beside the run (a few MB), so it can be evaluated like final/
-        shutil.copytree(start, out / "warm_start")
+        with replacing(out / "warm_start") as partial:
+            shutil.copytree(start, partial)
     return start
 
 

@@ -38,10 +38,12 @@ import torch
 import trl
 from packaging.version import Version
 
+from kpo._files import writing
 from kpo.advantages import compute_advantages
 from kpo.analysis.dumps import write_dump
 from kpo.losses import aggregate_entropy, get_loss_spec, policy_loss
 from kpo.losses.kpo import filter_settings
+from kpo.train.checkpoints import incomplete_reason, save_whole
 from kpo.train.config import on_policy_step
 from kpo.train.interrupt import InterruptGuard, restore_rng, rng_state
 from kpo.train.rollout import fast_rollout_unsupported, generate_single_turn
@@ -242,10 +244,13 @@ class KPOTrainer(GRPOTrainer):
             self._batch_end_rng = rng_state()
 
     def _save_checkpoint(self, model, trial):
+        def save():
+            super(KPOTrainer, self)._save_checkpoint(model, trial)
+
         if self.interrupts is None:
-            return super()._save_checkpoint(model, trial)
+            return save_whole(self, save)
         with self.interrupts.deferred():
-            return super()._save_checkpoint(model, trial)
+            return save_whole(self, save)
 
     def checkpoint_abandoned_batch(self) -> Path | None:
         """After :class:`~kpo.train.interrupt.AbandonBatch`: the checkpoint of the last finished generation batch,
@@ -255,7 +260,7 @@ class KPOTrainer(GRPOTrainer):
         if step == 0:
             return None
         folder = Path(self.args.output_dir) / f"checkpoint-{step}"
-        saved = folder.is_dir()
+        saved = incomplete_reason(folder) is None
         # every process looks before the main one writes the folder: all of them save, or none
         self.accelerator.wait_for_everyone()
         if not saved:
@@ -459,5 +464,5 @@ class KPOTrainer(GRPOTrainer):
         }
         row |= {k: float(v) for k, v in logs.items() if k in _SAMPLING_KEYS}
         row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
-        with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        with writing(self.metrics_path), open(self.metrics_path, "a") as f:
+            f.write(json.dumps(row) + "\n")  # one line per write: a cut leaves at most the last one torn
