@@ -378,3 +378,33 @@ def test_write_dump_round_trips_through_load_dump(tmp_path):
         write_dump(tmp_path / "x.safetensors", z, m, step=1, settings={"q": 1, "v": 1, "p0": 0, "x0": 0})
     with pytest.raises(ValueError, match=r"log_ratio \(2, 4\) and mask \(1, 4\) must both be \[B, T\]"):
         write_dump(tmp_path / "x.safetensors", z, m[:1], step=1, settings=settings)
+
+
+def test_a_dump_the_disk_has_no_room_for_is_absent_and_named(tmp_path, monkeypatch):
+    """safetensors reports a full disk as its own error, the errno only in its text: write_dump names the dump in an
+    OSError (one line from the command) and leaves no part of it where kpo analyze would read it."""
+    import safetensors.numpy
+
+    z, m = np.zeros((1, 4)), np.ones((1, 4), dtype=bool)
+    settings = {"q": 1e-3, "v": 1.0, "p0": 0.0, "x0": 0.0, "mask_mode": "skip"}
+    kept = write_dump(tmp_path / "ratios" / "step_000001.safetensors", z, m, step=1, settings=settings)
+
+    def full_disk(tensors, filename, metadata=None):
+        with open(filename, "wb") as f:
+            f.write(b"{half a header")
+        raise Exception("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", full_disk)
+    path = tmp_path / "ratios" / "step_000002.safetensors"
+    with pytest.raises(OSError) as caught:
+        write_dump(path, z, m, step=2, settings=settings)
+    assert (caught.value.errno, caught.value.filename) == (28, str(path))
+    assert find_dumps(tmp_path) == [kept] and sorted(p.name for p in kept.parent.iterdir()) == [kept.name]
+
+
+def test_a_bad_setting_leaves_no_output_folder(tmp_path, capsys):
+    """--synthetic wrote its dump before the analysis found the bad setting, leaving --out behind."""
+    out = tmp_path / "X"
+    assert main(["--synthetic", "--q", "-1", "--out", str(out), "--samples", "2", "--length", "8"]) == 2
+    assert "q (process noise) must be > 0, got -1.0" in capsys.readouterr().err
+    assert not out.exists()

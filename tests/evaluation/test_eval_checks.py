@@ -236,3 +236,49 @@ def test_a_prompt_that_fills_the_context_is_an_error(short_context_model, tmp_pa
     assert _short_eval(short_context_model, tmp_path, "x" * 64) == 2
     err = capsys.readouterr().err
     assert "has 64 tokens and the model's context is 64, which leaves no room to generate" in err
+
+
+def test_a_model_without_tokenizer_files_is_named(tiny_model, tmp_path, capsys):
+    """transformers builds a one-token tokenizer from the model's config instead of failing (issue 34: an
+    IndexError in the decoder followed)."""
+    model = tmp_path / "model"
+    shutil.copytree(
+        tiny_model, model, ignore=shutil.ignore_patterns("tokenizer*", "vocab*", "special_tokens*")
+    )
+    assert _eval(model, "--limit", "1") == 2
+    assert f"kpo eval: error: model={str(model)!r}: no tokenizer files in this directory" in _error(capsys)
+
+
+def test_data_that_is_a_folder_or_missing_is_named_before_the_model_loads(tmp_path, no_load, capsys):
+    folder, missing = tmp_path / "data", tmp_path / "aime.parquet"
+    folder.mkdir()
+    assert _eval("m", "--data", str(folder), str(missing), "--output", str(tmp_path / "r.json")) == 2
+    err = _error(capsys)
+    assert f"data: {str(folder)!r} is a directory; give a benchmark file" in err
+    assert f"data: {str(missing)!r} does not exist; give a benchmark file" in err
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_sampling(read_only_dir, no_load, capsys):
+    folder, why = read_only_dir
+    for output in (folder / "res.json", folder / "sub" / "res.json"):
+        assert _eval("m", "--output", str(output)) == 2
+        assert f"output={str(output)!r} (--output): {str(folder)!r} {why}; choose another path" in _error(
+            capsys
+        )
+    assert not any(folder.iterdir())
+
+
+def test_a_torn_cache_line_is_dropped_and_said(tmp_path, empty_backend, capsys):
+    """What a kill or a full disk during an append leaves: the rerun drops it, says so, and redoes that sample."""
+    out, cache = tmp_path / "r.json", tmp_path / "r.generations.jsonl"
+    assert _eval("m", "--limit", "2", "--output", str(out)) == 0
+    whole = cache.read_bytes()
+    cache.write_bytes(whole[:-10])
+    capsys.readouterr()
+    assert _eval("m", "--limit", "2", "--output", str(out)) == 0
+    err = capsys.readouterr().err
+    dropped = len(whole.splitlines(keepends=True)[-1]) - 10
+    assert (
+        f"kpo eval: dropped the torn last line of {cache} ({dropped} bytes, cut while it was written)" in err
+    )
+    assert cache.read_bytes() == whole

@@ -103,3 +103,35 @@ def test_overwrite_removes_the_previous_runs_evaluations_and_summary(tmp_path):
     _prepare_output_dir(TrainConfig(output_dir=str(run), overwrite=True), run, world=1)
     # a stale evaluation would let kpo summary pair the new run with the old models' results
     assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
+
+
+def test_a_run_with_no_steps_logged_is_an_error_not_nan(tmp_path, capsys):
+    """An empty metrics.jsonl (a full disk, a cut run) gave "0 steps, mean response nan" and a bare NaN in
+    summary.json, which is not JSON."""
+    run = _run(tmp_path)
+    (run / "metrics.jsonl").write_text("")
+    assert main([str(run)]) == 2
+    assert capsys.readouterr().err.startswith(f"kpo summary: {run / 'metrics.jsonl'}: no steps logged")
+    assert not (run / "summary.json").exists()
+
+
+def test_a_torn_evaluation_is_named(tmp_path, capsys):
+    run = _run(tmp_path)
+    text = (run / "eval.json").read_text()
+    (run / "eval.json").write_text(text[: len(text) // 2])
+    assert main([str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kpo summary: {run / 'eval.json'}: not kpo eval's results (JSONDecodeError: ")
+    assert err.rstrip().endswith(f"evaluate again with kpo eval --output {run / 'eval.json'}")
+
+
+def test_summary_json_is_strict_json_without_response_lengths(tmp_path, capsys):
+    run = _run(tmp_path)
+    rows = [{"step": 1, "reward_mean": 0.5, "response_length": None}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main([str(run)]) == 0
+    assert "mean response n/a" in capsys.readouterr().out
+    assert (
+        json.loads((run / "summary.json").read_text(), parse_constant=pytest.fail)["response_length_mean"]
+        is None
+    )

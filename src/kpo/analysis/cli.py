@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
 from kpo._checks import file_in_the_way
+from kpo._files import writing
 from kpo.analysis.compute import AnalyzeConfig
 from kpo.analysis.dumps import DumpError, find_dumps, load_dump
 from kpo.analysis.report import analyze, markdown_table
@@ -113,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    created = not out.exists()
     try:
         if args.synthetic:
             dump_path = write_synthetic(
@@ -123,8 +126,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             files = [f for p in args.paths for f in find_dumps(p)]
         dumps = [load_dump(f) for f in files]
-        results = analyze(dumps, cfg, out)
+        with writing(out):
+            results = analyze(dumps, cfg, out)
     except (DumpError, ValueError) as exc:
+        if created:  # a failed analysis leaves no folder behind (--synthetic wrote its dump first)
+            shutil.rmtree(out, ignore_errors=True)
         print(f"kpo analyze: error: {exc}", file=sys.stderr)
         return 2
     print(markdown_table([("Before KF", results["before"]), (results["after_label"], results["after"])]))

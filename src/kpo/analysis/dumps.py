@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kpo._files import replacing
 from kpo.diagnostics import prepare
 
 DUMP_SUFFIXES = (".safetensors", ".npz")
@@ -86,13 +87,13 @@ def write_dump(
     extra = {"loss": loss, "on_policy": None if on_policy is None else str(int(on_policy)), "source": source}
     meta.update({k: v for k, v in extra.items() if v is not None})
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {
         "log_ratio": z.float().numpy(),
         "filtered_log_ratio": filtered.float().numpy(),
         "mask": m.to(torch.uint8).numpy(),
     }
-    save_file(tensors, str(path), metadata=meta)
+    with replacing(path) as partial:  # whole or absent (kpo analyze reads every dump of a folder)
+        save_file(tensors, str(partial), metadata=meta)
     return path
 
 

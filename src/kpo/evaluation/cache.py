@@ -13,6 +13,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from kpo._files import complete_part, writing
+
 
 def sample_seed(seed: int, dataset: str, problem_id: str, sample: int) -> int:
     """The 63-bit seed of one sample: a stable hash of (seed, dataset, problem id, sample index)."""
@@ -27,8 +29,8 @@ def prompt_hash(prompt: str) -> str:
 class GenerationCache:
     """Append-only jsonl of completions; see the module docstring for the key.
 
-    A line cut short by a kill (the batch in flight) is dropped on open, so appends resume on a clean line.
-    A corrupt line anywhere else is an error naming the line.
+    A line cut short by a kill or a full disk (the batch in flight) is dropped on open (``torn``: its bytes), so
+    appends resume on a clean line. A corrupt line anywhere else is an error naming the line.
     """
 
     KEY_FIELDS = ("model", "dataset", "id", "sample", "params", "prompt_sha")
@@ -36,6 +38,7 @@ class GenerationCache:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._records: dict[str, dict] = {}
+        self.torn = 0
         if self.path.exists():
             self._load()
 
@@ -45,8 +48,9 @@ class GenerationCache:
 
     def _load(self) -> None:
         data = self.path.read_bytes()
-        complete = data[: data.rfind(b"\n") + 1]
-        if len(complete) < len(data):
+        complete = complete_part(data)
+        self.torn = len(data) - len(complete)
+        if self.torn:
             # The process died mid-write: drop the partial tail so the next append starts a fresh line.
             with open(self.path, "r+b") as f:
                 f.truncate(len(complete))
@@ -69,10 +73,11 @@ class GenerationCache:
 
     def append(self, records: Sequence[dict]) -> None:
         """Write `records` as one durable batch (flush + fsync before returning)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-            f.flush()
-            os.fsync(f.fileno())
+        with writing(self.path):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+                f.flush()
+                os.fsync(f.fileno())
         for r in records:
             self._records[self.key(r)] = r

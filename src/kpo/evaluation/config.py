@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kpo._checks import file_in_the_way
+from kpo._checks import file_in_the_way, unwritable
 from kpo.data.math import format_prompt
 from kpo.evaluation.backends import check_engine
 
@@ -115,7 +115,8 @@ class EvalConfig:
             errors.append(
                 f"limit={limit!r}: must be a positive integer (the first `limit` problems), or None for all"
             )
-        errors += _check_task(self.synthetic_kw, specs(data)) + _check_outputs(*self.paths())
+        errors += _check_data(specs(data)) + _check_task(self.synthetic_kw, specs(data))
+        errors += _check_outputs(*self.paths())
         errors += check_engine(self.backend, self.device, self.dtype)
         if errors:
             raise ValueError("evaluate: " + "; ".join(errors))
@@ -124,6 +125,20 @@ class EvalConfig:
 def specs(data: str | Path | Sequence[str | Path]) -> list[str | Path]:
     """The benchmarks ``data`` names, as a list."""
     return [data] if isinstance(data, str | Path) else list(data)
+
+
+def _check_data(specs: list[str | Path]) -> list[str]:
+    """Benchmark files that are not there, or are folders."""
+    errors = []
+    for spec in specs:
+        path = Path(spec)
+        if str(spec) == SYNTHETIC or path.is_file():
+            continue
+        why = "is a directory" if path.is_dir() else "does not exist"
+        errors.append(
+            f"data: {str(spec)!r} {why}; give a benchmark file (.jsonl, .json, .parquet) or 'synthetic'"
+        )
+    return errors
 
 
 def _check_task(synthetic_kw: dict | None, specs: list[str | Path]) -> list[str]:
@@ -175,4 +190,6 @@ def _path_errors(name: str, path: Path) -> list[str]:
             f"{name}={str(path)!r} (--{name}): {str(existing)!r} is a file, not a directory; choose "
             "another path"
         ]
+    if (why := unwritable(path.parent)) is not None:
+        return [f"{name}={str(path)!r} (--{name}): {why}; choose another path"]
     return []

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kpo import _distributed
+from kpo._files import replacing
 from kpo._progress import library_bars, progress_bar
 from kpo.data.math import has_chat_template
 from kpo.evaluation.backends import make_backend
@@ -67,6 +68,11 @@ def evaluate(
     show_progress = cfg.show_progress and rank == 0
     library_bars(show_progress)  # the model loader's bar: on a terminal only
     store = GenerationCache(cache) if cache is not None else None
+    if store is not None and store.torn and rank == 0:
+        print(
+            f"kpo eval: dropped the torn last line of {cache} ({store.torn} bytes, cut while it was written)",
+            file=sys.stderr,
+        )
     _distributed.barrier()  # every process has read the cache before any appends to it
     engine = make_backend(cfg.backend, model, _process_device(cfg.device, world), cfg.dtype)
     if world > 1 and engine.name == "vllm":
@@ -141,9 +147,11 @@ def evaluate(
         k: sum(b[k] for b in results["benchmarks"].values()) / len(results["benchmarks"]) for k in metric_keys
     }
     if output is not None and rank == 0:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(json.dumps(results, indent=2) + "\n")
-        table.write_text(format_table(results) + "\n")
+        # whole or absent: kpo summary and kpo compare read them
+        with replacing(output) as partial:
+            partial.write_text(json.dumps(results, indent=2) + "\n")
+        with replacing(table) as partial:
+            partial.write_text(format_table(results) + "\n")
     return results
 
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
+from kpo._files import replacing
 from kpo.train.config import on_policy_step
 from kpo.train.metrics import load_metrics, window_mean
 
@@ -35,8 +35,13 @@ def _eval_block(path: Path) -> tuple[dict, list[int], int]:
     """(summary block, per-problem correct counts, n) of an eval results file with one benchmark."""
     from kpo.evaluation.metrics import bootstrap_avg_ci
 
-    results = json.loads(path.read_text())
-    benches = results["benchmarks"]
+    try:
+        results = json.loads(path.read_text())
+        benches = results["benchmarks"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(
+            f"{path}: not kpo eval's results ({type(e).__name__}: {e}); evaluate again with kpo eval --output {path}"
+        ) from None
     if len(benches) != 1:
         raise ValueError(
             f"{path}: holds {len(benches)} benchmarks ({', '.join(benches)}); the summary reads one"
@@ -90,6 +95,11 @@ def summarize_run(run_dir: str | Path) -> dict:
         )
     config = TrainConfig.from_yaml(run / "config.yaml")
     rows = load_metrics(run)
+    if not rows:
+        raise ValueError(
+            f"{run / 'metrics.jsonl'}: no steps logged, so there is nothing to summarize; it is written during "
+            "training (train again, or resume the run with kpo train --resume)"
+        )
     evals = {key: _eval_block(run / name) for key, name in EVAL_FILES.items()}
     (warm, warm_counts, n_warm), (final, final_counts, n_final) = evals["warm_start"], evals["final"]
     if n_warm != n_final or len(warm_counts) != len(final_counts):
@@ -103,21 +113,24 @@ def summarize_run(run_dir: str | Path) -> dict:
         "run": str(run),
         "loss": config.loss,
         "steps": len(rows),
-        "response_length_mean": sum(lengths) / len(lengths) if lengths else math.nan,
+        "response_length_mean": sum(lengths) / len(lengths) if lengths else None,
         "reward": {"first": window_mean(rewards, last=False), "last": window_mean(rewards, last=True)},
         "warm_start": warm,
         "final": final,
         "final_minus_warm_start": {"mean": 100 * diff, "ci95": [100 * low, 100 * high]},
         "kpo": _kalman_block(rows, config.minibatches) if config.loss in KALMAN_LOSSES else None,
     }
-    (run / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    with replacing(run / "summary.json") as partial:
+        partial.write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     return summary
 
 
 def format_summary(s: dict) -> str:
     k = s["final"]["k"]
+    length = s["response_length_mean"]
     lines = [
-        f"run {s['run']}: {s['loss']}, {s['steps']} steps, mean response {s['response_length_mean']:.1f} tokens",
+        f"run {s['run']}: {s['loss']}, {s['steps']} steps, mean response "
+        + ("n/a" if length is None else f"{length:.1f} tokens"),
         f"| model | avg@{k} (95% CI) | pass@{k} | problems |",
         "|---|---|---|---|",
     ]
