@@ -107,6 +107,27 @@ def test_bad_input():
         compute_advantages("grpo", np.array([{"r": 1}], dtype=object), [0])
 
 
+def test_list_rewards_keep_float64():
+    """A list went through torch's default float32: 1 + 1e-9 rounded to 1 (advantages all 0) and 1e308 to inf."""
+    adv = compute_advantages("grpo", [1.0, 1.0 + 1e-9, 1.0], [0, 0, 0])
+    assert torch.equal(
+        adv, compute_advantages("grpo", torch.tensor([1.0, 1.0 + 1e-9, 1.0], dtype=torch.float64), [0] * 3)
+    )
+    assert adv[1] > 0 > adv[0]
+    assert compute_advantages("drgrpo", [1e308, -1e308], [0, 1]).tolist() == [1e308, -1e308]
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [[0, float("nan")], torch.tensor([0.0, float("nan")]), np.array([0.0, np.nan])],
+    ids=["list", "tensor", "numpy"],
+)
+def test_nan_group_ids_are_refused(ids):
+    """NaN equals nothing, itself included: each NaN id was a group of one."""
+    with pytest.raises(ValueError, match=r"group_ids\[1\] is NaN; give each response its prompt's id"):
+        compute_advantages("grpo", [1.0, 2.0], ids)
+
+
 def test_grpo_needs_a_positive_eps():
     # Equal rewards in a group give std 0: eps = 0 would make that group's advantages 0/0 = NaN.
     with pytest.raises(ValueError, match=r"grpo needs eps > 0.*got eps=0"):

@@ -50,6 +50,8 @@ def _group_index(group_ids, n: int, device) -> torch.Tensor:
     index: dict = {}
     out = []
     for i, g in enumerate(group_ids):
+        if isinstance(g, float) and math.isnan(g):  # NaN equals nothing, itself included: a group of one each
+            raise ValueError(f"group_ids[{i}] is NaN; give each response its prompt's id")
         try:
             out.append(index.setdefault(g, len(index)))
         except TypeError:
@@ -94,7 +96,12 @@ def compute_advantages(name: str, rewards, group_ids, **kw) -> torch.Tensor:
         )
     opts = {**_DEFAULTS[name], **kw}
     try:
-        r = torch.as_tensor(rewards).detach().to(torch.float64)
+        # a list straight to float64: through torch's default float32 it would round (1 + 1e-9 -> 1, 1e308 -> inf)
+        r = (
+            rewards.detach().to(torch.float64)
+            if isinstance(rewards, torch.Tensor)
+            else torch.as_tensor(rewards, dtype=torch.float64)
+        )
     except (TypeError, ValueError, RuntimeError) as e:
         raise TypeError(f"rewards must be numbers [N] (a list, numpy array or tensor): {e}") from None
     if r.dim() != 1:

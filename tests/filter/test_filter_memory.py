@@ -67,3 +67,24 @@ def test_bad_memories_are_named(bad):
         matched_memory(bad)
     with pytest.raises(ValueError, match="q"):
         steady_state_gain(-1.0)
+
+
+@pytest.mark.parametrize("memory", [0.01, 0.0015])
+def test_a_memory_below_a_token_gives_a_filter_that_follows_each_ratio(memory):
+    """Below ~0.03 tokens 1 - gain rounded to 0 and q_for_memory divided by it (ZeroDivisionError, also through
+    policy_loss("kpo", memory=...) and kpo train --loss-kwargs)."""
+    import kpo
+
+    q = q_for_memory(memory)
+    assert math.isfinite(q) and steady_state_gain(q) == 1.0
+    z = torch.tensor([[0.1, -0.2, 0.3]], dtype=torch.float64)
+    assert torch.equal(kalman_filter(z, q=q), z)
+    loss, _ = kpo.policy_loss("kpo", z, torch.zeros_like(z), torch.ones(1), torch.ones_like(z), memory=memory)
+    assert math.isfinite(float(loss))
+
+
+def test_a_memory_whose_q_overflows_is_named():
+    with pytest.raises(
+        ValueError, match=r"memory=0\.001 tokens needs a q beyond float64's range; give memory >= 0\.0015"
+    ):
+        q_for_memory(0.001)

@@ -185,6 +185,19 @@ def test_shape_errors_name_the_tensor():
         policy_loss("vanilla", lp, old, adv, mask, rollout_log_prob=old[:2])
 
 
+@pytest.mark.parametrize("field", ["old_log_prob", "rollout_log_prob"])
+def test_integer_log_probs_are_refused_as_log_prob_is(field):
+    """An int64 old_log_prob passed silently (cast to float), while an int log_prob was refused."""
+    lp, old, adv, mask = _batch()
+    tensors = {"old_log_prob": old, "rollout_log_prob": old.detach().clone()}
+    tensors[field] = tensors[field].round().long()
+    with pytest.raises(
+        ValueError,
+        match=f"{field} must be a floating tensor of log-probabilities, as log_prob is; got torch.int64",
+    ):
+        policy_loss("vanilla", lp, tensors.pop("old_log_prob"), adv, mask, **tensors)
+
+
 @pytest.mark.parametrize("field", ["log_prob", "old_log_prob", "advantages"])
 def test_non_finite_valid_entries_name_row_and_position(field):
     lp, old, adv, mask = _batch(requires_grad=False)

@@ -27,10 +27,15 @@ PAPER_Q = 1e-6  # KPO-clipped's Q/V in the paper (V = 1)
 PAPER_LENGTH = 4096  # the paper's maximum response length
 
 
+def _steady_prior(q: float, v: float) -> float:
+    """S = (q + sqrt(q^2 + 4 q v)) / 2, written so that q^2 cannot overflow (q reaches 1e289 at memory 0.0015)."""
+    check_params(q, v, 0.0)
+    return q * (1.0 + math.sqrt(1.0 + 4.0 * v / q)) / 2.0
+
+
 def steady_state_gain(q: float, v: float = 1.0) -> float:
     """K_inf, the limit of the gains K_t for any p0 (float64)."""
-    check_params(q, v, 0.0)
-    s = (q + math.sqrt(q * q + 4.0 * q * v)) / 2.0
+    s = _steady_prior(q, v)
     return s / (s + v)
 
 
@@ -38,8 +43,7 @@ def steady_state_variance(q: float, v: float = 1.0) -> float:
     """The posterior variance the filter converges to, S v / (S + v) (float64). As ``p0`` it starts the filter
     at its steady state: the first prior is p0 + q = S, so every gain is K_inf and the filter is a constant-gain
     exponential moving average from the first token (no ramp from the prior)."""
-    check_params(q, v, 0.0)
-    s = (q + math.sqrt(q * q + 4.0 * q * v)) / 2.0
+    s = _steady_prior(q, v)
     return s * v / (s + v)
 
 
@@ -64,7 +68,17 @@ def q_for_memory(memory: float, v: float = 1.0) -> float:
     _check_tokens("memory", memory)
     check_params(1.0, v, 0.0)
     gain = -math.expm1(-1.0 / memory)
-    return v * gain * gain / (1.0 - gain)
+    # 1 - gain = exp(-1 / memory), which rounds to 0 below ~0.03 tokens: divide by it as a product
+    try:
+        q = v * gain * gain * math.exp(1.0 / memory)
+    except OverflowError:
+        q = math.inf
+    if not math.isfinite(q):
+        raise ValueError(
+            f"memory={memory!r} tokens needs a q beyond float64's range; give memory >= 0.0015 tokens (a memory "
+            "below 1 token already has the filter follow each log-ratio)"
+        )
+    return q
 
 
 def matched_memory(

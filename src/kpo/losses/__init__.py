@@ -90,6 +90,10 @@ def _validate(log_prob, old_log_prob, advantages, mask, rollout_log_prob, rollou
             )
         if t is not None and t.device != log_prob.device:
             raise ValueError(f"{key} is on {t.device} but log_prob is on {log_prob.device}")
+        if key.endswith("log_prob") and t is not None and not t.is_floating_point():
+            raise ValueError(
+                f"{key} must be a floating tensor of log-probabilities, as log_prob is; got {t.dtype}"
+            )
     mask = bool_mask(mask)
     B, T = shape
     if B == 0 or T == 0:
