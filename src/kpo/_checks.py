@@ -24,6 +24,22 @@ def unwritable(folder: Path) -> str | None:
     return f"{str(existing)!r} {why}"
 
 
+# Files that hold a tokenizer's vocabulary, one of which save_pretrained writes (fast, BPE, WordPiece,
+# SentencePiece). Without any, AutoTokenizer builds a one-token tokenizer from the model's config instead of
+# failing, and generation fails later on empty prompts.
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "tokenizer.model", "spiece.model")
+
+
+def no_tokenizer(model: Path) -> str | None:
+    """What is missing when the model directory ``model`` holds no tokenizer, or None."""
+    if any((model / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    return (
+        f"no tokenizer files in this directory (one of {', '.join(TOKENIZER_FILES)}); save the tokenizer beside "
+        "the model (tokenizer.save_pretrained(DIR))"
+    )
+
+
 def bool_mask(mask: torch.Tensor) -> torch.Tensor:
     """``mask`` as a bool tensor of the same shape: bool as is, 0/1 of any dtype converted.
 

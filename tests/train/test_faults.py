@@ -251,3 +251,20 @@ def test_resume_into_a_missing_folder_creates_nothing(tiny_config, tmp_path, cap
     assert kpo(["train", *cli_flags(tiny_config(output_dir=str(out))), "--resume"]) == 2
     assert f"resume: output_dir={str(out)!r} does not exist" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_run_whose_only_checkpoint_was_cut_says_to_start_again(reference, tmp_path, capsys):
+    """A full disk during the first save left checkpoint-N without its record: --resume sets it aside and says
+    there is nothing to resume from (it was "ValueError: Can't find a valid checkpoint" and a traceback)."""
+    out = _copy(reference, tmp_path / "run")
+    shutil.rmtree(out / "final")
+    shutil.rmtree(out / f"checkpoint-{STEPS}")
+    (out / "checkpoint-4" / RECORD).unlink()
+    assert kpo(["train", "--config", str(out / "config.yaml"), "--resume", *SAVE]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("kpo train: set aside checkpoint-4, which is incomplete") and err[1:] == [
+        "kpo train: invalid training config:",
+        f"  - resume: no complete checkpoint-* in {out}; start the run again with --overwrite (save_steps sets how "
+        "often a run is checkpointed)",
+    ]
+    assert not list(out.glob("checkpoint-*"))

@@ -19,15 +19,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kpo._checks import no_tokenizer
+
 BACKENDS = ("auto", "transformers", "vllm")
 # Model dtypes both backends take by these names (vLLM has no float64).
 DTYPES = ("bfloat16", "float16", "float32")
 # The devices vLLM can honour: it places the model itself (on the GPUs CUDA_VISIBLE_DEVICES shows it).
 _VLLM_DEVICES = ("auto", "cuda")
-# Files that hold a tokenizer's vocabulary, one of which save_pretrained writes (fast, BPE, WordPiece,
-# SentencePiece). Without any, AutoTokenizer builds a one-token tokenizer from the model's config instead of
-# failing, and generation fails later on empty prompts.
-TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "tokenizer.model", "spiece.model")
 
 
 def _resolve_device(device: str) -> str:
@@ -251,11 +249,8 @@ def _require_model_dir(model: str | Path) -> None:
         raise ValueError(
             f"model={str(model)!r}: no config.json in this directory; give a Hugging Face model directory"
         )
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        raise ValueError(
-            f"model={str(model)!r}: no tokenizer files in this directory (one of {', '.join(TOKENIZER_FILES)}); "
-            "save the tokenizer beside the model (tokenizer.save_pretrained(DIR))"
-        )
+    if (missing := no_tokenizer(path)) is not None:
+        raise ValueError(f"model={str(model)!r}: {missing}")
 
 
 def make_backend(name: str, model_path: str | Path, device: str, dtype: str | None):
