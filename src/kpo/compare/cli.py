@@ -1,4 +1,5 @@
-"""``kpo compare``: the command line. Its options are the fields of :class:`kpo.compare.CompareConfig`."""
+"""``kpo compare``: the command line. Its options are the fields of :class:`kpo.compare.CompareConfig`;
+``kpo compare regimes``'s those of :class:`kpo.compare.regimes.RegimeConfig`."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from kpo.compare.plan import (
     CompareConfig,
     CompareError,
 )
+from kpo.compare.regimes import BATCHES, DIFF_SD, GRID, MISMATCH, RegimeConfig, run_regimes
 from kpo.compare.run import run_compare
 
 
@@ -183,7 +185,112 @@ def _config(args) -> CompareConfig:
     )
 
 
+def _listed(kind):
+    """A comma-separated list of ``kind``: '4,16' -> (4, 16)."""
+
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(kind(x.strip()) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated {kind.__name__} values") from None
+
+    parse.__name__ = f"list of {kind.__name__}"
+    return parse
+
+
+def build_regimes_parser() -> argparse.ArgumentParser:
+    d = RegimeConfig()
+    p = argparse.ArgumentParser(
+        prog="kpo compare regimes",
+        description="Where does KPO help? A grid of regimes (train-inference mismatch x off-policy depth x "
+        "learning rate), each cell vanilla (GRPO), GSPO and KPO (matched) paired by seed and decided as kpo "
+        "compare decides; where KPO or GSPO survives what breaks vanilla, the cell adds KPO's clip band without "
+        "the filter. Prints the plan and the claim rules before anything trains; finished runs are reused; the "
+        "map (report.md, report.json, regimes.png) is rewritten as each cell finishes.",
+    )
+    p.add_argument("--out", default=d.out, help="Map and run directory (default: %(default)s).")
+    p.add_argument(
+        "--mismatch",
+        type=_listed(str),
+        default=d.mismatch,
+        help=f"Sampler levels, of {', '.join(MISMATCH)}: none = the trainer's float32 policy with the trainer's "
+        "anchor; bf16 / fp8 = a bf16 / FP8 copy with the sampler's log-probs as the anchor (default: "
+        f"{','.join(GRID['mismatch'])}).",
+    )
+    p.add_argument(
+        "--depth",
+        type=_listed(int),
+        default=d.depth,
+        help=f"Optimizer steps per generation batch (default: {','.join(map(str, GRID['depth']))}).",
+    )
+    p.add_argument(
+        "--lr", type=_listed(float), default=d.lr, help=f"Learning rates (default: {','.join(map(str, GRID['lr']))})."
+    )
+    p.add_argument(
+        "--cells",
+        type=_listed(str),
+        default=(),
+        help="Run these cells alone, by name (MISMATCH-depthN-lrX, e.g. none-depth4-lr0.0001), instead of the grid.",
+    )
+    p.add_argument("--seeds", type=int, default=d.seeds, help="Paired seeds per cell (default: %(default)s).")
+    p.add_argument(
+        "--batches",
+        type=int,
+        default=d.batches,
+        help=f"Generation batches per run, the same in every cell (default: {BATCHES}).",
+    )
+    p.add_argument(
+        "--curve-every",
+        type=int,
+        default=0,
+        help="Generation batches between the checkpoints whose exact held-out accuracy makes each run's learning "
+        "curve (curve.json); 0 = none (default).",
+    )
+    p.add_argument("--eval-n", type=int, default=d.eval_n, help="Samples per held-out problem (default: %(default)s).")
+    p.add_argument("--eval-limit", type=int, default=None, help="Held-out problems (default: the test split).")
+    p.add_argument("--jobs", type=int, default=None, help="Parallel runs (default: one per CPU).")
+    p.add_argument("--plan", action="store_true", help="Print the plan and the rules, and stop.")
+    p.add_argument(
+        "--pilot",
+        type=Path,
+        default=None,
+        help=f"A finished compare's report.json: plan with the sd it measured (default: {DIFF_SD} points).",
+    )
+    p.add_argument("train_args", nargs=argparse.REMAINDER, help="After `--`: extra `kpo train` flags for every run.")
+    return p
+
+
+def regimes_main(argv: list[str]) -> int:
+    args = build_regimes_parser().parse_args(argv)
+    extra = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
+    cfg = RegimeConfig(
+        out=args.out,
+        mismatch=args.mismatch,
+        depth=args.depth,
+        lr=args.lr,
+        cells_only=args.cells,
+        seeds=args.seeds,
+        batches=args.batches,
+        curve_every=args.curve_every,
+        eval_n=args.eval_n,
+        eval_limit=args.eval_limit,
+        jobs=args.jobs,
+        train_args=tuple(extra),
+    )
+    try:
+        report = run_regimes(cfg, plan_only=args.plan, pilot=args.pilot)
+    except CompareError as e:
+        print(e, file=sys.stderr)
+        return 2
+    if report is not None:
+        print(f"report: {report}\nfigure: {report.parent / 'regimes.png'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["regimes"]:
+        return regimes_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         # validates every setting and prints the plan before anything trains

@@ -12,11 +12,11 @@ MATCHED_KWARGS = (("memory", MATCHED),)
 # The ablations that isolate the filter, each against KPO at the matched memory: (a) the token ratio clipped at
 # KPO's band with no filter (memory -> 0); (b) a constant-gain moving average at the matched memory (the filter
 # started at its steady state: no ramp from the prior); (c) KPO at the paper's Q/V (memory 1000 tokens).
-ABLATIONS = (
-    ("vanilla", (("clip_ratio_low", 3e-4), ("clip_ratio_high", 4e-4))),
-    ("kpo", (("memory", MATCHED), ("p0", "steady"))),
-    ("kpo", ()),
-)
+ABLATIONS = {
+    "clip_band": ("vanilla", (("clip_ratio_low", 3e-4), ("clip_ratio_high", 4e-4))),
+    "constant_gain": ("kpo", (("memory", MATCHED), ("p0", "steady"))),
+    "paper_qv": ("kpo", ()),
+}
 # Figure 4's points as filter memories in tokens (kpo.filter.memory); paper = Q/V 1e-6 = 1000 tokens. The
 # default compare runs no sweep (--sweep-memory 8,matched,125,paper adds one).
 SWEEP_MEMORY = ()
@@ -34,6 +34,7 @@ REPLICA_SEED = (
 QUICK = {"steps": 40, "eval_n": 4, "seeds": 2, "ablation_seeds": 1, "aa_seeds": 1}
 WARM_START = "warm_start"  # the Table 1 row of the models every run starts from
 EXPECTED_FILE = "expected.json"  # a model's exact expected held-out accuracy (the running task only)
+CURVE_FILE = "curve.json"  # a run's learning curve: EXPECTED_FILE's numbers at its checkpoints (--curve-every)
 # `kpo train` fields that kpo compare sets from its own options (or its run plan); a `--` flag for one of them
 # would override compare's value after compare.json recorded it.
 COMPARE_OWNED = {
@@ -46,6 +47,8 @@ COMPARE_OWNED = {
     "dump_ratios_every": "--dump-every",
     "loss_kwargs": "nothing (each method runs its paper hyperparameters; --sweep-memory sets KPO's memory)",
     "resume": "nothing (finished runs are reused)",
+    "save_steps": "--curve-every (or nothing: an interrupt checkpoints every running run)",
+    "save_total_limit": "--curve-every",
     "overwrite": "nothing (unfinished runs restart)",
 }
 
@@ -70,7 +73,8 @@ class CompareConfig:
     steps: int | None = None  # optimizer steps per run; None = STEPS (quick: QUICK)
     minibatches: int = 4  # optimizer steps per generation batch (3 of 4 off-policy in the paper)
     matched: bool = True  # KPO at the length-matched memory, every seed: the arm the claims are about
-    ablations: bool = True  # the three ABLATIONS at ablation_seeds seeds (needs matched)
+    ablations: bool = True  # the ABLATIONS named in ablation_arms at ablation_seeds seeds (needs matched)
+    ablation_arms: tuple[str, ...] = tuple(ABLATIONS)
     ablation_seeds: int | None = None  # None = ABLATION_SEEDS (quick: QUICK)
     aa_seeds: int | None = None  # seeds of the A/A arm; 0 = none; None = AA_SEEDS (quick: QUICK)
     sweep_memory: tuple[str, ...] = SWEEP_MEMORY  # KPO's memory sweep (Figure 4); empty = no sweep
@@ -80,6 +84,9 @@ class CompareConfig:
     dump_every: int = 5  # ratio dumps every N optimizer steps (analysis input)
     jobs: int | None = None  # parallel runs; None = CPU count
     train_args: tuple[str, ...] = ()  # extra `kpo train` flags shared by every run, e.g. ("--n-terms", "4")
+    # optimizer steps between the checkpoints whose exact held-out accuracy makes each run's learning curve
+    # (curve.json; a multiple of minibatches); 0 = none
+    curve_every: int = 0
     quick: bool = False
 
     def __post_init__(self) -> None:
@@ -177,7 +184,8 @@ def arms(cfg: CompareConfig) -> list[Arm]:
         out.append(Arm("kpo", MATCHED_KWARGS, 0, cfg.seeds, "key"))
     if cfg.ablations and cfg.matched:
         have = {(a.method, a.loss_kwargs) for a in out}
-        out += [Arm(m, kw, 0, cfg.ablation_seeds, "ablation") for m, kw in ABLATIONS if (m, kw) not in have]
+        chosen = [ABLATIONS[name] for name in cfg.ablation_arms]
+        out += [Arm(m, kw, 0, cfg.ablation_seeds, "ablation") for m, kw in chosen if (m, kw) not in have]
     if cfg.aa_seeds:
         out.append(Arm(*subject(cfg), 1, cfg.aa_seeds, "aa"))
     return out
@@ -250,6 +258,14 @@ def _range_errors(cfg: CompareConfig) -> list[str]:
         "aa_seeds": f"{AA_SEEDS} seeds",
     }
     errors = []
+    unknown = sorted(set(cfg.ablation_arms) - set(ABLATIONS))
+    if unknown:
+        errors.append(f"ablation arms {unknown}: unknown; choose among {', '.join(ABLATIONS)}")
+    if cfg.curve_every < 0 or (cfg.curve_every and (cfg.curve_every % cfg.minibatches or cfg.curve_every > cfg.steps)):
+        errors.append(
+            f"--curve-every={cfg.curve_every}: must be 0 (no learning curve) or a multiple of --minibatches="
+            f"{cfg.minibatches} up to --steps={cfg.steps} (a checkpoint ends a generation batch)"
+        )
     names = (
         "seeds",
         "steps",
@@ -390,6 +406,8 @@ def train_argv(cfg: CompareConfig, run: Run, out: Path) -> list[str]:
         "--max-steps",
         str(cfg.steps),
     ]
+    if cfg.curve_every:  # every curve checkpoint kept, and the final one
+        argv += ["--save-steps", str(cfg.curve_every), "--save-total-limit", str(cfg.steps // cfg.curve_every + 1)]
     if run.loss_kwargs:
         argv += [
             "--loss-kwargs",

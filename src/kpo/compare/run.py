@@ -10,13 +10,16 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
+from kpo._files import replacing
 from kpo._progress import progress_bar
 from kpo.compare.plan import (
+    CURVE_FILE,
     DIFF_SD,
     EXPECTED_FILE,
     CompareConfig,
@@ -69,6 +72,8 @@ def _execute(cfg: CompareConfig, run: Run, out: Path, resume: bool = False) -> d
         # parallel worker, each claiming most of the GPU's memory, for a tiny model.
         results = _evaluate(cfg, config, out / "final", out / "eval.json")
         _evaluate_exact(cfg, config, out / "final", out / EXPECTED_FILE)
+        if cfg.curve_every:
+            _evaluate_curve(cfg, config, out)
     except BaseException:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -118,7 +123,24 @@ def _evaluate_exact(cfg: CompareConfig, config, model: Path, output: Path) -> No
     tokenizer = AutoTokenizer.from_pretrained(model)
     stats = expected_on_rows(net, tokenizer, rows)
     stats["ids"] = [r["id"] for r in rows]
-    output.write_text(json.dumps(stats) + "\n")
+    with replacing(output) as partial:  # a run counts as done once this file is there: whole or absent
+        partial.write_text(json.dumps(stats) + "\n")
+
+
+def _evaluate_curve(cfg: CompareConfig, config, out: Path) -> None:
+    """Write ``out/curve.json``: the exact expected held-out accuracy (per problem, and its mean) of the run's
+    checkpoints every ``cfg.curve_every`` optimizer steps, its learning curve; then drop the checkpoints' optimizer
+    states, which nothing reads once the run is done (the weights stay, a few MB each)."""
+    steps = range(cfg.curve_every, cfg.steps + 1, cfg.curve_every)
+    curve = {}
+    for step in steps:
+        folder = out / f"checkpoint-{step}"
+        _evaluate_exact(cfg, config, folder, folder / EXPECTED_FILE)
+        found = json.loads((folder / EXPECTED_FILE).read_text())
+        curve[str(step)] = {"mean": found["mean"], "per_problem": found["per_problem"]}
+        (folder / "optimizer.pt").unlink(missing_ok=True)
+    with replacing(out / CURVE_FILE) as partial:
+        partial.write_text(json.dumps({"every": cfg.curve_every, "steps": curve}) + "\n")
 
 
 def _exact_applies(cfg: CompareConfig) -> bool:
@@ -127,8 +149,11 @@ def _exact_applies(cfg: CompareConfig) -> bool:
     return parse_args(list(cfg.train_args)).task_config().kind == "running"
 
 
-def _done(out: Path, exact: bool) -> bool:
+def _done(cfg: CompareConfig, out: Path, exact: bool) -> bool:
+    """Whether the run in ``out`` is finished: trained, evaluated (exactly, where the task allows), and its
+    learning curve written when ``cfg`` asks for one."""
     names = ("config.yaml", "metrics.jsonl", "eval.json") + ((EXPECTED_FILE,) if exact else ())
+    names += (CURVE_FILE,) if cfg.curve_every and exact else ()
     return all((out / name).exists() for name in names)
 
 
@@ -175,7 +200,7 @@ def _stale_run_errors(cfg: CompareConfig, runs: list[Run], out: Path) -> list[st
     errors = []
     for run in runs:
         folder = out / "runs" / run.name
-        if _done(folder, exact) and (changed := _changed_settings(cfg, run, folder, problems)):
+        if _done(cfg, folder, exact) and (changed := _changed_settings(cfg, run, folder, problems)):
             errors.append(f"run {run.name} ({folder}) was made with other settings: {'; '.join(changed)}")
     if errors:
         errors.append(
@@ -227,21 +252,32 @@ def _failure(run: Run, err: BaseException, log: Path) -> str:
     return f"{run.name}: {type(err).__name__}: {err} (traceback in its log: {log})"
 
 
-def _broken_pool_failures(broken: list[Run], started: list[Run], out: Path) -> list[str]:
+@dataclass(frozen=True, eq=False)
+class Job:
+    """A run of a comparison to train and evaluate: its compare's settings, the run, its folder, and the name
+    progress lines give it."""
+
+    cfg: CompareConfig
+    run: Run
+    folder: Path
+    label: str
+
+
+def _broken_pool_failures(broken: list[Job], started: list[Job]) -> list[str]:
     """What to say about the runs whose futures ended with BrokenProcessPool: a worker process died without an
     exception (a signal, out of memory, os._exit), and the pool stopped every other run with it. ``started``:
     those of them that had begun (their worker wrote to their log)."""
     lines = []
     if started:
-        logs = ", ".join(str(out / "runs" / r.name / "log.txt") for r in started)
+        logs = ", ".join(str(j.folder / "log.txt") for j in started)
         who = (
-            f"{started[0].name}: its worker process died"
+            f"{started[0].run.name}: its worker process died"
             if len(started) == 1
-            else f"{', '.join(r.name for r in started)}: the worker process of one of them died and the pool "
+            else f"{', '.join(j.run.name for j in started)}: the worker process of one of them died and the pool "
             "stopped the others"
         )
         lines.append(f"{who} (killed by a signal, out of memory, or os._exit; logs: {logs})")
-    not_run = [r.name for r in broken if r not in started]
+    not_run = [j.run.name for j in broken if j not in started]
     if not_run:
         lines.append(
             f"not run, as the pool stopped when that worker died: {', '.join(not_run)} (rerun kpo compare to "
@@ -260,67 +296,80 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
 
 
 def _await_runs(
-    pool: ProcessPoolExecutor, cfg: CompareConfig, todo: list[Run], folders: dict, resume: set[Run]
+    pool: ProcessPoolExecutor, jobs: list[Job], submit: Callable[[Job], object], on_done: OnDone | None
 ) -> tuple[list, list]:
-    """Each seed's warm start, then every run of ``todo`` on ``pool`` with a progress bar of optimizer steps;
-    returns (failure lines, runs whose worker process died)."""
+    """Each seed's warm start, then every job (and those ``on_done`` adds as jobs finish) through ``submit`` with
+    a progress bar of optimizer steps; returns (failure lines, jobs whose worker process died)."""
     from concurrent.futures.process import BrokenProcessPool
 
-    seeds = sorted({r.seed for r in todo})
-    print(f"warm starts of seeds {seeds} (cached after the first compare) and their evaluation", flush=True)
-    for fut in [pool.submit(_warm_start, cfg, s) for s in seeds]:
+    warm = {}  # seed -> the settings of its first job (every job of a seed starts from one warm start)
+    for job in jobs:
+        warm.setdefault(job.run.seed, job.cfg)
+    print(f"warm starts of seeds {sorted(warm)} (cached after the first compare) and their evaluation", flush=True)
+    for fut in [pool.submit(_warm_start, cfg, seed) for seed, cfg in sorted(warm.items())]:
         fut.result()
     failures, broken = [], []
-    with progress_bar(cfg.steps * len(todo), "compare", "optimizer steps") as bar:
-        pending = {pool.submit(_execute, cfg, r, folders[r], r in resume): r for r in todo}
+    with progress_bar(sum(j.cfg.steps for j in jobs), "compare", "optimizer steps") as bar:
+        pending = {submit(j): j for j in jobs}
         while pending:
             finished, _ = wait(pending, timeout=5, return_when=FIRST_COMPLETED)
-            bar.n = sum(min(_steps_logged(f), cfg.steps) for f in folders.values())
+            bar.n = sum(min(_steps_logged(j.folder), j.cfg.steps) for j in jobs)
             bar.refresh()
             for fut in finished:
-                run = pending.pop(fut)
+                job = pending.pop(fut)
                 try:
                     info = fut.result()
                 except BrokenProcessPool:
-                    broken.append(run)
+                    broken.append(job)
                     continue
                 # SystemExit too: a run calling sys.exit is a failed run, not the end of kpo compare.
                 except (Exception, SystemExit) as e:  # noqa: BLE001 - report every failed run, then stop
-                    failures.append(_failure(run, e, folders[run] / "log.txt"))
+                    failures.append(_failure(job.run, e, job.folder / "log.txt"))
                     continue
                 macro = ", ".join(f"{k} {v:.3f}" for k, v in info["macro"].items() if "@" in k)
-                bar.write(f"done {run.name} in {info['seconds'] / 60:.1f} min: {macro}")
+                bar.write(f"done {job.label} in {info['seconds'] / 60:.1f} min: {macro}")
+                for new in on_done(job) if on_done is not None else ():
+                    jobs.append(new)
+                    bar.total += new.cfg.steps
+                    pending[submit(new)] = new
     return failures, broken
 
 
-def _train_runs(cfg: CompareConfig, todo: list[Run], out: Path) -> None:
-    """Train and evaluate the runs ``todo`` in parallel worker processes; RuntimeError listing every failed run
-    (after the others ended) when any failed. An interrupt is passed on to the workers (:func:`_stop_workers`)."""
-    folders = {r: out / "runs" / r.name for r in todo}
-    resume = {r for r in todo if _resumable(cfg, r, folders[r])}
-    if resume:
-        print(
-            f"resuming from their checkpoints: {', '.join(r.name for r in todo if r in resume)}", flush=True
-        )
-    for run, folder in folders.items():
-        _clear_unfinished(folder, run in resume)
-    # a run's worker adds a line to its log at start: which of the runs a dead worker stopped had begun
-    log_sizes = {r: _log_size(f) for r, f in folders.items()}
-    jobs = cfg.jobs if cfg.jobs is not None else os.cpu_count() or 1
+# Called in the main process as each job finishes; returns the jobs that its result calls for (kpo compare
+# regimes: a cell's clip-band arm once its key arms are done).
+OnDone = Callable[[Job], list[Job]]
+
+
+def train_jobs(jobs: list[Job], workers: int | None, on_done: OnDone | None = None) -> None:
+    """Train and evaluate ``jobs`` (and those ``on_done`` adds) in parallel worker processes (``workers``; None =
+    one per CPU); RuntimeError listing every failed run (after the others ended) when any failed. An interrupt is
+    passed on to the workers (:func:`_stop_workers`)."""
+    jobs = list(jobs)
+    log_sizes = {}  # a run's worker adds a line to its log at start: which of the runs a dead worker stopped had begun
+    workers = workers if workers is not None else os.cpu_count() or 1
     # Workers run in process groups of their own, so a signal reaches them only through _stop_workers: once,
     # whether it was a terminal's Ctrl-C (sent to the whole foreground group) or a signal to kpo compare alone.
     pool = ProcessPoolExecutor(
-        max_workers=min(jobs, len(todo)), mp_context=get_context("spawn"), initializer=os.setpgrp
+        max_workers=min(workers, len(jobs)), mp_context=get_context("spawn"), initializer=os.setpgrp
     )
+
+    def submit(job: Job):
+        resume = _resumable(job.cfg, job.run, job.folder)
+        if resume:
+            print(f"resuming {job.label} from its checkpoint", flush=True)
+        _clear_unfinished(job.folder, resume)
+        log_sizes[job] = _log_size(job.folder)
+        return pool.submit(_execute, job.cfg, job.run, job.folder, resume)
+
     with pool:
         try:
-            failures, broken = _await_runs(pool, cfg, todo, folders, resume)
+            failures, broken = _await_runs(pool, jobs, submit, on_done)
         except KeyboardInterrupt:
             _stop_workers(pool)
             raise
-    broken.sort(key=todo.index)  # in plan order, not in the order the pool gave up on them
-    started = [r for r in broken if _log_size(folders[r]) > log_sizes[r]]
-    failures += _broken_pool_failures(broken, started, out)
+    broken.sort(key=jobs.index)  # in plan order, not in the order the pool gave up on them
+    started = [j for j in broken if _log_size(j.folder) > log_sizes[j]]
+    failures += _broken_pool_failures(broken, started)
     if failures:
         raise RuntimeError("kpo compare: runs failed:\n  " + "\n  ".join(failures))
 
@@ -353,7 +402,7 @@ def run_compare(cfg: CompareConfig, *, pilot: Path | None = None, plan_only: boo
     if stale:
         raise CompareError(stale)
     exact = _exact_applies(cfg)
-    todo = [r for r in runs if not _done(out / "runs" / r.name, exact)]
+    todo = [r for r in runs if not _done(cfg, out / "runs" / r.name, exact)]
     est = estimate(cfg, pilot_sd(pilot) if pilot is not None else DIFF_SD, done=len(runs) - len(todo))
     print(format_plan(cfg, est), flush=True)
     if plan_only:
@@ -363,5 +412,5 @@ def run_compare(cfg: CompareConfig, *, pilot: Path | None = None, plan_only: boo
     _write_plan(out / "plan.json", est)
     print(f"kpo compare: {len(runs)} runs, {len(runs) - len(todo)} already done; report in {out}", flush=True)
     if todo:
-        _train_runs(cfg, todo, out)
+        train_jobs([Job(cfg, r, out / "runs" / r.name, r.name) for r in todo], cfg.jobs)
     return write_report(cfg, runs, out)

@@ -21,6 +21,7 @@ def generate(
     eos_token_ids: Iterable[int],
     pad_token_id: int,
     sample: Callable[[torch.Tensor], torch.Tensor],
+    fp8: bool = False,
 ) -> torch.Tensor:
     """New tokens [B, n] (int64, n <= max_new_tokens) after left-padded prompts ``input_ids`` [B, Tp] with
     ``attention_mask`` [B, Tp], as ``model.generate`` returns them after the prompt: ``sample(logits [B, V])``
@@ -29,12 +30,12 @@ def generate(
     every row has ended or after ``max_new_tokens``.
 
     ``model`` must be one :func:`kpo.generation.qwen3.unsupported` accepts (a ``Qwen3ForCausalLM``); ValueError
-    otherwise.
+    otherwise. ``fp8``: run it as an FP8 engine (:class:`~kpo.generation.qwen3.Qwen3Decoder`).
     """
     eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=input_ids.device)
     if eos.numel() == 0:
         raise ValueError("generate: eos_token_ids is empty; name the token(s) that end a response")
-    decoder = Qwen3Decoder(model)
+    decoder = Qwen3Decoder(model, fp8=fp8)
     logits = decoder.prefill(input_ids, attention_mask, max_new_tokens)
     batch = input_ids.shape[0]
     out = torch.empty(batch, max_new_tokens, dtype=torch.long, device=input_ids.device)

@@ -8,6 +8,11 @@ It computes what ``Qwen3ForCausalLM`` computes, in the model's dtype and the sam
 only the summation order inside the fused products differs, so logits agree to rounding
 (tests/generation/test_generation.py checks them against the model's own forward).
 
+With ``fp8=True`` it runs as an FP8 inference engine does (vLLM's ``quantization="fp8"`` with
+``kv_cache_dtype="fp8"``): the input of every projection of the decoder blocks and every key and value are
+rounded to float8 e4m3 with a scale per row (:func:`round_fp8`) before they are used; the weights are whatever the
+model holds (``kpo.train.sampler`` rounds them to FP8 per output channel).
+
 Prompts that repeat (GRPO's groups: each prompt ``num_generations`` times) are run through the prompt pass once
 and their cache shared: the prompt part of the cache holds one copy per distinct prompt, and each decode step
 attends to it and to its own response part, merging the two softmax pieces.
@@ -18,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["CACHE_STEPS", "PREFILL_TOKENS", "Qwen3Decoder", "unsupported"]
+__all__ = ["CACHE_STEPS", "FP8_MAX", "PREFILL_TOKENS", "Qwen3Decoder", "round_fp8", "unsupported"]
 
 # Tokens per chunk of the prompt pass (prompts are run in chunks of rows): a chunk's activations, ~2048 x 384
 # floats at the embedded model's width, stay in cache; one pass over 128 distinct 129-token prompts at once took
@@ -28,6 +33,14 @@ PREFILL_TOKENS = 2048
 # tokens whose responses end after 100 does not hold 1024 tokens' keys and values for every row (28 GB for 128
 # rows of a 28-layer model with 8 key/value heads of 128).
 CACHE_STEPS = 256
+FP8_MAX = 448.0  # the largest finite float8_e4m3fn value
+
+
+def round_fp8(x: torch.Tensor) -> torch.Tensor:
+    """``x`` [..., n] rounded to float8 e4m3 values with one scale per row of its last dimension (the row's max |x|
+    over FP8_MAX: dynamic per-token scaling), returned in ``x``'s dtype."""
+    scale = x.float().abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / FP8_MAX
+    return ((x.float() / scale).to(torch.float8_e4m3fn).float() * scale).to(x.dtype)
 
 
 def unsupported(model) -> str | None:
@@ -79,9 +92,10 @@ class Qwen3Decoder:
 
     ``prefill(input_ids [B, Tp], attention_mask [B, Tp], max_new_tokens)`` -> next-token logits [B, V] (float32);
     then ``step(tokens [B])`` -> the logits after those tokens, at most ``max_new_tokens - 1`` times.
+    ``fp8``: activations into the blocks' projections, keys and values rounded to FP8 (module docstring).
     """
 
-    def __init__(self, model):
+    def __init__(self, model, *, fp8: bool = False):
         reason = unsupported(model)
         if reason is not None:
             raise ValueError(f"Qwen3Decoder: {reason}")
@@ -112,6 +126,7 @@ class Qwen3Decoder:
                 )
         self.dtype, self.device = self.embed.dtype, self.embed.device
         self.scale = self.head_dim**-0.5
+        self.fp8 = fp8
 
     # ------------------------------------------------------------------ pieces
     def _rope_table(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,15 +144,20 @@ class Qwen3Decoder:
         """x [..., hidden] -> q [..., H, D], k and v [..., KV, D], q and k normed and rotated (cos/sin
         [..., 1, D])."""
         h, kv, d = self.heads, self.kv_heads, self.head_dim
-        qkv = F.linear(_rms(x, w["ln1"], self.eps), w["qkv"])
+        qkv = self._linear(_rms(x, w["ln1"], self.eps), w["qkv"])
         q, k, v = qkv.split([h * d, kv * d, kv * d], dim=-1)
         q = _rotate(_rms(q.unflatten(-1, (h, d)), w["q_norm"], self.eps), cos, sin)
         k = _rotate(_rms(k.unflatten(-1, (kv, d)), w["k_norm"], self.eps), cos, sin)
-        return q, k, v.unflatten(-1, (kv, d))
+        v = v.unflatten(-1, (kv, d))
+        return (q, round_fp8(k), round_fp8(v)) if self.fp8 else (q, k, v)
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """A projection of the decoder blocks (its input on the FP8 grid with ``fp8``)."""
+        return F.linear(round_fp8(x) if self.fp8 else x, weight)
 
     def _mlp(self, w: dict, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(_rms(x, w["ln2"], self.eps), w["gate_up"]).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, w["down"])
+        gate, up = self._linear(_rms(x, w["ln2"], self.eps), w["gate_up"]).chunk(2, dim=-1)
+        return x + self._linear(F.silu(gate) * up, w["down"])
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(_rms(x, self.norm, self.eps), self.lm_head).float()
@@ -163,7 +183,7 @@ class Qwen3Decoder:
             attn = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=bias, scale=self.scale, enable_gqa=kv != self.heads
             )
-            x = x + F.linear(attn.transpose(1, 2).flatten(2), w["o"])
+            x = x + self._linear(attn.transpose(1, 2).flatten(2), w["o"])
             x = self._mlp(w, x)
         return keys, values, x[:, -1]
 
@@ -269,7 +289,7 @@ class Qwen3Decoder:
             p = torch.cat([s_prompt.view(n * kv * rep, g, tp), s_own], dim=-1).softmax(-1)
             attn = torch.bmm(p[..., :tp].view(n * kv, rep * g, tp), self.prompt_v[i]).view(n * kv * rep, g, d)
             attn = attn + torch.bmm(p[..., tp:], self.v[i][:, : t + 1])
-            x = x + F.linear(attn.view(n, kv, rep, g * d).transpose(1, 2).reshape(b, h * d), w["o"])
+            x = x + self._linear(attn.view(n, kv, rep, g * d).transpose(1, 2).reshape(b, h * d), w["o"])
             x = self._mlp(w, x)
         self.t = t + 1
         return self._logits(x)[self.unorder]

@@ -54,7 +54,9 @@ class MultinomialSampler:
     ``generate`` adds them: temperature != 1, top_k != 0, top_p < 1, min_p set), softmax, then one
     ``torch.multinomial`` draw per row from ``generator`` (None: torch's default generator, as ``generate``).
 
-    ``__call__(logits [B, V] float32) -> tokens [B] int64``.
+    ``__call__(logits [B, V] float32) -> tokens [B] int64``. With ``record_log_probs``, each call also appends
+    the drawn tokens' log-probabilities under the distribution they were drawn from ([B] float32: the log-softmax
+    of the warped logits, what vLLM returns as processed log-probs) to ``log_probs``, one tensor per step.
     """
 
     def __init__(
@@ -64,6 +66,7 @@ class MultinomialSampler:
         top_p: float | None = None,
         min_p: float | None = None,
         generator: torch.Generator | None = None,
+        record_log_probs: bool = False,
     ):
         from transformers import LogitsProcessorList
         from transformers.generation.logits_process import (
@@ -83,9 +86,13 @@ class MultinomialSampler:
         if min_p is not None:
             self.warpers.append(MinPLogitsWarper(min_p=min_p))
         self.generator = generator
+        self.log_probs: list[torch.Tensor] | None = [] if record_log_probs else None
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         # the warpers read no token history (input_ids): none is passed
         scores = self.warpers(None, logits) if self.warpers else logits
         probs = torch.softmax(scores, dim=-1)
-        return torch.multinomial(probs, num_samples=1, generator=self.generator).squeeze(1)
+        tokens = torch.multinomial(probs, num_samples=1, generator=self.generator)
+        if self.log_probs is not None:  # draws nothing: the random stream is generate's either way
+            self.log_probs.append(torch.log_softmax(scores, dim=-1).gather(1, tokens).squeeze(1))
+        return tokens.squeeze(1)

@@ -128,6 +128,44 @@ class TrainConfig:
         "Longest response in tokens; None = the synthetic task's longest solution + 4, or 1024 with --model.",
     )
 
+    # --- train-inference mismatch (kpo's sampler: kpo.train.sampler) ---
+    rollout_dtype: str = _option(
+        "float32",
+        "Precision of the model rollouts are sampled from, refreshed from the trainer's weights before every "
+        "generation batch: float32 (the policy itself), bfloat16 (a bf16 copy, as a bf16 inference engine beside a "
+        "float32 trainer) or float8 (bf16 with the decoder blocks' linear weights on the FP8 e4m3 grid, one scale "
+        "per output channel: W8A16 FP8 rollouts). The sampler's per-token log-probs are kept; their mismatch with "
+        "the trainer's is logged as rollout_corr/* every generation batch.",
+    )
+    ratio_anchor: str = _option(
+        "trainer",
+        "The PPO ratio's denominator (old_log_prob): trainer (the trainer's log-probs recomputed after "
+        "generation, verl's default: the first step of a batch has ratio 1) or rollout (the sampler's, verl's "
+        "bypass mode and an async trainer's usual choice: the mismatch reaches every ratio).",
+    )
+    rollout_is: str | None = _option(
+        None,
+        "Rollout correction, truncated importance sampling (TIS, verl's rollout_is): token or sequence weights "
+        "min(pi_trainer / pi_sampler, rollout_is_threshold) on the loss; none = off. Needs ratio_anchor=trainer "
+        "(with the sampler's anchor the PPO ratio itself is the correction, as in verl's bypass mode).",
+    )
+    rollout_is_threshold: float = _option(2.0, "TIS truncation threshold (verl's default 2.0).")
+    rollout_rs: str | None = _option(
+        None,
+        "Rollout correction, rejection (verl's rollout_rs): token or sequence (MIS: drop a token or row whose ratio "
+        "leaves the bounds) or verl's divergence options (token_k1, seq_mean_k3, ...; comma-separated); none = "
+        "off. The ratio is pi_trainer / pi_sampler, or pi_theta / pi_sampler with ratio_anchor=rollout (verl's "
+        "bypass). A rejected token leaves the loss's mask.",
+    )
+    rollout_rs_threshold: str | None = _option(
+        None,
+        "Rejection bounds in verl's spec: an upper ratio bound for token/sequence (none = 2.0), 'lower_upper' for "
+        "k1 options (IcePop: rollout_rs=token_k1 rollout_rs_threshold=0.5_2.0), an upper bound for k2/k3.",
+    )
+    rollout_rs_threshold_lower: float | None = _option(
+        None, "Rejection lower ratio bound for rollout_rs=token/sequence; none = no lower bound."
+    )
+
     # --- embedded task and tiny model (ignored with --model/--dataset where noted) ---
     task: str = _option(
         "running",
@@ -291,6 +329,21 @@ class TrainConfig:
             kwargs["memory"] = matched_memory(self.response_length())
         return kwargs
 
+    def rollout_correction(self) -> dict:
+        """The rollout correction as ``policy_loss``'s keywords (``kpo.losses.mismatch``); empty when off."""
+        if self.rollout_is is None and self.rollout_rs is None:
+            return {}
+        kw = {"rollout_is": self.rollout_is, "rollout_is_threshold": self.rollout_is_threshold}
+        if self.rollout_rs is not None:
+            kw |= {
+                "rollout_rs": self.rollout_rs,
+                "rollout_rs_threshold": None
+                if self.rollout_rs_threshold is None
+                else _scalar(self.rollout_rs_threshold),
+                "rollout_rs_threshold_lower": self.rollout_rs_threshold_lower,
+            }
+        return kw
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -324,6 +377,8 @@ class TrainConfig:
             errors += self._validate_loss()
         if ok("advantage"):
             errors += self._advantage_errors()
+        if ok(*_MISMATCH_FIELDS):
+            errors += self._mismatch_errors()
         if ok("model") and self.model is not None:
             errors += self._model_errors()
         elif ok("model", "task", "n_terms", "max_value", "seed", "sft_examples", "prompts_per_step"):
@@ -416,6 +471,38 @@ class TrainConfig:
             )
         return errors
 
+    def _mismatch_errors(self) -> list[str]:
+        """The sampler's settings: known names, and a rollout correction that the loss accepts."""
+        import torch
+
+        from kpo.losses.mismatch import rollout_correction
+        from kpo.train.sampler import RATIO_ANCHORS, ROLLOUT_DTYPES
+
+        errors = []
+        if self.rollout_dtype not in ROLLOUT_DTYPES:
+            errors.append(f"rollout_dtype={self.rollout_dtype!r}: use one of {', '.join(ROLLOUT_DTYPES)}")
+        if self.ratio_anchor not in RATIO_ANCHORS:
+            errors.append(f"ratio_anchor={self.ratio_anchor!r}: use one of {', '.join(RATIO_ANCHORS)}")
+        if self.ratio_anchor == "rollout" and self.rollout_is is not None:
+            errors.append(
+                f"rollout_is={self.rollout_is!r} with ratio_anchor=rollout: the PPO ratio pi_theta / pi_sampler "
+                "already corrects the mismatch (verl's bypass mode applies no TIS weight with PPO-clip); drop "
+                "--rollout-is, or use --ratio-anchor trainer"
+            )
+        sampler_set = self.rollout_dtype != "float32" or self.ratio_anchor != "trainer" or self.rollout_correction()
+        if self.use_vllm and sampler_set:
+            errors.append(
+                "rollout_dtype, ratio_anchor and rollout_is/rollout_rs set kpo's CPU sampler; with --use-vllm, TRL's "
+                "--vllm-importance-sampling-mode corrects the mismatch: leave them at their defaults"
+            )
+        if not errors and self.rollout_correction():
+            lp = torch.zeros(1, 2)  # the correction checks its own settings
+            try:
+                rollout_correction(lp, lp, torch.ones(1, 2, dtype=torch.bool), **self.rollout_correction())
+            except ValueError as e:
+                errors.append(f"rollout correction: {e}")
+        return errors
+
     def _advantage_errors(self) -> list[str]:
         import torch
 
@@ -429,35 +516,12 @@ class TrainConfig:
 
     def _task_errors(self) -> list[str]:
         """The synthetic task can supply the warm start's problems and a generation batch of distinct prompts."""
-        from kpo.data.synthetic import load_split
-        from kpo.train.tiny import sft_problems
-
         try:
             task = self.task_config()
-            rl_problems = len(load_split("train", seed=self.seed, task=task))
         except ValueError as e:
             return [f"task/n_terms/max_value: {e}"]
-        errors = []
-        task_text = f"the synthetic task ({task.kind}, n_terms={task.n_terms}, max_value={task.max_value})"
-        most = task.max_problems("train")
         n_sft = self.sft_settings().n_examples
-        if n_sft > most:
-            errors.append(
-                f"sft_examples={n_sft}: {task_text} gives at most {most} distinct training problems "
-                f"for the warm start: lower --sft-examples to {most} or less, or raise --max-value / --n-terms"
-            )
-        else:
-            try:
-                sft_problems(task, n_sft, self.resolved_warm_start_seed())
-            except ValueError as e:
-                errors.append(f"sft_examples={n_sft}: {e}")
-        if self.prompts_per_step > rl_problems:
-            errors.append(
-                f"prompts_per_step={self.prompts_per_step}: {task_text} gives {rl_problems} training prompts and "
-                f"a generation batch takes that many distinct ones: lower --prompts-per-step to {rl_problems} "
-                "or less, or raise --max-value / --n-terms"
-            )
-        return errors
+        return list(_task_check(task, self.seed, self.resolved_warm_start_seed(), n_sft, self.prompts_per_step))
 
     def _model_errors(self) -> list[str]:
         if not (Path(self.model) / "config.json").exists():
@@ -587,6 +651,9 @@ class TrainConfig:
                     data[key] = (float if types[key].startswith("float") else int)(value)
                 except ValueError:
                     errors.append(f"{source}: {key}={value!r} is not a number")
+            # and a number for a text field is its text (rollout_rs_threshold: 2.0 or '0.5_2.0')
+            elif isinstance(value, (int, float)) and not isinstance(value, bool) and types[key].startswith("str"):
+                data[key] = str(value)
         if isinstance(data.get("loss_kwargs"), dict):
             data["loss_kwargs"] = {k: _scalar(v) for k, v in data["loss_kwargs"].items()}
         if errors:
@@ -604,6 +671,7 @@ _POSITIVE = (
     "sft_learning_rate",
     "max_grad_norm",
     "vllm_importance_sampling_clip_max",
+    "rollout_is_threshold",
 )  # low is exclusive
 _BOUNDS = {
     **dict.fromkeys(
@@ -634,6 +702,16 @@ _BOUNDS = {
     "vllm_gpu_memory_utilization": (0, 1, " (a share of GPU memory)"),
     **dict.fromkeys(_POSITIVE, (0, None, "")),
 }
+_MISMATCH_FIELDS = (
+    "rollout_dtype",
+    "ratio_anchor",
+    "rollout_is",
+    "rollout_is_threshold",
+    "rollout_rs",
+    "rollout_rs_threshold",
+    "rollout_rs_threshold_lower",
+    "use_vllm",
+)
 _VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 _TYPE_NAMES = {
     bool: "true/false",
@@ -643,6 +721,39 @@ _TYPE_NAMES = {
     dict: "a mapping",
     type(None): "none",
 }
+
+
+@functools.cache
+def _task_check(task, seed: int, warm_start_seed: int, n_sft: int, prompts_per_step: int) -> tuple[str, ...]:
+    """:meth:`TrainConfig._task_errors` of these settings, computed once per process: drawing a split and the warm
+    start's problems takes seconds for the 128-token task, and kpo compare validates many runs of one task."""
+    from kpo.data.synthetic import load_split
+    from kpo.train.tiny import sft_problems
+
+    try:
+        rl_problems = len(load_split("train", seed=seed, task=task))
+    except ValueError as e:
+        return (f"task/n_terms/max_value: {e}",)
+    errors = []
+    task_text = f"the synthetic task ({task.kind}, n_terms={task.n_terms}, max_value={task.max_value})"
+    most = task.max_problems("train")
+    if n_sft > most:
+        errors.append(
+            f"sft_examples={n_sft}: {task_text} gives at most {most} distinct training problems "
+            f"for the warm start: lower --sft-examples to {most} or less, or raise --max-value / --n-terms"
+        )
+    else:
+        try:
+            sft_problems(task, n_sft, warm_start_seed)
+        except ValueError as e:
+            errors.append(f"sft_examples={n_sft}: {e}")
+    if prompts_per_step > rl_problems:
+        errors.append(
+            f"prompts_per_step={prompts_per_step}: {task_text} gives {rl_problems} training prompts and "
+            f"a generation batch takes that many distinct ones: lower --prompts-per-step to {rl_problems} "
+            "or less, or raise --max-value / --n-terms"
+        )
+    return tuple(errors)
 
 
 @functools.cache

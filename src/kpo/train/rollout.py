@@ -48,9 +48,13 @@ def fast_rollout_unsupported(trainer, images, multimodal_fields) -> str | None:
     return settings if isinstance(settings, str) else None
 
 
-def generate_single_turn(trainer, prompt_ids: list[list[int]]) -> tuple[list[list[int]], None]:
-    """TRL's ``_generate_single_turn`` result (completion token lists, each up to and including its first end
-    token; no sampling log-probs) from kpo's decoder. Call only where :func:`fast_rollout_unsupported` is None."""
+def generate_single_turn(
+    trainer, prompt_ids: list[list[int]], model
+) -> tuple[list[list[int]], list[list[float]]]:
+    """TRL's ``_generate_single_turn`` result from kpo's decoder sampling ``model`` (the policy, or the rollout
+    sampler's copy of it: :mod:`kpo.train.sampler`): completion token lists, each up to and including its first
+    end token, and the sampler's log-probability of each of those tokens (TRL's sampling log-probs, as vLLM
+    returns them). Call only where :func:`fast_rollout_unsupported` is None."""
     from trl.extras.profiling import profiling_context
     from trl.trainer.utils import pad
 
@@ -71,7 +75,7 @@ def generate_single_turn(trainer, prompt_ids: list[list[int]]) -> tuple[list[lis
         padding_side="left",
         pad_to_multiple_of=trainer.pad_to_multiple_of,
     ).to(device)
-    model = trainer.accelerator.unwrap_model(trainer.model)
+    sampler = MultinomialSampler(**_sampling(trainer), record_log_probs=True)
     with profiling_context(trainer, "kpo.generate"), torch.no_grad():
         completion = generate(
             model,
@@ -80,9 +84,15 @@ def generate_single_turn(trainer, prompt_ids: list[list[int]]) -> tuple[list[lis
             max_new_tokens=trainer.max_completion_length,
             eos_token_ids=trainer.eos_token_ids,
             pad_token_id=trainer._tokenizer.pad_token_id,
-            sample=MultinomialSampler(**_sampling(trainer)),
+            sample=sampler,
+            fp8=trainer.sampler.fp8,
         )
+    log_probs = torch.stack(sampler.log_probs, dim=1).float().cpu()  # [B, n]
     eos = torch.isin(completion, torch.tensor(trainer.eos_token_ids, device=completion.device))
     # up to and including the first end token, as TRL cuts generate's output
-    keep = (eos.cumsum(1) - eos.long()) == 0
-    return [c[m].tolist() for c, m in zip(completion.cpu(), keep.cpu(), strict=True)], None
+    keep = ((eos.cumsum(1) - eos.long()) == 0).cpu()
+    completion = completion.cpu()
+    return (
+        [c[m].tolist() for c, m in zip(completion, keep, strict=True)],
+        [lp[m].tolist() for lp, m in zip(log_probs, keep, strict=True)],
+    )

@@ -385,6 +385,9 @@ def run_training(config: TrainConfig) -> Path:
         ratios_dir=out / "ratios",
         interrupts=InterruptGuard(processes=world),
         run_card=lambda: write_run_card(config, out),
+        rollout_dtype=config.rollout_dtype,
+        ratio_anchor=config.ratio_anchor,
+        rollout_correction=config.rollout_correction(),
     )
     use_quiet_progress(trainer, config.progress)
     with trainer.interrupts:

@@ -8,7 +8,14 @@ What is replaced (TRL has no loss plugin API, so this pins the TRL range it was 
   (``steps_per_generation > gradient_accumulation_steps``), so every optimizer step after the first of a
   generation batch is off-policy, as in the paper's protocol.
 - ``_generate_single_turn``: rollouts sampled by kpo's decoder (``kpo.train.rollout``) where it applies, TRL's
-  ``generate`` otherwise.
+  ``generate`` otherwise; the decoder samples the rollout sampler's model (``kpo.train.sampler``: the policy, or
+  its copy in bf16/FP8) and keeps its per-token log-probs.
+- the train-inference mismatch: every generation batch the sampler's log-probs are set against the trainer's
+  (``rollout_corr/*`` in metrics.jsonl, verl's names); the PPO anchor (``old_log_prob``) is the trainer's
+  recomputed log-probs (``ratio_anchor="trainer"``, verl's decoupled mode; TIS/MIS/rejection weights
+  ``pi_trainer / pi_sampler`` from ``rollout_correction``) or the sampler's (``"rollout"``, verl's bypass mode:
+  the first step of a batch is then off-policy by the mismatch, and rejection is decided on ``pi_theta /
+  pi_sampler`` as verl's bypass does).
 - ``_generate_and_score_completions``: advantages recomputed with ``kpo.compute_advantages`` from the rewards
   TRL just scored (TRL's own estimator differs in eps and options).
 - ``log``: one row per optimizer step appended to ``metrics.jsonl`` with the paper's names; generation-batch
@@ -41,12 +48,19 @@ from packaging.version import Version
 from kpo._files import writing
 from kpo.advantages import compute_advantages
 from kpo.analysis.dumps import write_dump
-from kpo.losses import aggregate_entropy, get_loss_spec, policy_loss
+from kpo.losses import aggregate_entropy, get_loss_spec, policy_loss, rollout_correction
 from kpo.losses.kpo import filter_settings
 from kpo.train.checkpoints import incomplete_reason, save_whole
 from kpo.train.config import on_policy_step
 from kpo.train.interrupt import InterruptGuard, restore_rng, rng_state
 from kpo.train.rollout import fast_rollout_unsupported, generate_single_turn
+from kpo.train.sampler import (
+    MISMATCH_METRICS,
+    RATIO_ANCHORS,
+    RolloutSampler,
+    mismatch_metrics,
+    mismatch_sums,
+)
 
 TESTED_TRL = (Version("1.16"), Version("1.17"))
 if not TESTED_TRL[0] <= Version(trl.__version__) < TESTED_TRL[1]:
@@ -71,6 +85,9 @@ _SAMPLING_KEYS = (
     "sampling/importance_sampling_ratio/mean",
     "sampling/importance_sampling_ratio/max",
 )
+# The sampler's mismatch (kpo.train.sampler), measured once per generation batch, and the clip fraction of the
+# batch's first (on-policy) optimizer step: above 0 only where the mismatch reaches the ratio.
+_MISMATCH_KEYS = (*(f"rollout_corr/{k}" for k in MISMATCH_METRICS), "rollout_corr/on_policy_clip_frac")
 _GENERATION_KEYS = (
     "reward",
     "reward_std",
@@ -79,7 +96,9 @@ _GENERATION_KEYS = (
     "completions/clipped_ratio",
     "completions/mean_terminated_length",
     *_SAMPLING_KEYS,
+    *_MISMATCH_KEYS,
 )
+
 
 
 def _combine(key: str, pairs: list[tuple[float, float]], processes: int = 1) -> float:
@@ -119,6 +138,9 @@ class KPOTrainer(GRPOTrainer):
         dump_ratios_every / ratios_dir: ratio dumps for ``kpo analyze`` (0 = off).
         interrupts: the guard that records SIGINT/SIGTERM (None = not stopped at a batch boundary).
         run_card: writes the run's README.md in place of TRL's model card (None = TRL's card).
+        rollout_dtype: the sampler's precision (``kpo.train.sampler.ROLLOUT_DTYPES``).
+        ratio_anchor: whose log-probs are ``old_log_prob``: "trainer" (recomputed) or "rollout" (the sampler's).
+        rollout_correction: ``policy_loss``'s rollout_is / rollout_rs keywords, fed with the sampler's log-probs.
     """
 
     def __init__(
@@ -133,6 +155,9 @@ class KPOTrainer(GRPOTrainer):
         ratios_dir: str | Path | None = None,
         interrupts: InterruptGuard | None = None,
         run_card: Callable[[], object] | None = None,
+        rollout_dtype: str = "float32",
+        ratio_anchor: str = "trainer",
+        rollout_correction: dict | None = None,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
@@ -156,6 +181,20 @@ class KPOTrainer(GRPOTrainer):
         self._flat_batches = 0  # generation batches in a row with zero reward variance in every group
         if self.beta != 0.0:
             raise ValueError("KPOTrainer follows the paper's protocol without a KL term: set beta=0")
+        if ratio_anchor not in RATIO_ANCHORS:
+            raise ValueError(f"ratio_anchor={ratio_anchor!r}: use one of {', '.join(RATIO_ANCHORS)}")
+        self.sampler = RolloutSampler(rollout_dtype)
+        self.ratio_anchor = ratio_anchor
+        self.rollout_correction = dict(rollout_correction or {})
+        uses_sampler = rollout_dtype != "float32" or ratio_anchor != "trainer" or self.rollout_correction
+        reason = fast_rollout_unsupported(self, None, None)
+        if uses_sampler and reason is not None:
+            # the sampler's model and log-probs are kpo's decoder's; TRL's paths give neither
+            raise ValueError(
+                f"rollout_dtype, ratio_anchor=rollout and rollout_is/rollout_rs need kpo's sampler, which this "
+                f"run cannot use ({reason}); leave them at their defaults"
+                + (" (with vLLM, TRL's vllm_importance_sampling_* correct the mismatch)" if self.use_vllm else "")
+            )
 
     def _get_train_sampler(self, dataset=None):
         dataset = self.train_dataset if dataset is None else dataset
@@ -183,7 +222,8 @@ class KPOTrainer(GRPOTrainer):
         self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False
     ):
         if fast_rollout_unsupported(self, images, multimodal_fields) is None:
-            return generate_single_turn(self, prompt_ids)
+            policy = self.accelerator.unwrap_model(self.model)
+            return generate_single_turn(self, prompt_ids, self.sampler.model_for(policy, self.state.global_step))
         return super()._generate_single_turn(
             prompt_ids, images, multimodal_fields, num_generations, has_tool_images
         )
@@ -205,9 +245,34 @@ class KPOTrainer(GRPOTrainer):
             start = self.accelerator.process_index * n_local
             output["advantages"] = adv[start : start + n_local].to(output["advantages"].device)
             self._watch_reward_variance(rewards.view(-1, self.num_generations))
+            if "sampling_per_token_logps" in output:
+                self._measure_mismatch(output)
             metrics = self._metrics["train"]
             self._generation_stats = {k: metrics[k][-1] for k in _GENERATION_KEYS if metrics.get(k)}
         return output
+
+    def _measure_mismatch(self, output: dict) -> None:
+        """Log the generation batch's train-inference mismatch (``rollout_corr/*``, over every process's tokens)
+        and set its PPO anchor: ``old_per_token_logps`` stays the trainer's (TRL computes it where a batch has
+        off-policy steps; here also where it has none) or becomes the sampler's."""
+        trainer_logps = output.get("old_per_token_logps")
+        if trainer_logps is None:  # one optimizer step per batch: TRL skips the recomputation
+            with torch.no_grad():
+                ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+                attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+                trainer_logps, _, _ = self._get_per_token_logps_and_entropies(
+                    self.model,
+                    ids,
+                    attention,
+                    output["completion_ids"].size(1),
+                    batch_size=self.args.per_device_train_batch_size,
+                )
+        rollout_logps = output["sampling_per_token_logps"]
+        sums = mismatch_sums(trainer_logps, rollout_logps, self._loss_mask(output))
+        sums = self.accelerator.reduce(sums.to(self.accelerator.device), reduction="sum").cpu()
+        for key, value in mismatch_metrics(sums).items():
+            self._metrics["train"][key].append(value)
+        output["old_per_token_logps"] = rollout_logps if self.ratio_anchor == "rollout" else trainer_logps
 
     def _watch_reward_variance(self, grouped: torch.Tensor) -> None:
         """Count generation batches in a row whose every group ([prompts, num_generations] rewards) scored all its
@@ -325,6 +390,15 @@ class KPOTrainer(GRPOTrainer):
             hparams["token_entropy"] = entropy.detach()
         if "importance_sampling_ratio" in inputs:  # vLLM train/inference mismatch weights (TRL's IS mode)
             hparams["rollout_is_weights"] = inputs["importance_sampling_ratio"].expand_as(log_prob)
+        rollout_kw = {}
+        if self.rollout_correction and self.ratio_anchor == "trainer":
+            # verl's decoupled mode: weights from pi_trainer / pi_sampler (old_log_prob is the trainer's)
+            rollout_kw = {"rollout_log_prob": inputs["sampling_per_token_logps"], **self.rollout_correction}
+        elif self.rollout_correction:
+            # verl's bypass mode: the ratio pi_theta / pi_sampler is the correction (no TIS weight), and rejection,
+            # decided on it, takes the token out of the mask as verl's modified response mask does
+            weights, _ = rollout_correction(log_prob.detach(), old_log_prob, mask, **self.rollout_correction)
+            mask = mask * (weights > 0)
         training = self.model.training
         global_batch = {}
         if training:
@@ -343,6 +417,7 @@ class KPOTrainer(GRPOTrainer):
             inputs["advantages"],
             mask,
             loss_agg_mode=self.loss_agg_mode,
+            **rollout_kw,
             **hparams,
             **global_batch,
         )
@@ -412,10 +487,14 @@ class KPOTrainer(GRPOTrainer):
         training = self.model.training and "train_runtime" not in logs
         if training:
             metrics = self._metrics["train"]
+            loss_metrics = self._gathered_loss_metrics()
+            if on_policy_step(self.state.global_step, self.steps_per_batch) and "pg_clipfrac" in loss_metrics:
+                # a statistic of the generation batch, carried like the others to the batch's later steps
+                self._generation_stats["rollout_corr/on_policy_clip_frac"] = loss_metrics["pg_clipfrac"]
             for key, value in self._generation_stats.items():
                 if not metrics.get(key):
                     metrics[key].append(value)
-            for key, value in self._gathered_loss_metrics().items():
+            for key, value in loss_metrics.items():
                 metrics[f"loss/{key}"].append(value)
             self._step_loss_metrics.clear()
             if self._step_entropy:
@@ -462,7 +541,7 @@ class KPOTrainer(GRPOTrainer):
             for k, v in logs.items()
             if k.startswith("loss/") and k.removeprefix("loss/") not in row
         }
-        row |= {k: float(v) for k, v in logs.items() if k in _SAMPLING_KEYS}
+        row |= {k: float(v) for k, v in logs.items() if k in _SAMPLING_KEYS or k in _MISMATCH_KEYS}
         row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
         with writing(self.metrics_path), open(self.metrics_path, "a") as f:
             f.write(json.dumps(row) + "\n")  # one line per write: a cut leaves at most the last one torn
