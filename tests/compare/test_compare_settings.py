@@ -320,3 +320,32 @@ def test_figure4_claim_needs_a_rise_in_memory_that_is_not_flat(finals, verdict):
     sweep = dict(reversed(sweep.items()))  # given out of memory order: the rule sorts by memory
     line = _claim_lines(["kpo"], sweep=sweep)[-1]
     assert line.startswith("- **Figure 4:") and f"** — {verdict}: final training reward memory 8 (8)" in line
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "no such file or directory"),
+        ('{"contrasts": {}}\n{"contrasts": {}}\n', "not one JSON document"),
+        ("[1, 2]", "a JSON list without 'contrasts'"),
+        ('{"contrasts": {"a - b": {"kind": "key", "sd": null}}}', "no contrast with a measured sd"),
+    ],
+)
+def test_a_pilot_that_is_not_a_finished_report_is_one_line_and_status_2(tmp_path, capsys, no_training, content, message):
+    pilot = tmp_path / "report.json"
+    if content is not None:
+        pilot.write_text(content)
+    assert main(["--plan", "--pilot", str(pilot), "--out", str(tmp_path / "cmp")]) == 2
+    err = capsys.readouterr().err
+    assert f"--pilot {pilot}: {message}" in err and "Traceback" not in err
+
+
+def test_a_pilot_reads_a_compare_or_a_regime_map(tmp_path):
+    from kpo.compare.plan import pilot_sd
+
+    compare = tmp_path / "compare.json"
+    compare.write_text('{"contrasts": {"a - b": {"kind": "key", "sd": 3.0}, "a - warm": {"kind": "warm", "sd": 9.0}}}')
+    assert pilot_sd(compare) == 3.0
+    regimes = tmp_path / "regimes.json"
+    regimes.write_text('{"cells": [{"contrasts": {"KPO - GRPO": {"sd": 3.0}, "KPO - GSPO": null}}, {"contrasts": {"KPO - GRPO": {"sd": 4.0}}}]}')
+    assert pilot_sd(regimes) == pytest.approx((12.5) ** 0.5)  # the root mean square of 3 and 4

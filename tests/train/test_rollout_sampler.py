@@ -128,7 +128,7 @@ def test_sampler_settings_are_checked(tiny_config):
         tiny_config(ratio_anchor="rollout", rollout_is="token").validate()
     with pytest.raises(ConfigError, match="rollout correction: rollout_rs='token_k9'"):
         tiny_config(rollout_rs="token_k9", rollout_rs_threshold="2.0").validate()
-    # IcePop as verl spells it is accepted, and a YAML number for the threshold is its text
+    # verl's k1 rejection spec is accepted, and a YAML number for the threshold is its text
     from kpo.train.config import TrainConfig
 
     assert tiny_config(

@@ -19,8 +19,12 @@ and its evaluations is done and is not rerun, so an interrupted compare resumes 
 with other settings (its ``config.yaml`` or ``eval.json`` differs from what this compare would use) is an error,
 never silently reused.
 
+``kpo compare regimes`` (:mod:`kpo.compare.regimes`) runs a grid of such comparisons, one per regime of
+train-inference mismatch, off-policy depth and learning rate, into one map of where KPO helps.
+
 Modules: ``plan`` (settings, arms, runs, contrasts and the cost and power estimate), ``run`` (workers, reuse of
-finished runs), ``report`` (tables, figures and the claims), ``cli`` (the command).
+finished runs), ``report`` (tables, figures and the claims), ``regimes`` and ``regime_report`` (the map), ``cli``
+(the command).
 """
 
 from kpo.compare.plan import (

@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train every arm with every seed on the embedded task under the paper's off-policy "
         "protocol (KPO at the matched memory against the baselines, the ablations that isolate the filter, an A/A "
         "arm), evaluate, analyze, and write one report whose differences are paired by seed. It prints the plan "
-        "(runs, time, expected half-widths) before anything trains. Finished runs are reused.",
+        "(runs, time, expected half-widths) before anything trains. Finished runs are reused. `kpo compare regimes "
+        "--help`: the map of regimes (train-inference mismatch x off-policy depth x learning rate).",
     )
     p.add_argument("--out", default=d.out, help="Report and run directory (default: %(default)s).")
     p.add_argument(

@@ -519,15 +519,34 @@ def format_plan(cfg: CompareConfig, est: dict) -> str:
 
 
 def pilot_sd(report_json: Path) -> float:
-    """The paired-difference sd (points) a finished compare measured: the root mean square of the per-seed sds
-    of its contrasts between arms (``report.json``'s ``contrasts``; not those against the warm start), for the
-    plan of the next one."""
+    """The paired-difference sd (points) a finished compare measured, for the plan of the next one: the root mean
+    square of the per-seed sds of its contrasts between arms (``report.json``'s ``contrasts``, not those against
+    the warm start; of a regime map's, every cell's). CompareError naming the file and what it should be when it is
+    missing or not such a report."""
     import json
 
-    found = json.loads(Path(report_json).read_text()).get("contrasts", {}).values()
-    sds = [c["sd"] for c in found if c.get("sd") and c.get("kind") != "warm"]
-    if not sds:
+    where = f"--pilot {report_json}"
+    want = "give the report.json of a finished kpo compare or kpo compare regimes"
+    path = Path(report_json)
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
+        raise CompareError([f"{where}: {e.strerror.lower()}; {want}"]) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CompareError([f"{where}: not one JSON document ({e}); {want}"]) from None
+    if not isinstance(data, dict) or not (
+        isinstance(data.get("contrasts"), dict) or isinstance(data.get("cells"), list)
+    ):
         raise CompareError(
-            [f"--pilot {report_json}: no contrast with a measured sd (a compare with 2+ seeds)"]
+            [f"{where}: a JSON {type(data).__name__} without 'contrasts' (or a regime map's 'cells'); {want}"]
         )
+    found = list(data.get("contrasts", {}).values())
+    found += [c for cell in data.get("cells", []) for c in ((cell or {}).get("contrasts") or {}).values()]
+    sds = [
+        c["sd"]
+        for c in found
+        if isinstance(c, dict) and isinstance(c.get("sd"), (int, float)) and c["sd"] > 0 and c.get("kind") != "warm"
+    ]
+    if not sds:
+        raise CompareError([f"{where}: no contrast with a measured sd (a compare with 2+ seeds)"])
     return (sum(s * s for s in sds) / len(sds)) ** 0.5

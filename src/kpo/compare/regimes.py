@@ -411,7 +411,8 @@ def write_cell_report(cfg: RegimeConfig, cell: Cell) -> Path:
 
     cell_cfg = cfg.cell_config(cell, needs_clip_band(cfg, cell))
     folder = Path(cell_cfg.out)
-    (folder / "compare.json").write_text(json.dumps(asdict(cell_cfg), indent=2) + "\n")
+    with replacing(folder / "compare.json") as partial:
+        partial.write_text(json.dumps(asdict(cell_cfg), indent=2) + "\n")
     return write_report(cell_cfg, plan_runs(cell_cfg), folder)
 
 

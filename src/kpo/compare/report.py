@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kpo._files import replacing
 from kpo.diagnostics import STAT_KEYS
 from kpo.evaluation.metrics import bootstrap_avg_ci, paired_diff_ci
 from kpo.losses.kpo import KALMAN_LOSSES
@@ -621,13 +622,15 @@ def write_report(cfg, runs, out: Path) -> Path:
         "",
     ]
     path = out / "report.md"
-    path.write_text("\n".join(md))
-    (out / "report.json").write_text(
-        json.dumps(
-            {"table1": table1, "contrasts": results, "table2": table2, "sweep": sweep, "claims": claims},
-            indent=2,
-            default=float,
+    with replacing(path) as partial:
+        partial.write_text("\n".join(md))
+    with replacing(out / "report.json") as partial:  # --pilot reads it
+        partial.write_text(
+            json.dumps(
+                {"table1": table1, "contrasts": results, "table2": table2, "sweep": sweep, "claims": claims},
+                indent=2,
+                default=float,
+            )
+            + "\n"
         )
-        + "\n"
-    )
     return path

@@ -384,7 +384,8 @@ def _write_plan(path: Path, est: dict) -> None:
     before the runs, so a resumed or re-reported compare keeps them (a changed design gets a new plan)."""
     if path.exists() and _design(json.loads(path.read_text())) == _design(est):
         return
-    path.write_text(json.dumps(est, indent=2) + "\n")
+    with replacing(path) as partial:
+        partial.write_text(json.dumps(est, indent=2) + "\n")
 
 
 def run_compare(cfg: CompareConfig, *, pilot: Path | None = None, plan_only: bool = False) -> Path | None:
@@ -408,7 +409,8 @@ def run_compare(cfg: CompareConfig, *, pilot: Path | None = None, plan_only: boo
     if plan_only:
         return None
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
+    with replacing(out / "compare.json") as partial:
+        partial.write_text(json.dumps(asdict(cfg), indent=2) + "\n")
     _write_plan(out / "plan.json", est)
     print(f"kpo compare: {len(runs)} runs, {len(runs) - len(todo)} already done; report in {out}", flush=True)
     if todo:
