@@ -118,12 +118,22 @@ def test_cli_reports_a_missing_config_file(tmp_path, capsys):
     assert "missing.yaml' not found" in err and "Traceback" not in err
 
 
+def test_a_model_without_tokenizer_files_is_named(tmp_path):
+    # it was an IndexError from the decoder's tokenizer lookup once training had started (issue 34, case 7)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="model='.*model': no tokenizer files in this directory"):
+        TrainConfig(output_dir=str(tmp_path / "out"), model=str(model)).validate()
+
+
 def test_malformed_dataset_row_names_the_row(tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text('{"problem": "1+1", "answer": "2"}\n{"problem": "2+2"}\n')
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
+    (model / "tokenizer.json").write_text("{}")
     config = TrainConfig(output_dir=str(tmp_path / "out"), model=str(model), dataset=str(data))
     with pytest.raises(ConfigError, match="row 1 \\(line 2\\): missing field 'answer'"):
         config.validate()

@@ -129,8 +129,7 @@ def _evaluate_exact(cfg: CompareConfig, config, model: Path, output: Path) -> No
 
 def _evaluate_curve(cfg: CompareConfig, config, out: Path) -> None:
     """Write ``out/curve.json``: the exact expected held-out accuracy (per problem, and its mean) of the run's
-    checkpoints every ``cfg.curve_every`` optimizer steps, its learning curve; then drop the checkpoints' optimizer
-    states, which nothing reads once the run is done (the weights stay, a few MB each)."""
+    checkpoints every ``cfg.curve_every`` optimizer steps, its learning curve."""
     steps = range(cfg.curve_every, cfg.steps + 1, cfg.curve_every)
     curve = {}
     for step in steps:
@@ -138,7 +137,6 @@ def _evaluate_curve(cfg: CompareConfig, config, out: Path) -> None:
         _evaluate_exact(cfg, config, folder, folder / EXPECTED_FILE)
         found = json.loads((folder / EXPECTED_FILE).read_text())
         curve[str(step)] = {"mean": found["mean"], "per_problem": found["per_problem"]}
-        (folder / "optimizer.pt").unlink(missing_ok=True)
     with replacing(out / CURVE_FILE) as partial:
         partial.write_text(json.dumps({"every": cfg.curve_every, "steps": curve}) + "\n")
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from kpo._checks import file_in_the_way, unwritable
+from kpo._checks import file_in_the_way, no_tokenizer, unwritable
 from kpo.data.math import DEFAULT_INSTRUCTION
 
 __all__ = ["ConfigError", "TrainConfig", "parse_args", "TRAJECTORY_FIELDS"]
@@ -526,7 +526,8 @@ class TrainConfig:
     def _model_errors(self) -> list[str]:
         if not (Path(self.model) / "config.json").exists():
             return [f"model={self.model!r}: no config.json there; give a Hugging Face checkpoint directory"]
-        return []
+        missing = no_tokenizer(Path(self.model))
+        return [] if missing is None else [f"model={self.model!r}: {missing}"]
 
     def _dataset_errors(self) -> list[str]:
         errors = []
