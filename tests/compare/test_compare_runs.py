@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -140,11 +141,12 @@ def test_an_unfinished_run_restarts_without_its_stale_metrics(compare_config, fa
     assert len((stale / "metrics.jsonl").read_text().splitlines()) == cfg.steps
 
 
-def test_an_interrupt_of_kpo_compare_stops_its_workers(
-    compare_config, fake_workers, monkeypatch, sigint_raises
-):
+@pytest.mark.parametrize("inherited", [signal.default_int_handler, signal.SIG_IGN], ids=["sigint", "sigint-ignored"])
+def test_an_interrupt_of_kpo_compare_stops_its_workers(compare_config, fake_workers, monkeypatch, inherited):
     # kpo compare alone is signalled (`kill PID`, `timeout`): its workers, in process groups of their own, must
-    # hear of it from kpo compare, once, and stop, instead of training on while the pool waits for them
+    # hear of it from kpo compare, once, and stop, instead of training on while the pool waits for them; also
+    # when kpo compare was started in the background (`&`, nohup: SIGINT ignored, and its workers inherit that)
+    previous = signal.signal(signal.SIGINT, inherited)
     fake_workers({"vanilla-seed0": "slow"})
     cfg = compare_config(methods=("vanilla",), seeds=1, sweep_memory=(), jobs=1)
     folder = Path(cfg.out) / "runs" / "vanilla-seed0"
@@ -155,8 +157,11 @@ def test_an_interrupt_of_kpo_compare_stops_its_workers(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(kpo.compare.run, "wait", interrupted_wait)
-    with pytest.raises(KeyboardInterrupt):
-        run_compare(cfg)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_compare(cfg)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert (folder / "interrupted").read_text() == "stopped by a signal"
 
 

@@ -338,6 +338,14 @@ def _await_runs(
 OnDone = Callable[[Job], list[Job]]
 
 
+def _worker_start() -> None:
+    """A worker's own process group (signals reach it through :func:`_stop_workers` alone), and SIGINT's
+    default handler: a kpo compare started in the background (``&``, nohup) passes its ignored SIGINT on to the
+    processes it spawns, and a worker that ignores it finished its run, however long, before stopping."""
+    os.setpgrp()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def train_jobs(jobs: list[Job], workers: int | None, on_done: OnDone | None = None) -> None:
     """Train and evaluate ``jobs`` (and those ``on_done`` adds) in parallel worker processes (``workers``; None =
     one per CPU); RuntimeError listing every failed run (after the others ended) when any failed. An interrupt is
@@ -348,7 +356,7 @@ def train_jobs(jobs: list[Job], workers: int | None, on_done: OnDone | None = No
     # Workers run in process groups of their own, so a signal reaches them only through _stop_workers: once,
     # whether it was a terminal's Ctrl-C (sent to the whole foreground group) or a signal to kpo compare alone.
     pool = ProcessPoolExecutor(
-        max_workers=min(workers, len(jobs)), mp_context=get_context("spawn"), initializer=os.setpgrp
+        max_workers=min(workers, len(jobs)), mp_context=get_context("spawn"), initializer=_worker_start
     )
 
     def submit(job: Job):
