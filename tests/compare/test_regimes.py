@@ -158,3 +158,30 @@ def test_no_collapse_no_clip_band_and_the_map_is_written(mapped):
     assert "KPO loses (worse than GRPO or GSPO): none-depth4-lr0.0005." in text
     assert "GRPO collapsed in no cell" in text
     assert (report.parent / "regimes.png").stat().st_size > 0
+
+
+def test_learning_curves_say_whether_kpo_is_slower_or_worse(tmp_path):
+    cfg = RegimeConfig(
+        out=str(tmp_path / "map"), seeds=3, batches=40, curve_every=20, cells_only=("none-depth4-lr0.0001",)
+    ).validate()
+    cell = cfg.cells[0]
+    for seed in range(3):
+        _write_model(tmp_path / "map" / f"warm_start-seed{seed}", 0.25)
+    # checkpoints at 20 and 40 generation batches (steps 80, 160): KPO trails GRPO by about 10 points at 20 and
+    # catches up by 40; GSPO stays below GRPO
+    curves = {GRPO: (0.60, 0.70), GSPO: (0.55, 0.65), KPO: (0.50, 0.70)}
+    _finish(cfg, cell, {arm: [b[1]] * 3 for arm, b in curves.items()})
+    for run in cell_runs(cfg, cell, clip_band=False):
+        wobble = 0.01 * run.seed  # seeds differ a little, so intervals have a width
+        steps = {
+            str(80 * (i + 1)): {"mean": acc + wobble, "per_problem": [acc + wobble] * PROBLEMS}
+            for i, acc in enumerate(curves[run.arm])
+        }
+        folder = Path(cfg.out) / cell.name / "runs" / run.name
+        (folder / "curve.json").write_text(json.dumps({"every": 80, "steps": steps}))
+    curve = cell_entry(cfg, cell)["curve"]
+    assert curve["batches"] == [20, 40] and curve["best_baseline"] == GRPO
+    assert [p["verdict"] for p in curve["contrasts"]["KPO - GRPO"]] == ["worse", "equivalent"]
+    assert curve["pace"] == "slower"
+    report = write_regime_report(cfg).read_text()
+    assert "KPO is **slower** against vanilla" in report and (Path(cfg.out) / "curves.png").exists()

@@ -111,6 +111,28 @@ def _findings(entries: list[dict], labels: dict) -> list[str]:
     return lines
 
 
+def _curves_section(out: Path, entries: list[dict], labels: dict) -> list[str]:
+    """The learning curves' section (cells run with --curve-every), or nothing."""
+    with_curves = [e for e in entries if e.get("curve")]
+    if not with_curves:
+        return []
+    figure = _plot_curves(with_curves, labels, out / "curves.png")
+    return [
+        "## Slower or worse? Learning curves",
+        "",
+        *(
+            f"- {e['cell']}: KPO is **{e['curve']['pace']}** against {e['curve']['best_baseline']} (the baseline with "
+            "the higher final accuracy)."
+            for e in with_curves
+        ),
+        "",
+        f"![learning curves]({figure.name})",
+        "",
+        _curve_table(with_curves),
+        "",
+    ]
+
+
 def _flags(entry: dict, arm: str) -> list[bool]:
     return [bool(f) for f in (entry["arms"][arm]["collapsed"] or [])]
 
@@ -178,6 +200,43 @@ def _plot(entries: list[dict], labels: dict, path: Path) -> Path:
     return path
 
 
+def _plot_curves(entries: list[dict], labels: dict, path: Path) -> Path:
+    """One panel per cell with learning curves: each arm's mean held-out accuracy (over seeds) against generation
+    batches, the map's length (20) marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(entries), figsize=(5.5 * len(entries), 4), squeeze=False)
+    for ax, e in zip(axes[0], entries, strict=True):
+        curve = e["curve"]
+        for name, color in (("GRPO", "C0"), ("GSPO", "C1"), ("KPO", "C2")):
+            ax.plot(curve["batches"], [100 * m for m in curve["means"][labels[name]]], "o-", color=color, label=name)
+        ax.axvline(20, color="0.6", ls=":", lw=1)
+        ax.set_title(f"{e['cell']}: KPO {curve['pace'] or '-'}", fontsize=9)
+        ax.set_xlabel("generation batches (dotted: the map's length)")
+        ax.set_ylabel("exact expected held-out accuracy (%)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    with replacing(path) as partial:
+        fig.savefig(partial, dpi=110, format="png")
+    plt.close(fig)
+    return path
+
+
+def _curve_table(entries: list[dict]) -> str:
+    lines = ["| cell | generation batches | KPO - GRPO | KPO - GSPO |", "|---|---|---|---|"]
+    for e in entries:
+        curve = e["curve"]
+        for i, batches in enumerate(curve["batches"]):
+            lines.append(
+                f"| {e['cell']} | {batches} | {_contrast(curve['contrasts']['KPO - GRPO'][i])} | "
+                f"{_contrast(curve['contrasts']['KPO - GSPO'][i])} |"
+            )
+    return "\n".join(lines)
+
+
 def render_map(out: Path, entries: list[dict], plan: dict, labels: dict) -> Path:
     """Write report.md, report.json and regimes.png into ``out`` for ``entries`` (one per cell); returns report.md.
     ``labels``: the arm labels of "KPO", "GRPO", "GSPO" and "clip band" in the entries."""
@@ -207,6 +266,7 @@ def render_map(out: Path, entries: list[dict], plan: dict, labels: dict) -> Path
         "",
         *_findings(entries, labels),
         "",
+        *_curves_section(out, entries, labels),
         "## Planned against measured",
         "",
         f"- Planned half-width of a cell's contrast: +-{half[0]:.1f} points (prior sd {plan.get('diff_sd', float('nan')):.1f})."

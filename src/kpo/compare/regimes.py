@@ -95,6 +95,9 @@ REGIME_RULES = {
     "where KPO does not, the band saves it where the clip band survives too",
     "KPO helps": "a cell where KPO (matched) is better than GRPO or GSPO and worse than neither",
     "pick": "per cell, the arm with the highest mean held-out accuracy over its seeds",
+    "slower or worse": "with learning curves (--curve-every), against the baseline (GRPO or GSPO) with the higher "
+    "final mean: KPO is slower where its paired contrast is worse at 20 generation batches (the map's length) and "
+    "not worse at the last checkpoint, worse where it is worse at both, not behind where it is not worse at 20",
 }
 
 
@@ -497,7 +500,48 @@ def cell_entry(cfg: RegimeConfig, cell: Cell) -> dict:
     }
     entry["done"] = all(v is not None for a in arms.values() for v in a["accuracy"])
     entry["conclusion"] = _conclude(entry)
+    if cfg.curve_every and entry["done"]:
+        entry["curve"] = _curve(cfg, cell, by_arm)
     return entry
+
+
+def _curve(cfg: RegimeConfig, cell: Cell, by_arm: dict[str, list[Run]]) -> dict:
+    """The cell's learning curves (curve.json of its runs): each arm's mean held-out accuracy at every checkpoint,
+    KPO's paired contrast with GRPO and GSPO there, and the "slower or worse" verdict (:data:`REGIME_RULES`)."""
+    from kpo.compare.plan import CURVE_FILE
+    from kpo.compare.report import verdict
+    from kpo.evaluation.metrics import paired_diff_ci
+
+    folder = Path(cfg.out) / cell.name / "runs"
+    found = {
+        arm: [json.loads((folder / r.name / CURVE_FILE).read_text())["steps"] for r in runs]
+        for arm, runs in by_arm.items()
+        if arm != CLIP_BAND
+    }
+    steps = sorted(int(k) for k in found[KPO][0])
+    batches = [step // cell.depth for step in steps]
+    means = {
+        arm: [sum(c[str(step)]["mean"] for c in curves) / len(curves) for step in steps] for arm, curves in found.items()
+    }
+    contrasts = {}
+    for name, arm in (("GRPO", GRPO), ("GSPO", GSPO)):
+        points = []
+        for step in steps:
+            a = [c[str(step)]["per_problem"] for c in found[KPO]]
+            b = [c[str(step)]["per_problem"] for c in found[arm]]
+            mean, low, high = paired_diff_ci(a, b, 1.0)
+            points.append({"mean": mean, "low": low, "high": high, "verdict": verdict(low, high)})
+        contrasts[f"KPO - {name}"] = points
+    best = max((GRPO, GSPO), key=lambda arm: means[arm][-1])
+    line = contrasts[f"KPO - {'GRPO' if best == GRPO else 'GSPO'}"]
+    at_map = line[batches.index(BATCHES)]["verdict"] if BATCHES in batches else None
+    if at_map is None:
+        pace = None
+    elif at_map != "worse":
+        pace = "not behind"
+    else:
+        pace = "worse" if line[-1]["verdict"] == "worse" else "slower"
+    return {"batches": batches, "means": means, "contrasts": contrasts, "best_baseline": best, "pace": pace}
 
 
 def _conclude(entry: dict) -> dict:
