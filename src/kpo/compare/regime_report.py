@@ -46,7 +46,7 @@ def _collapsed(arm: dict | None) -> str:
     return f"{sum(flags)}/{len(flags)}"
 
 
-def _table(entries: list[dict], labels: dict) -> str:
+def _table(out: Path, entries: list[dict], labels: dict) -> str:
     head = (
         "| cell | mismatch k3 | on-policy clip (KPO) | GRPO | GSPO | KPO (matched) | KPO - GRPO | KPO - GSPO | "
         "KPO - clip band | collapsed GRPO / GSPO / KPO / band | KPO | pick |"
@@ -59,8 +59,10 @@ def _table(entries: list[dict], labels: dict) -> str:
         band = arms.get(labels["clip band"])
         concl = e["conclusion"]
         pick = concl["pick"] or "-"
+        # a finished cell links its own kpo compare report
+        name = f"[{e['cell']}]({e['cell']}/report.md)" if (out / e["cell"] / "report.md").exists() else e["cell"]
         lines.append(
-            f"| [{e['cell']}]({e['cell']}/report.md) | {'-' if k3 is None else f'{k3:.1e}'} | "
+            f"| {name} | {'-' if k3 is None else f'{k3:.1e}'} | "
             f"{_pct(kpo['on_policy_clip_frac'])}% | {_accuracy(arms[labels['GRPO']])} | "
             f"{_accuracy(arms[labels['GSPO']])} | {_accuracy(kpo)} | {_contrast(e['contrasts'].get('KPO - GRPO'))} | "
             f"{_contrast(e['contrasts'].get('KPO - GSPO'))} | "
@@ -258,7 +260,7 @@ def render_map(out: Path, entries: list[dict], plan: dict, labels: dict) -> Path
         "report (Table 1, Figure 3, Table 2). The rules below were printed and written to plan.json before the "
         "runs.",
         "",
-        _table(entries, labels),
+        _table(out, entries, labels),
         "",
         f"![regime map]({figure.name})",
         "",
