@@ -4,6 +4,8 @@ the same state), and settings it does not reproduce go back to TRL."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
@@ -57,12 +59,15 @@ def test_rollouts_equal_trls_generate_under_the_same_seed(tmp_path):
         trainer._tokenizer(p)["input_ids"] for p in ("1+1=", "12+3=", "7+45=", "2+2=") for _ in range(4)
     ]
     torch.manual_seed(5)
-    ours, logprobs = generate_single_turn(trainer, prompt_ids)
+    ours, logprobs = generate_single_turn(trainer, prompt_ids, trainer.accelerator.unwrap_model(trainer.model))
     after_ours = torch.get_rng_state()
     torch.manual_seed(5)
     theirs, _ = GRPOTrainer._generate_single_turn(trainer, prompt_ids, None, {}, 4)
-    assert ours == theirs and logprobs is None
-    assert torch.equal(torch.get_rng_state(), after_ours)
+    assert ours == theirs
+    assert torch.equal(torch.get_rng_state(), after_ours)  # recording the log-probs draws nothing
+    # the sampler's log-probability of each kept token, as vLLM returns them
+    assert [len(lp) for lp in logprobs] == [len(c) for c in ours]
+    assert all(math.isfinite(x) and x <= 0 for lp in logprobs for x in lp)
     eos = trainer.eos_token_ids[0]
     assert any(c[-1] == eos for c in ours)  # some rows ended (cut after their end token) ...
     assert any(len(c) == 12 and eos not in c for c in ours)  # ... and some ran to the budget
