@@ -136,3 +136,33 @@ def test_the_fp8_decoder_samples_a_nearby_distribution():
     fp8 = Qwen3Decoder(copy, fp8=True).prefill(ids, mask, 4)
     assert not torch.equal(plain, fp8)
     assert (plain.softmax(-1) - fp8.softmax(-1)).abs().max() < 0.05
+
+
+def test_a_lagging_sampler_holds_the_weights_of_k_batches_ago_and_restores_them():
+    policy = _tiny_qwen3()
+    sampler = RolloutSampler("float32", lag=1)
+    first = {n: p.detach().clone() for n, p in policy.named_parameters()}
+
+    def step():
+        with torch.no_grad():
+            for p in policy.parameters():
+                p.add_(0.1)
+
+    def held(model) -> dict:
+        return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    copy = sampler.model_for(policy, 0)  # no batch before the first: its own weights
+    assert copy is not policy and all(torch.equal(held(copy)[n], w) for n, w in first.items())
+    step()
+    second = held(policy)
+    assert all(
+        torch.equal(held(sampler.model_for(policy, 4))[n], w) for n, w in first.items()
+    )  # one batch old
+    step()
+    assert all(torch.equal(held(sampler.model_for(policy, 8))[n], w) for n, w in second.items())
+    assert sampler.model_for(policy, 8) is copy  # the same batch again (a redone one): the same weights
+    # a checkpoint's state: another sampler loaded with it samples from the same weights
+    restored = RolloutSampler("float32", lag=1)
+    restored.load_state_dict(sampler.state_dict())
+    assert all(torch.equal(held(restored.model_for(policy, 8))[n], w) for n, w in second.items())
+    assert RolloutSampler("bfloat16").state_dict() == {}  # without lag nothing needs restoring

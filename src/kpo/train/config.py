@@ -137,6 +137,12 @@ class TrainConfig:
         "per output channel: W8A16 FP8 rollouts). The sampler's per-token log-probs are kept; their mismatch with "
         "the trainer's is logged as rollout_corr/* every generation batch.",
     )
+    rollout_lag: int = _option(
+        0,
+        "Generation batches the sampler's weights lag the trainer's by, as in an async trainer (samples drawn by "
+        "the weights of k batches ago; the first k batches by the starting weights); 0 = none. With "
+        "ratio_anchor=rollout the staleness reaches the ratio; with the trainer's anchor, rollout_is corrects it.",
+    )
     ratio_anchor: str = _option(
         "trainer",
         "The PPO ratio's denominator (old_log_prob): trainer (the trainer's log-probs recomputed after "
@@ -489,10 +495,15 @@ class TrainConfig:
                 "already corrects the mismatch (verl's bypass mode applies no TIS weight with PPO-clip); drop "
                 "--rollout-is, or use --ratio-anchor trainer"
             )
-        sampler_set = self.rollout_dtype != "float32" or self.ratio_anchor != "trainer" or self.rollout_correction()
+        sampler_set = (
+            self.rollout_dtype != "float32"
+            or self.rollout_lag
+            or self.ratio_anchor != "trainer"
+            or self.rollout_correction()
+        )
         if self.use_vllm and sampler_set:
             errors.append(
-                "rollout_dtype, ratio_anchor and rollout_is/rollout_rs set kpo's CPU sampler; with --use-vllm, TRL's "
+                "rollout_dtype, rollout_lag, ratio_anchor and rollout_is/rollout_rs set kpo's CPU sampler; with --use-vllm, TRL's "
                 "--vllm-importance-sampling-mode corrects the mismatch: leave them at their defaults"
             )
         if not errors and self.rollout_correction():
@@ -693,7 +704,7 @@ _BOUNDS = {
         (1, None, ""),
     ),
     "num_generations": (2, None, " (a GRPO group compares at least 2 responses per prompt)"),
-    **dict.fromkeys(("save_steps", "dump_ratios_every"), (0, None, " (0 = off)")),
+    **dict.fromkeys(("save_steps", "dump_ratios_every", "rollout_lag"), (0, None, " (0 = off)")),
     "weight_decay": (0, None, ""),
     "seed": (0, 2**32 - 1, " (numpy's seed range)"),
     "warm_start_seed": (0, 2**32 - 1, " (numpy's seed range)"),
@@ -705,6 +716,7 @@ _BOUNDS = {
 }
 _MISMATCH_FIELDS = (
     "rollout_dtype",
+    "rollout_lag",
     "ratio_anchor",
     "rollout_is",
     "rollout_is_threshold",

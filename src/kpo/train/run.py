@@ -386,6 +386,7 @@ def run_training(config: TrainConfig) -> Path:
         interrupts=InterruptGuard(processes=world),
         run_card=lambda: write_run_card(config, out),
         rollout_dtype=config.rollout_dtype,
+        rollout_lag=config.rollout_lag,
         ratio_anchor=config.ratio_anchor,
         rollout_correction=config.rollout_correction(),
     )

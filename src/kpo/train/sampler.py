@@ -55,16 +55,27 @@ _SAFETY_BOUND = 20.0  # verl clamps log-ratios at +-20 before exponentiating the
 
 
 class RolloutSampler:
-    """The model rollouts are sampled from: ``model_for(policy)`` returns the policy itself for ``float32``, else
-    a copy in bf16 (``float8``: linear weights of the decoder blocks on the FP8 grid) whose weights are refreshed
-    from ``policy`` whenever ``policy``'s optimizer has stepped since the last refresh (``version``)."""
+    """The model rollouts are sampled from.
 
-    def __init__(self, dtype: str):
+    ``model_for(policy, version)`` is called before each generation batch with the trainer's optimizer step count;
+    it returns the policy itself (``float32`` without lag), else a copy in ``dtype`` (``float8``: the blocks'
+    projection weights on the FP8 grid) holding the policy's weights of ``lag`` generation batches ago (the
+    oldest it has while fewer batches have passed), as an async trainer's engine samples with weights a few
+    updates old. The weights of the last ``lag + 1`` batches are kept in float32 (``history``), and a checkpoint
+    holds them (:meth:`state_dict`), so a resumed run samples from the weights the uninterrupted one would.
+    """
+
+    def __init__(self, dtype: str, lag: int = 0):
         if dtype not in ROLLOUT_DTYPES:
             raise ValueError(f"rollout dtype {dtype!r}: use one of {', '.join(ROLLOUT_DTYPES)}")
-        self.dtype = dtype
+        if lag < 0:
+            raise ValueError(f"rollout lag {lag}: give the generation batches the sampler lags by, >= 0")
+        self.dtype, self.lag = dtype, lag
         self._copy: torch.nn.Module | None = None
-        self._version: int | None = None
+        self.history: list[
+            tuple[int, dict[str, torch.Tensor]]
+        ] = []  # (version, float32 weights), oldest first
+        self._loaded: int | None = None  # the version whose weights the copy holds
 
     @property
     def fp8(self) -> bool:
@@ -72,22 +83,41 @@ class RolloutSampler:
         return self.dtype == "float8"
 
     def model_for(self, policy: torch.nn.Module, version: int) -> torch.nn.Module:
-        """The sampler's model for ``policy`` at weight ``version`` (the trainer's optimizer step count)."""
-        if self.dtype == "float32":
+        """The sampler's model for the generation batch that starts at ``policy``'s weight ``version``."""
+        if self.dtype == "float32" and not self.lag:
             return policy
         if self._copy is None:
-            self._copy = copy.deepcopy(policy).to(torch.bfloat16).eval().requires_grad_(False)
-        if self._version != version:
-            self._refresh(policy)
-            self._version = version
+            dtype = torch.float32 if self.dtype == "float32" else torch.bfloat16
+            self._copy = copy.deepcopy(policy).to(dtype).eval().requires_grad_(False)
+        if not self.history or self.history[-1][0] != version:
+            weights = {name: p.detach().float().clone() for name, p in policy.named_parameters()}
+            self.history = [*self.history, (version, weights)][-(self.lag + 1) :]
+        oldest, weights = self.history[0]
+        if self._loaded != oldest:
+            self._refresh(weights)
+            self._loaded = oldest
         return self._copy
 
     @torch.no_grad()
-    def _refresh(self, policy: torch.nn.Module) -> None:
-        for (name, mine), theirs in zip(self._copy.named_parameters(), policy.parameters(), strict=True):
-            mine.copy_(theirs)  # rounds to bf16 (round to nearest even)
+    def _refresh(self, weights: dict[str, torch.Tensor]) -> None:
+        for name, mine in self._copy.named_parameters():
+            mine.copy_(weights[name])  # rounds to bf16 (round to nearest even) where the copy is bf16
             if self.fp8 and mine.dim() == 2 and ".layers." in f".{name}" and "proj" in name:
                 mine.copy_(round_fp8(mine))  # one scale per output channel: a row of [out, in]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The kept weights, ``"{version}/{name}"`` -> tensor (empty without lag: nothing to restore)."""
+        if not self.lag:
+            return {}
+        return {f"{version}/{name}": w for version, weights in self.history for name, w in weights.items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        history: dict[int, dict[str, torch.Tensor]] = {}
+        for key, w in state.items():
+            version, name = key.split("/", 1)
+            history.setdefault(int(version), {})[name] = w
+        self.history = sorted(history.items())
+        self._loaded = None
 
 
 def mismatch_sums(

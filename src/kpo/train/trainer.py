@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 import trl
 from packaging.version import Version
+from safetensors.torch import load_file, save_file
 
 from kpo._files import writing
 from kpo.advantages import compute_advantages
@@ -87,6 +88,7 @@ _SAMPLING_KEYS = (
 )
 # The sampler's mismatch (kpo.train.sampler), measured once per generation batch, and the clip fraction of the
 # batch's first (on-policy) optimizer step: above 0 only where the mismatch reaches the ratio.
+SAMPLER_FILE = "rollout_sampler.safetensors"  # a checkpoint's lagging-sampler weights (kpo.train.sampler)
 _MISMATCH_KEYS = (*(f"rollout_corr/{k}" for k in MISMATCH_METRICS), "rollout_corr/on_policy_clip_frac")
 _GENERATION_KEYS = (
     "reward",
@@ -139,6 +141,7 @@ class KPOTrainer(GRPOTrainer):
         interrupts: the guard that records SIGINT/SIGTERM (None = not stopped at a batch boundary).
         run_card: writes the run's README.md in place of TRL's model card (None = TRL's card).
         rollout_dtype: the sampler's precision (``kpo.train.sampler.ROLLOUT_DTYPES``).
+        rollout_lag: generation batches the sampler's weights lag the trainer's by (an async trainer's staleness).
         ratio_anchor: whose log-probs are ``old_log_prob``: "trainer" (recomputed) or "rollout" (the sampler's).
         rollout_correction: ``policy_loss``'s rollout_is / rollout_rs keywords, fed with the sampler's log-probs.
     """
@@ -156,6 +159,7 @@ class KPOTrainer(GRPOTrainer):
         interrupts: InterruptGuard | None = None,
         run_card: Callable[[], object] | None = None,
         rollout_dtype: str = "float32",
+        rollout_lag: int = 0,
         ratio_anchor: str = "trainer",
         rollout_correction: dict | None = None,
         **kwargs,
@@ -183,15 +187,17 @@ class KPOTrainer(GRPOTrainer):
             raise ValueError("KPOTrainer follows the paper's protocol without a KL term: set beta=0")
         if ratio_anchor not in RATIO_ANCHORS:
             raise ValueError(f"ratio_anchor={ratio_anchor!r}: use one of {', '.join(RATIO_ANCHORS)}")
-        self.sampler = RolloutSampler(rollout_dtype)
+        self.sampler = RolloutSampler(rollout_dtype, rollout_lag)
         self.ratio_anchor = ratio_anchor
         self.rollout_correction = dict(rollout_correction or {})
-        uses_sampler = rollout_dtype != "float32" or ratio_anchor != "trainer" or self.rollout_correction
+        uses_sampler = (
+            rollout_dtype != "float32" or rollout_lag or ratio_anchor != "trainer" or self.rollout_correction
+        )
         reason = fast_rollout_unsupported(self, None, None)
         if uses_sampler and reason is not None:
             # the sampler's model and log-probs are kpo's decoder's; TRL's paths give neither
             raise ValueError(
-                f"rollout_dtype, ratio_anchor=rollout and rollout_is/rollout_rs need kpo's sampler, which this "
+                f"rollout_dtype, rollout_lag, ratio_anchor=rollout and rollout_is/rollout_rs need kpo's sampler, which this "
                 f"run cannot use ({reason}); leave them at their defaults"
                 + (" (with vLLM, TRL's vllm_importance_sampling_* correct the mismatch)" if self.use_vllm else "")
             )
@@ -311,11 +317,21 @@ class KPOTrainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         def save():
             super(KPOTrainer, self)._save_checkpoint(model, trial)
+            state = self.sampler.state_dict()  # a lagging sampler's weights: part of the trajectory
+            if state and self.accelerator.is_main_process:
+                folder = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
+                save_file(state, str(folder / SAMPLER_FILE))
 
         if self.interrupts is None:
             return save_whole(self, save)
         with self.interrupts.deferred():
             return save_whole(self, save)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        path = Path(resume_from_checkpoint) / SAMPLER_FILE
+        if path.exists():
+            self.sampler.load_state_dict(load_file(str(path)))
 
     def checkpoint_abandoned_batch(self) -> Path | None:
         """After :class:`~kpo.train.interrupt.AbandonBatch`: the checkpoint of the last finished generation batch,
