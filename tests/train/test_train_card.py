@@ -127,3 +127,22 @@ def test_no_warning_while_rewards_vary(tiny_config, capsys):
 
     run_training(tiny_config("varied", max_steps=6))
     assert "zero reward variance" not in capsys.readouterr().err
+
+
+def test_run_card_says_how_rollouts_were_sampled(tiny_config, tmp_path):
+    from kpo.train.card import run_card
+
+    out = tmp_path / "card"
+    out.mkdir()
+    plain = run_card(tiny_config("card"), out)
+    assert (
+        "rollouts sampled in float32; the ratio's anchor: the trainer's log-probs; rollout correction: none"
+        in plain
+    )
+    lagged = tiny_config(
+        "card", rollout_dtype="bfloat16", rollout_lag=2, ratio_anchor="rollout", rollout_rs="token"
+    )
+    assert (
+        "rollouts sampled in bfloat16, 2 generation batch(es) behind the trainer; the ratio's anchor: the sampler's "
+        "log-probs (bypass); rollout correction: rollout_rs=token" in run_card(lagged, out)
+    )

@@ -132,7 +132,22 @@ def _protocol(config: TrainConfig) -> list[str]:
         f"- completion length up to {config.max_completion()} tokens, temperature {config.temperature:g}"
         + (", vLLM generation" if config.use_vllm else ""),
         f"- {config.max_steps} steps, seed {config.seed}",
+        _sampler(config),
     ]
+
+
+def _sampler(config: TrainConfig) -> str:
+    """The rollout sampler, the PPO anchor and the rollout correction (kpo.train.sampler)."""
+    lag = f", {config.rollout_lag} generation batch(es) behind the trainer" if config.rollout_lag else ""
+    anchor = "the sampler's log-probs (bypass)" if config.ratio_anchor == "rollout" else "the trainer's log-probs"
+    given = {k: v for k, v in config.rollout_correction().items() if v is not None}
+    if config.rollout_is is None:  # a TIS threshold without TIS says nothing
+        given.pop("rollout_is_threshold", None)
+    correction = ", ".join(f"{k}={_value(v)}" for k, v in given.items())
+    return (
+        f"- rollouts sampled in {config.rollout_dtype}{lag}; the ratio's anchor: {anchor}; rollout correction: "
+        f"{correction or 'none'}"
+    )
 
 
 def _metrics(rows: list[dict], max_steps: int) -> list[str]:
