@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from generation.qwen3_model import random_qwen3
 from kpo.generation.qwen3 import FP8_MAX, round_fp8
 from kpo.train.sampler import RolloutSampler, mismatch_metrics, mismatch_sums
 
@@ -58,32 +59,15 @@ def test_mismatch_metrics_equal_verls():
         assert ours[f"rollout_corr/{key}"] == pytest.approx(verl[key], rel=1e-7, abs=1e-12), key
 
 
-def _tiny_qwen3():
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=32,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=64,
-    )
-    return Qwen3ForCausalLM(config).eval()
-
-
 def test_float32_samples_the_policy_itself():
-    policy = _tiny_qwen3()
+    policy = random_qwen3()
     assert RolloutSampler("float32").model_for(policy, 0) is policy
     with pytest.raises(ValueError, match="float16"):
         RolloutSampler("float16")
 
 
 def test_bf16_copy_is_refreshed_when_the_weights_change():
-    policy = _tiny_qwen3()
+    policy = random_qwen3()
     sampler = RolloutSampler("bfloat16")
     copy = sampler.model_for(policy, 0)
     assert copy is not policy and next(copy.parameters()).dtype == torch.bfloat16
@@ -101,7 +85,7 @@ def test_bf16_copy_is_refreshed_when_the_weights_change():
 
 
 def test_fp8_puts_the_blocks_projections_on_the_e4m3_grid():
-    policy = _tiny_qwen3()
+    policy = random_qwen3()
     copy = RolloutSampler("float8").model_for(policy, 0)
     for name, w in copy.named_parameters():
         theirs = dict(policy.named_parameters())[name].to(torch.bfloat16)
@@ -129,8 +113,8 @@ def test_round_fp8_keeps_the_row_max_and_three_mantissa_bits():
 def test_the_fp8_decoder_samples_a_nearby_distribution():
     from kpo.generation.qwen3 import Qwen3Decoder
 
-    copy = RolloutSampler("float8").model_for(_tiny_qwen3(), 0)
-    ids = torch.randint(0, 32, (3, 7), generator=torch.Generator().manual_seed(1))
+    copy = RolloutSampler("float8").model_for(random_qwen3(), 0)
+    ids = torch.randint(2, 16, (3, 7), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     plain = Qwen3Decoder(copy).prefill(ids, mask, 4)
     fp8 = Qwen3Decoder(copy, fp8=True).prefill(ids, mask, 4)
@@ -139,7 +123,7 @@ def test_the_fp8_decoder_samples_a_nearby_distribution():
 
 
 def test_a_lagging_sampler_holds_the_weights_of_k_batches_ago_and_restores_them():
-    policy = _tiny_qwen3()
+    policy = random_qwen3()
     sampler = RolloutSampler("float32", lag=1)
     first = {n: p.detach().clone() for n, p in policy.named_parameters()}
 
