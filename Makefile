@@ -38,16 +38,23 @@ $(VERL_STAMP): $(VERL_PY) pyproject.toml scripts/install_verl_cpu.sh
 
 install: $(STAMP) $(VERL_STAMP)
 
-# The whole suite in .venv (newest transformers; the tests that need verl skip there), then in verl's
-# environment what only it can test: the plugin and verl's main_ppo, the losses' parity with verl's, `import kpo`,
+# The whole suite in .venv (newest transformers; the tests that need verl skip there) and, at the same time, in
+# verl's environment what only it can test: the plugin and verl's main_ppo, the losses' parity with verl's, `import kpo`,
 # and the parts of `kpo train` that touch transformers and TRL (runs, resume, TRL's generate path) on the older
 # transformers verl pins. The rest is not run twice: both environments have the same torch, numba, numpy and
 # triton, and kpo's own logic (interrupts, processes, faults, sampler) does not depend on transformers' release.
 VERL_TESTS := tests/losses/test_verl_*.py tests/integrations tests/test_public_api.py \
 	tests/train/test_train_run.py tests/train/test_rollout.py
+# The two run side by side (each keeps about one of 2 cores busy: subprocesses, compiles, Ray's waits); verl's
+# output goes to VERL_LOG and is printed once the suite has finished, so the two reports do not interleave.
+VERL_LOG ?= .pytest-verl.log
 test: $(STAMP) $(VERL_STAMP)
-	$(PY) -m pytest -q tests
-	$(VERL_PY) -m pytest -q -p no:asyncio $(VERL_TESTS)
+	@$(VERL_PY) -m pytest -q -p no:asyncio -p no:cacheprovider $(VERL_TESTS) > $(VERL_LOG) 2>&1 & verl=$$!; \
+	trap 'kill $$verl 2>/dev/null' INT TERM; \
+	$(PY) -m pytest -q tests; suite=$$?; \
+	wait $$verl; verl_status=$$?; \
+	echo; echo "== .venv-verl: $(VERL_PY) -m pytest -q -p no:asyncio -p no:cacheprovider $(VERL_TESTS)"; cat $(VERL_LOG); \
+	test $$suite -eq 0 && test $$verl_status -eq 0
 
 # The main job: KPO on the embedded long-response task (128-token responses; the warm start is built and cached
 # on first use), then the warm start and the trained model evaluated on the same 256 held-out problems, and
@@ -77,4 +84,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VERL_VENV) .pytest_cache .ruff_cache $(VERL_LOG)
