@@ -48,12 +48,13 @@ VERL_TESTS := tests/losses/test_verl_*.py tests/integrations tests/test_public_a
 # The two run side by side (each keeps about one of 2 cores busy: subprocesses, compiles, Ray's waits); verl's
 # output goes to VERL_LOG and is printed once the suite has finished, so the two reports do not interleave.
 VERL_LOG ?= .pytest-verl.log
+VERL_PYTEST := $(VERL_PY) -m pytest -q -p no:asyncio -p no:cacheprovider $(VERL_TESTS)
 test: $(STAMP) $(VERL_STAMP)
-	@$(VERL_PY) -m pytest -q -p no:asyncio -p no:cacheprovider $(VERL_TESTS) > $(VERL_LOG) 2>&1 & verl=$$!; \
+	@$(VERL_PYTEST) > $(VERL_LOG) 2>&1 & verl=$$!; \
 	trap 'kill $$verl 2>/dev/null' INT TERM; \
 	$(PY) -m pytest -q tests; suite=$$?; \
 	wait $$verl; verl_status=$$?; \
-	echo; echo "== .venv-verl: $(VERL_PY) -m pytest -q -p no:asyncio -p no:cacheprovider $(VERL_TESTS)"; cat $(VERL_LOG); \
+	echo; echo "== .venv-verl: $(VERL_PYTEST)"; cat $(VERL_LOG); \
 	test $$suite -eq 0 && test $$verl_status -eq 0
 
 # The main job: KPO on the embedded long-response task (128-token responses; the warm start is built and cached
