@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kpo import kalman_filter, policy_loss, q_for_memory
+from kpo import filter_memory, kalman_filter, policy_loss, q_for_memory
 from kpo.losses.kpo import filter_settings
 
 
@@ -79,3 +79,32 @@ def test_p0_steady_is_the_constant_gain_moving_average():
     assert m3["filtered_ratio_max"] != m1["filtered_ratio_max"] and ramp.item() != steady.item()
     with pytest.raises(ValueError, match="p0='stable': give a variance >= 0 or 'steady'"):
         policy_loss("kpo", lp, old, adv, mask, p0="stable")
+
+
+@pytest.mark.parametrize("loss", ["kpo", "kpo_unclipped"])
+def test_auto_memory_is_the_fixed_q_loss_at_the_fitted_q(loss):
+    from kpo.filter.fit import fit_q
+
+    lp, old, adv, mask = _batch()
+    auto, metrics = policy_loss(loss, lp, old, adv, mask, memory="auto")
+    (g_auto,) = torch.autograd.grad(auto, lp)
+    q = fit_q((lp - old).detach(), mask)
+    fixed, _ = policy_loss(loss, lp, old, adv, mask, q=q)
+    (g_fixed,) = torch.autograd.grad(fixed, lp)
+    assert torch.isfinite(auto) and auto.item() == fixed.item() and torch.equal(g_auto, g_fixed)
+    assert metrics["kpo/q"] == q and metrics["kpo/memory_tokens"] == pytest.approx(filter_memory(q))
+
+
+def test_auto_memory_on_policy_and_bounds():
+    lp, old, adv, mask = _batch()
+    # ratios exactly 1: nothing to fit and the filtered ratio is 1 whatever q; no kpo/q is reported
+    on_policy, metrics = policy_loss("kpo", old.clone().requires_grad_(), old, adv, mask, memory="auto")
+    assert torch.isfinite(on_policy) and "kpo/q" not in metrics and metrics["filtered_ratio_max"] == 1.0
+    _, bounded = policy_loss("kpo", lp, old, adv, mask, memory="auto", q_max=1e-5)
+    assert bounded["kpo/q"] <= 1e-5
+    with pytest.raises(ValueError, match="apply only with memory='auto'"):
+        policy_loss("kpo", lp, old, adv, mask, memory=12.0, q_min=1e-6)
+    with pytest.raises(ValueError, match="0 < q_min < q_max"):
+        policy_loss("kpo", lp, old, adv, mask, memory="auto", q_min=1.0, q_max=0.1)
+    with pytest.raises(ValueError, match=r"memory='matched'.*kpo.matched_memory"):
+        policy_loss("kpo", lp, old, adv, mask, memory="matched")

@@ -19,6 +19,7 @@ from kpo.compare.plan import (
     CompareConfig,
     CompareError,
 )
+from kpo.compare.questions import LOOKS
 from kpo.compare.regimes import BATCHES, DIFF_SD, GRID, MISMATCH, RegimeConfig, run_regimes
 from kpo.compare.run import run_compare
 
@@ -204,10 +205,12 @@ def build_regimes_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kpo compare regimes",
         description="Where does KPO help? A grid of regimes (train-inference mismatch x off-policy depth x "
-        "learning rate), each cell vanilla (GRPO), GSPO and KPO (matched) paired by seed and decided as kpo "
-        "compare decides; where KPO or GSPO survives what breaks vanilla, the cell adds KPO's clip band without "
-        "the filter. Prints the plan and the claim rules before anything trains; finished runs are reused; the "
-        "map (report.md, report.json, regimes.png) is rewritten as each cell finishes.",
+        "learning rate), each cell GRPO, GSPO, KPO (matched) and KPO (auto) paired by seed, the stress cells "
+        "(the highest learning rate) also KPO's clip band without the filter; pre-registered questions pooled "
+        "over cells, answered with exact and seed-level tests (Holm over the family), seeds added in blocks of 2 "
+        "until they are decided or at the cap. Prints the plan, the questions and the rules before anything "
+        "trains; finished runs are reused; the map (report.md, report.json, regimes.png) is rewritten as each "
+        "cell finishes.",
     )
     p.add_argument("--out", default=d.out, help="Map and run directory (default: %(default)s).")
     p.add_argument(
@@ -230,10 +233,22 @@ def build_regimes_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--cells",
         type=_listed(str),
-        default=(),
+        default=None,
         help="Run these cells alone, by name (MISMATCH-depthN-lrX, e.g. none-depth4-lr0.0001), instead of the grid.",
     )
-    p.add_argument("--seeds", type=int, default=d.seeds, help="Paired seeds per cell (default: %(default)s).")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=d.seeds,
+        help=f"Paired seeds per cell at the first look, one of {', '.join(map(str, LOOKS))} (default: %(default)s).",
+    )
+    p.add_argument(
+        "--max-seeds",
+        type=int,
+        default=d.max_seeds,
+        help="The cap: seeds a cell reaches at most while its questions are undecided; --max-seeds = --seeds "
+        "turns the sequential design off (default: %(default)s).",
+    )
     p.add_argument(
         "--batches",
         type=int,
@@ -271,6 +286,7 @@ def regimes_main(argv: list[str]) -> int:
         lr=args.lr,
         cells_only=args.cells,
         seeds=args.seeds,
+        max_seeds=args.max_seeds,
         batches=args.batches,
         curve_every=args.curve_every,
         eval_n=args.eval_n,

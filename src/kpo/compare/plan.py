@@ -11,12 +11,15 @@ PAPER, MATCHED = "paper", "matched"  # KPO at the paper's Q/V; at the length-mat
 MATCHED_KWARGS = (("memory", MATCHED),)
 # The ablations that isolate the filter, each against KPO at the matched memory: (a) the token ratio clipped at
 # KPO's band with no filter (memory -> 0); (b) a constant-gain moving average at the matched memory (the filter
-# started at its steady state: no ramp from the prior); (c) KPO at the paper's Q/V (memory 1000 tokens).
+# started at its steady state: no ramp from the prior); (c) KPO at the paper's Q/V (memory 1000 tokens); (d) KPO
+# with its memory fitted to each mini-batch by maximum likelihood (memory=auto; not among the defaults).
 ABLATIONS = {
     "clip_band": ("vanilla", (("clip_ratio_low", 3e-4), ("clip_ratio_high", 4e-4))),
     "constant_gain": ("kpo", (("memory", MATCHED), ("p0", "steady"))),
     "paper_qv": ("kpo", ()),
+    "auto_memory": ("kpo", (("memory", "auto"),)),
 }
+DEFAULT_ABLATIONS = ("clip_band", "constant_gain", "paper_qv")
 # Figure 4's points as filter memories in tokens (kpo.filter.memory); paper = Q/V 1e-6 = 1000 tokens. The
 # default compare runs no sweep (--sweep-memory 8,matched,125,paper adds one).
 SWEEP_MEMORY = ()
@@ -74,7 +77,7 @@ class CompareConfig:
     minibatches: int = 4  # optimizer steps per generation batch (3 of 4 off-policy in the paper)
     matched: bool = True  # KPO at the length-matched memory, every seed: the arm the claims are about
     ablations: bool = True  # the ABLATIONS named in ablation_arms at ablation_seeds seeds (needs matched)
-    ablation_arms: tuple[str, ...] = tuple(ABLATIONS)
+    ablation_arms: tuple[str, ...] = DEFAULT_ABLATIONS
     ablation_seeds: int | None = None  # None = ABLATION_SEEDS (quick: QUICK)
     aa_seeds: int | None = None  # seeds of the A/A arm; 0 = none; None = AA_SEEDS (quick: QUICK)
     sweep_memory: tuple[str, ...] = SWEEP_MEMORY  # KPO's memory sweep (Figure 4); empty = no sweep

@@ -1,199 +1,149 @@
-"""The regime map's report: ``report.md`` (one table row per cell and what the rules conclude), ``report.json``
-(its cells in a list ``cells``, the plan and the rules) and ``regimes.png`` (each cell's paired differences of KPO
-against GRPO, GSPO and the clip band, with their intervals and the collapses marked), from the cells that
-:func:`kpo.compare.regimes.cell_entry` describes. Rewritten whole as each cell finishes."""
+"""The regime map's report: ``report.md`` (the questions and their answers first, then one table row per cell),
+``report.json`` (``cells``, ``questions``, ``looks``, the plan), ``regimes.png`` (each cell's paired differences
+with their seeds and collapses) and ``memory.png`` (KPO (auto)'s fitted memory over training in every cell), from
+the cells :func:`kpo.compare.regimes.cell_entry` describes and the answers of
+:func:`kpo.compare.questions.decide`. Rewritten whole as each cell finishes."""
 
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from kpo._files import replacing
+from kpo.compare.stats import MARGIN
 
 __all__ = ["render_map"]
 
-PANELS = ("KPO - GRPO", "KPO - GSPO", "KPO - clip band")
-MARGIN = 5.0  # points: kpo compare's equivalence margin
+PANELS = ("KPO (matched) - GRPO", "KPO (matched) - GSPO", "KPO (auto) - KPO (matched)", "KPO (matched) - clip band")
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}"
+def _pct(x: float | None, sign: bool = False) -> str:
+    if x is None:
+        return "-"
+    return f"{100 * x:+.1f}" if sign else f"{100 * x:.1f}"
 
 
 def _accuracy(arm: dict | None) -> str:
-    """mean ± sd of an arm's finished seeds (points), with how many of them."""
+    """mean ± sd of an arm's finished seeds (points), with how many when some are missing."""
     if arm is None:
         return "-"
     done = [a for a in arm["accuracy"] if a is not None]
     if not done:
         return "pending"
-    mean = sum(done) / len(done)
-    sd = (sum((a - mean) ** 2 for a in done) / (len(done) - 1)) ** 0.5 if len(done) > 1 else None
-    text = f"{100 * mean:.1f}" + (f" ± {100 * sd:.1f}" if sd is not None else "")
+    text = f"{100 * statistics.fmean(done):.1f}"
+    text += f" ± {100 * statistics.stdev(done):.1f}" if len(done) > 1 else ""
     return text if len(done) == len(arm["accuracy"]) else f"{text} ({len(done)}/{len(arm['accuracy'])})"
 
 
-def _contrast(c: dict | None) -> str:
+def _collapses(arm: dict | None) -> str:
+    """k/n collapsed, with the exact 95% upper bound of the rate."""
+    if arm is None or not arm["collapse"]["n"]:
+        return "-"
+    c = arm["collapse"]
+    return f"{c['k']}/{c['n']} (≤{100 * c['upper95']:.0f}%)"
+
+
+def contrast_text(c: dict | None) -> str:
+    """A per-cell contrast: the mean (t) or median (sign test) difference in points, its interval where there is
+    one, and its test."""
     if c is None:
         return "pending"
-    return f"{100 * c['mean']:+.1f} [{100 * c['low']:+.1f}, {100 * c['high']:+.1f}] {c['verdict']}"
+    if c["method"] == "t":
+        if c["low"] is None:
+            return f"{_pct(c['mean'], True)} (t)"
+        return f"{_pct(c['mean'], True)} [{_pct(c['low'], True)}, {_pct(c['high'], True)}] (t)"
+    interval = f" [{_pct(c['low'], True)}, {_pct(c['high'], True)}]" if c["low"] is not None else ""
+    return f"median {_pct(c['median'], True)}{interval} (sign p={c['p']:.2g})"
 
 
-def _collapsed(arm: dict | None) -> str:
-    flags = (arm or {}).get("collapsed")
-    if flags is None or None in flags:
-        return "-"
-    return f"{sum(flags)}/{len(flags)}"
+def _answer_line(a: dict) -> str:
+    """One question: its answer and the test behind it (p over the looks, estimate, seeds)."""
+    if a["verdict"] in ("pending", "not asked"):
+        return f"- **{a['question']}** {a['verdict']}."
+    last = a["last"]
+    p = ", ".join(f"p({h}) = {v:.2g}" for h, v in a["p"].items())
+    if "a_only" in last:
+        detail = (
+            f"{last['a_only']} pairs where only the first collapsed, {last['b_only']} where only the second, of "
+            f"{last['pairs']} (cell, seed) pairs"
+        )
+    else:
+        interval = "" if last["low"] is None else f" [{_pct(last['low'], True)}, {_pct(last['high'], True)}]"
+        excluded = f"; {last['excluded_by_collapse']} pairs left out by a collapse" if last["excluded_by_collapse"] else ""
+        detail = f"{_pct(last['mean'], True)} points{interval} over {last['seeds']} seeds ({last['pairs']} pairs{excluded})"
+    needed = ""
+    if a["verdict"] == "undecided":
+        n = a.get("seeds_needed")
+        needed = f" Seeds per cell that would decide it: {'about ' + str(n) if n else 'no estimate (no spread or no discordant pair measured)'}."
+    return f"- **{a['question']}** {a['answer']}. {a['test']}: {detail}; {p} (Holm over the family, error split over looks).{needed}"
 
 
-def _table(out: Path, entries: list[dict], labels: dict) -> str:
+def _table(out: Path, entries: list[dict]) -> str:
     head = (
-        "| cell | mismatch k3 | on-policy clip (KPO) | GRPO | GSPO | KPO (matched) | KPO - GRPO | KPO - GSPO | "
-        "KPO - clip band | collapsed GRPO / GSPO / KPO / band | KPO | pick |"
+        "| cell | seeds | mismatch k3 | GRPO | GSPO | KPO (matched) | KPO (auto) | clip band | collapsed GRPO / GSPO / "
+        "KPO / auto / band (≤ exact 95% bound) | KPO - GRPO | KPO - GSPO | auto - KPO | pick (not beaten) |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for e in entries:
-        arms = e["arms"]
-        kpo = arms[labels["KPO"]]
-        k3 = kpo["k3_kl"]
-        band = arms.get(labels["clip band"])
-        concl = e["conclusion"]
-        pick = concl["pick"] or "-"
-        # a finished cell links its own kpo compare report
+        arms = {a["label"]: a for a in e["arms"].values()}
+        kpo = arms.get("KPO (matched)", {})
+        k3 = kpo.get("k3_kl")
         name = f"[{e['cell']}]({e['cell']}/report.md)" if (out / e["cell"] / "report.md").exists() else e["cell"]
+        labels = ("GRPO", "GSPO", "KPO (matched)", "KPO (auto)", "clip band")
+        c = e["contrasts"]
+        pick = ", ".join(e["arms"][a]["label"] for a in e.get("pick", [])) or "-"
         lines.append(
-            f"| {name} | {'-' if k3 is None else f'{k3:.1e}'} | "
-            f"{_pct(kpo['on_policy_clip_frac'])}% | {_accuracy(arms[labels['GRPO']])} | "
-            f"{_accuracy(arms[labels['GSPO']])} | {_accuracy(kpo)} | {_contrast(e['contrasts'].get('KPO - GRPO'))} | "
-            f"{_contrast(e['contrasts'].get('KPO - GSPO'))} | "
-            f"{_contrast(e['contrasts']['KPO - clip band']) if e['clip_band_ran'] else 'not run'} | "
-            f"{_collapsed(arms[labels['GRPO']])} / {_collapsed(arms[labels['GSPO']])} / {_collapsed(kpo)} / "
-            f"{_collapsed(band) if band else '-'} | {concl['kpo']} | {pick} |"
+            f"| {name} | {e['finished_seeds']}/{e['seeds']} | {'-' if k3 is None else f'{k3:.1e}'} | "
+            + " | ".join(_accuracy(arms.get(label)) for label in labels)
+            + " | "
+            + " / ".join(_collapses(arms.get(label)) for label in labels)
+            + f" | {contrast_text(c.get('KPO (matched) - GRPO'))} | {contrast_text(c.get('KPO (matched) - GSPO'))} | "
+            f"{contrast_text(c.get('KPO (auto) - KPO (matched)'))} | {pick} |"
         )
     return "\n".join(lines)
 
 
-def _findings(entries: list[dict], labels: dict) -> list[str]:
-    """The map read by the rules, one line per question."""
-    done = [e for e in entries if e["done"]]
-    if not done:
-        return ["- No cell has finished yet."]
-    by = {"wins": [], "ties": [], "loses": [], "undecided": []}
-    for e in done:
-        by.setdefault(e["conclusion"]["kpo"], []).append(e["cell"])
-    lines = [f"- Cells finished: {len(done)} of {len(entries)}."]
-    for key, text in (
-        ("wins", "KPO wins (better than GRPO or GSPO, worse than neither)"),
-        ("ties", "KPO ties (equivalent to both)"),
-        ("loses", "KPO loses (worse than GRPO or GSPO)"),
-        ("undecided", "undecided"),
-    ):
-        lines.append(f"- {text}: {', '.join(by[key]) or 'none'}.")
-    broke = [e for e in done if any(_flags(e, labels["GRPO"]))]
-    if not broke:
-        lines.append("- GRPO collapsed in no cell (no run ended below its warm start).")
-    for e in broke:
-        surv = e["survivors"] or []
-        saved = e["conclusion"]["saved_by"]
-        lines.append(
-            f"- {e['cell']}: GRPO collapsed in {sum(_flags(e, labels['GRPO']))} of {len(_flags(e, labels['GRPO']))} "
-            f"seeds; survived it: {', '.join(surv) or 'neither GSPO nor KPO'}"
-            + (f"; what saves KPO there: {saved}" if saved else "")
-            + "."
-        )
-    only_kpo = [e["cell"] for e in broke if labels["KPO"] in (e["survivors"] or [])]
-    lines.append(
-        f"- GRPO collapses where KPO does not: {', '.join(only_kpo) if only_kpo else 'in no finished cell'}."
-    )
-    lines.append(
-        "- Pick per cell (highest mean held-out accuracy): "
-        + "; ".join(f"{e['cell']}: {e['conclusion']['pick']}" for e in done)
-        + "."
-    )
-    return lines
-
-
-def _curves_section(out: Path, entries: list[dict], labels: dict) -> list[str]:
-    """The learning curves' section (cells run with --curve-every), or nothing."""
-    with_curves = [e for e in entries if e.get("curve")]
-    if not with_curves:
-        return []
-    figure = _plot_curves(with_curves, labels, out / "curves.png")
-    return [
-        "## Slower or worse? Learning curves",
-        "",
-        *(
-            f"- {e['cell']}: KPO is **{e['curve']['pace']}** against {e['curve']['best_baseline']} (the baseline with "
-            "the higher final accuracy)."
-            for e in with_curves
-        ),
-        "",
-        f"![learning curves]({figure.name})",
-        "",
-        _curve_table(with_curves),
-        "",
-    ]
-
-
-def _flags(entry: dict, arm: str) -> list[bool]:
-    return [bool(f) for f in (entry["arms"][arm]["collapsed"] or [])]
-
-
-def _plot(entries: list[dict], labels: dict, path: Path) -> Path:
-    """Each cell a row, each contrast a panel: the paired difference (points) with its 95% interval and its seeds
-    as dots; a cell's collapses (seeds whose run ended below its warm start) written at the right."""
+def _plot(entries: list[dict], path: Path) -> Path:
+    """Each cell a row, each contrast a panel: every seed's paired difference (points; hollow where a run of the
+    pair collapsed) and the cell's estimate with its 95% interval where it has one."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = len(entries)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 0.55 * rows + 1.8), sharey=True)
-    colors = {"better": "C2", "worse": "C3", "equivalent": "C0", "undecided": "0.45"}
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 0.55 * rows + 1.8), sharey=True)
     for ax, panel in zip(axes, PANELS, strict=True):
-        ax.axvspan(-MARGIN, MARGIN, color="0.93")
+        ax.axvspan(-100 * MARGIN, 100 * MARGIN, color="0.93")
         ax.axvline(0, color="0.4", lw=0.8)
         for i, e in enumerate(entries):
             y = rows - 1 - i
             c = e["contrasts"].get(panel)
             if c is None:
-                ax.text(
-                    0,
-                    y,
-                    "not run" if panel == PANELS[2] and not e["clip_band_ran"] else "pending",
-                    ha="center",
-                    va="center",
-                    fontsize=7,
-                    color="0.5",
-                )
+                ax.text(0, y, "not run" if e["finished_seeds"] >= 2 else "pending", ha="center", va="center",
+                        fontsize=7, color="0.5")
                 continue
-            color = colors[c["verdict"]]
-            ax.scatter(
-                [100 * d for d in c["per_seed"]], [y] * len(c["per_seed"]), s=10, color=color, alpha=0.4
-            )
-            ax.errorbar(
-                100 * c["mean"],
-                y,
-                xerr=[[100 * (c["mean"] - c["low"])], [100 * (c["high"] - c["mean"])]],
-                fmt="o",
-                color=color,
-                capsize=3,
-            )
+            color = "C0" if c["method"] == "t" else "C1"
+            ax.scatter([100 * d for d in c["per_seed"]], [y] * len(c["per_seed"]), s=12, color=color, alpha=0.5)
+            centre = c["mean"] if c["method"] == "t" else c["median"]
+            if c["low"] is not None:
+                ax.errorbar(100 * centre, y, xerr=[[100 * (centre - c["low"])], [100 * (c["high"] - centre)]],
+                            fmt="o", color=color, capsize=3)
+            else:
+                ax.plot(100 * centre, y, "o", color=color)
         ax.set_title(f"{panel} (points)", fontsize=9)
-        ax.set_xlabel("held-out accuracy difference; bar: 95% paired interval", fontsize=8)
+        ax.set_xlabel("held-out accuracy difference; dots: seeds", fontsize=8)
     names = []
     for e in entries:
-        marks = [
-            f"{short}x{sum(_flags(e, labels[arm]))}"
-            for short, arm in (("GRPO", "GRPO"), ("GSPO", "GSPO"), ("KPO", "KPO"))
-            if any(_flags(e, labels[arm]))
-        ]
+        marks = [f"{a['label']}x{a['collapse']['k']}" for a in e["arms"].values() if a["collapse"]["k"]]
         names.append(e["cell"] + (f"  [collapsed: {' '.join(marks)}]" if marks else ""))
-    axes[0].set_yticks(range(rows), list(reversed(names)), fontsize=8)
+    axes[0].set_yticks(range(rows), list(reversed(names)), fontsize=7)
     fig.suptitle(
-        "Where does KPO help? Each cell's paired differences (green: better, red: worse, blue: "
-        f"equivalent within +-{MARGIN:g}, grey: undecided)",
-        fontsize=10,
+        "Each cell's paired differences (blue: t-interval, no run of the pair collapsed; orange: median and its "
+        f"order-statistic interval where runs collapsed; grey band: +-{100 * MARGIN:g} points). Descriptive: the "
+        "claims are the questions'",
+        fontsize=9,
     )
     fig.tight_layout()
     with replacing(path) as partial:
@@ -202,8 +152,70 @@ def _plot(entries: list[dict], labels: dict, path: Path) -> Path:
     return path
 
 
-def _plot_curves(entries: list[dict], labels: dict, path: Path) -> Path:
-    """One panel per cell with learning curves: each arm's mean held-out accuracy (over seeds) against generation
+def _plot_memory(entries: list[dict], path: Path) -> Path | None:
+    """KPO (auto)'s fitted memory (tokens, median over seeds) per generation batch, one line per cell."""
+    lines = {
+        e["cell"]: a["memory_tokens"]
+        for e in entries
+        for a in e["arms"].values()
+        if a["label"] == "KPO (auto)" and a.get("memory_tokens")
+    }
+    if not lines:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for i, (cell, memory) in enumerate(lines.items()):
+        batches = sorted(memory, key=int)
+        ax.plot([int(b) for b in batches], [memory[b] for b in batches], "o-" if "depth4" in cell else "s--",
+                color=f"C{i}", label=cell, ms=3)
+    ax.set_yscale("log")
+    ax.set_xlabel("generation batch")
+    ax.set_ylabel("fitted filter memory (tokens; median over seeds)")
+    ax.set_title("KPO (auto): the memory the likelihood picks, batch by batch (responses are 128 tokens)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    with replacing(path) as partial:
+        fig.savefig(partial, dpi=110, format="png")
+    plt.close(fig)
+    return path
+
+
+def _curves_section(out: Path, entries: list[dict]) -> list[str]:
+    """The learning curves' section (cells run with --curve-every), or nothing."""
+    with_curves = [e for e in entries if e.get("curve")]
+    if not with_curves:
+        return []
+    figure = _plot_curves(with_curves, out / "curves.png")
+    table = ["| cell | generation batches | KPO (matched) - GRPO | KPO (matched) - GSPO |", "|---|---|---|---|"]
+    for e in with_curves:
+        curve = e["curve"]
+        for i, batches in enumerate(curve["batches"]):
+            table.append(
+                f"| {e['cell']} | {batches} | {contrast_text(curve['contrasts']['KPO (matched) - GRPO'][i])} | "
+                f"{contrast_text(curve['contrasts']['KPO (matched) - GSPO'][i])} |"
+            )
+    return [
+        "## Slower or worse? Learning curves",
+        "",
+        *(
+            f"- {e['cell']}: KPO (matched) is **{e['curve']['pace']}** against {e['curve']['best_baseline']} (the "
+            "baseline with the higher final mean; per cell, descriptive)."
+            for e in with_curves
+        ),
+        "",
+        f"![learning curves]({figure.name})",
+        "",
+        *table,
+        "",
+    ]
+
+
+def _plot_curves(entries: list[dict], path: Path) -> Path:
+    """One panel per cell: every seed's learning curve (thin) and each arm's mean (thick) against generation
     batches, the map's length (20) marked."""
     import matplotlib
 
@@ -213,8 +225,11 @@ def _plot_curves(entries: list[dict], labels: dict, path: Path) -> Path:
     fig, axes = plt.subplots(1, len(entries), figsize=(5.5 * len(entries), 4), squeeze=False)
     for ax, e in zip(axes[0], entries, strict=True):
         curve = e["curve"]
-        for name, color in (("GRPO", "C0"), ("GSPO", "C1"), ("KPO", "C2")):
-            ax.plot(curve["batches"], [100 * m for m in curve["means"][labels[name]]], "o-", color=color, label=name)
+        for i, (arm, means) in enumerate(curve["means"].items()):
+            label = e["arms"][arm]["label"]
+            for seed in zip(*curve["per_seed"][arm]):
+                ax.plot(curve["batches"], [100 * m for m in seed], color=f"C{i}", lw=0.6, alpha=0.4)
+            ax.plot(curve["batches"], [100 * m for m in means], "o-", color=f"C{i}", label=label)
         ax.axvline(20, color="0.6", ls=":", lw=1)
         ax.set_title(f"{e['cell']}: KPO {curve['pace'] or '-'}", fontsize=9)
         ax.set_xlabel("generation batches (dotted: the map's length)")
@@ -227,57 +242,76 @@ def _plot_curves(entries: list[dict], labels: dict, path: Path) -> Path:
     return path
 
 
-def _curve_table(entries: list[dict]) -> str:
-    lines = ["| cell | generation batches | KPO - GRPO | KPO - GSPO |", "|---|---|---|---|"]
-    for e in entries:
-        curve = e["curve"]
-        for i, batches in enumerate(curve["batches"]):
-            lines.append(
-                f"| {e['cell']} | {batches} | {_contrast(curve['contrasts']['KPO - GRPO'][i])} | "
-                f"{_contrast(curve['contrasts']['KPO - GSPO'][i])} |"
-            )
-    return "\n".join(lines)
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
 
 
-def render_map(out: Path, entries: list[dict], plan: dict, labels: dict) -> Path:
-    """Write report.md, report.json and regimes.png into ``out`` for ``entries`` (one per cell); returns report.md.
-    ``labels``: the arm labels of "KPO", "GRPO", "GSPO" and "clip band" in the entries."""
-    figure = _plot(entries, labels, out / "regimes.png")
+def render_map(out: Path, entries: list[dict], answers: list[dict], looks: list[dict], plan: dict) -> Path:
+    """Write report.md, report.json, regimes.png and memory.png into ``out``; returns report.md."""
+    figure = _plot(entries, out / "regimes.png")
+    memory = _plot_memory(entries, out / "memory.png")
     done = sum(e["done"] for e in entries)
-    half = [c["half_width"] for c in plan.get("cells", [])]
+    runs = sum(sum(x is not None for x in a["accuracy"]) for e in entries for a in e["arms"].values())
     measured = [
-        100 * c["half_width"]
+        100 * (c["high"] - c["low"]) / 2
         for e in entries
-        for k, c in e["contrasts"].items()
-        if c and k != "KPO - clip band"
+        for c in e["contrasts"].values()
+        if c and c["method"] == "t" and c["low"] is not None
     ]
+    batches = plan.get("batches", "?")
+    settings = plan.get("settings", {})
+    problems = settings.get("eval_limit") or "the test split's"
     md = [
         "# kpo compare regimes: where does KPO help?",
         "",
-        f"{len(entries)} cells ({done} finished): vanilla (GRPO), GSPO and KPO at the length-matched memory, "
-        f"{plan.get('seeds', '?')} paired seeds each, {plan.get('batches', '?')} generation batches a run (16 prompts "
-        "x 8 responses), exact expected held-out accuracy on 256 problems. Each cell links its own kpo compare "
-        "report (Table 1, Figure 3, Table 2). The rules below were printed and written to plan.json before the "
-        "runs.",
+        f"{len(entries)} cells ({done} finished at their current seeds), {runs} finished runs: GRPO, GSPO, KPO at "
+        "the length-matched memory and KPO with its memory fitted by maximum likelihood (auto) in every cell, the "
+        "clip band without the filter in the stress cells; paired by seed, "
+        f"{batches} generation batches a run, exact expected held-out accuracy on {problems} problems. The "
+        "questions, their tests and the sequential design were printed and written to plan.json before the runs. "
+        "Each cell links its own kpo compare report (Table 1, Figure 3, Table 2).",
         "",
-        _table(out, entries, labels),
+        "## The questions (the map's claims)",
+        "",
+        *(_answer_line(a) for a in answers),
+        "",
+        "Looks: " + "; ".join(
+            ", ".join(f"{g} {n} seeds" for g, n in look["seeds"].items())
+            + " -> "
+            + ", ".join(f"{k} {v}" for k, v in look["answers"].items() if v != "not asked")
+            for look in looks
+        )
+        if looks
+        else "Looks: none yet.",
+        "",
+        "## The cells (descriptive: not adjusted for the map's multiplicity)",
+        "",
+        _table(out, entries),
         "",
         f"![regime map]({figure.name})",
         "",
-        "## What the map says (by the rules)",
+        *(
+            [f"![KPO (auto)'s fitted memory]({memory.name})", ""]
+            if memory
+            else []
+        ),
+        *(
+            f"- {e['cell']}, filter or band: " + "; ".join(e["filter_or_band"].values()) + "."
+            for e in entries
+            if e.get("filter_or_band")
+        ),
         "",
-        *_findings(entries, labels),
-        "",
-        *_curves_section(out, entries, labels),
+        *_curves_section(out, entries),
         "## Planned against measured",
         "",
-        f"- Planned half-width of a cell's contrast: +-{half[0]:.1f} points (prior sd {plan.get('diff_sd', float('nan')):.1f})."
-        if half
+        f"- Planned half-width of a cell's contrast at the first look: +-{plan['cells'][0]['half_width']:.1f} points "
+        f"(prior sd {plan.get('diff_sd', float('nan')):.1f})."
+        if plan.get("cells")
         else "- No plan.json.",
-        f"- Measured half-widths (KPO - GRPO, KPO - GSPO): {min(measured):.1f} to {max(measured):.1f} points, "
-        f"median {sorted(measured)[len(measured) // 2]:.1f}."
+        f"- Measured 95% half-widths of the cells' t-intervals (pairs without a collapse): {min(measured):.1f} to "
+        f"{max(measured):.1f} points, median {_median(measured):.1f} ({len(measured)} intervals)."
         if measured
-        else "- No contrast measured yet.",
+        else "- No t-interval measured yet.",
         "",
         "## Rules",
         "",
@@ -287,5 +321,7 @@ def render_map(out: Path, entries: list[dict], plan: dict, labels: dict) -> Path
     with replacing(out / "report.md") as partial:
         partial.write_text("\n".join(md))
     with replacing(out / "report.json") as partial:
-        partial.write_text(json.dumps({"cells": entries, "plan": plan}, indent=2) + "\n")
+        partial.write_text(
+            json.dumps({"questions": answers, "looks": looks, "cells": entries, "plan": plan}, indent=2) + "\n"
+        )
     return out / "report.md"

@@ -1,4 +1,5 @@
-"""``kpo compare regimes``: where does KPO help? A grid of regimes (cells), each decided as ``kpo compare`` decides.
+"""``kpo compare regimes``: where does KPO help? A grid of regimes (cells), the same arms paired by seed in each,
+and a few pre-registered questions pooled over cells, answered with seeds added until they are decided.
 
 The paper's argument is about token ratios made noisy by train-inference mismatch, staleness and high learning
 rates, where GRPO collapses. A cell fixes one point of that space:
@@ -10,17 +11,21 @@ rates, where GRPO collapses. A cell fixes one point of that space:
 - depth: optimizer steps per generation batch (``--minibatches``), every cell drawing the same number of
   generation batches (``batches``), so the same number of samples: depth 16 takes 4 times the steps of depth 4 on
   mini-batches a quarter the size, 15 of every 16 of them off-policy;
-- learning rate.
+- learning rate: the map's lowest is its **stable** rate, its highest its **stress** rate.
 
-Each cell runs vanilla (GRPO), GSPO and KPO at the length-matched memory, paired by seed (the arms of a seed share
-its warm start, prompt stream and evaluation problems) into a full ``kpo compare`` report of its own in
-``OUT/CELL/``. Where KPO or GSPO survives what breaks vanilla, the cell also runs the token ratio clipped at KPO's
-band without the filter, so the map says whether the filter or the tight band saves it. Every cell's seeds share
-one warm start per seed (``OUT/warm_start-seedN`` holds its evaluation). The map (``report.md``, ``report.json``
-with its cells in a list ``cells``, ``regimes.png``) is rewritten as each cell finishes, so a partial map is
-readable while the rest runs, and a rerun resumes (finished runs are reused).
+Every cell runs vanilla (GRPO), GSPO, KPO at the length-matched memory and KPO with its memory fitted to each
+mini-batch (``memory=auto``); the stress cells also run the token ratio clipped at KPO's band without the filter
+(filter or band?). The arms of a seed share its warm start, prompt stream and evaluation problems; each cell is a
+full ``kpo compare`` report of its own in ``OUT/CELL/``, and every cell's seeds share one warm start per seed
+(``OUT/warm_start-seedN`` holds its evaluation).
 
-The claim rules (:data:`REGIME_RULES`) are printed and written to ``plan.json`` before anything trains.
+A run **collapsed** when its final held-out accuracy is below its seed's warm start's. The claims are the
+answers to the questions in :data:`QUESTIONS` (:mod:`kpo.compare.questions`: their tests, Holm over the family,
+the error spent over looks at 4, 6 and 8 seeds); the cells' own contrasts and picks are descriptive. The rules
+and the questions are printed and written to ``plan.json`` before anything trains. The map (``report.md``,
+``report.json`` with ``cells``, ``questions`` and ``looks``, ``regimes.png``, ``memory.png``) is rewritten as
+each cell finishes, so a partial map is readable while the rest runs, and a rerun resumes (finished runs are
+reused, the looks replayed).
 """
 
 from __future__ import annotations
@@ -45,18 +50,17 @@ from kpo.compare.plan import (
     plan_runs,
     warm_start_dir,
 )
+from kpo.compare.questions import LOOKS, Question, decide, groups, groups_to_extend, next_look, rules_text
 
 __all__ = [
+    "QUESTIONS",
     "REGIME_RULES",
     "Cell",
     "RegimeConfig",
     "cell_runs",
-    "collapses",
     "estimate_regimes",
     "format_regime_plan",
-    "needs_clip_band",
     "run_regimes",
-    "survivors",
 ]
 
 # The sampler of each mismatch level, as kpo train flags.
@@ -65,38 +69,67 @@ MISMATCH = {
     "bf16": ("--rollout-dtype", "bfloat16", "--ratio-anchor", "rollout"),
     "fp8": ("--rollout-dtype", "float8", "--ratio-anchor", "rollout"),
 }
-METHODS = ("vanilla", "gspo")  # the baselines; KPO at the matched memory is every cell's subject
+METHODS = ("vanilla", "gspo")  # the baselines; KPO at the matched and at the fitted memory are the subjects
 KPO = Run("kpo", 0, MATCHED_KWARGS).arm
+AUTO = Run(ABLATIONS["auto_memory"][0], 0, ABLATIONS["auto_memory"][1]).arm
 CLIP_BAND = Run(ABLATIONS["clip_band"][0], 0, ABLATIONS["clip_band"][1]).arm
 GRPO, GSPO = "vanilla", "gspo"
+LABELS = {GRPO: "GRPO", GSPO: "GSPO", KPO: "KPO (matched)", AUTO: "KPO (auto)", CLIP_BAND: "clip band"}
 # The default grid: 2 x 2 x 2 cells. The stress learning rate is where vanilla started to fail in a one-seed pilot
 # (issue 32: at 5e-4 vanilla broke down on seeds 0 and 1, not on seed 2; at 1e-3 every method fell to 0).
 GRID = {"mismatch": ("none", "bf16"), "depth": (4, 16), "lr": (1e-4, 5e-4)}
 BATCHES = 20  # generation batches per run: 80 steps at depth 4, as kpo compare's default
-SEEDS = 4
-# The plan's prior for the sd over seeds of a paired difference, in points: cautious. The default compare
-# measured 2.4 at one operating point; another 2-core machine gave that compare's key contrast -1.1 and -10.4 on
-# two seeds (ours: -4.2, -5.1), and a collapse moves one seed by tens of points.
+# The plan's prior for the sd over seeds of a paired difference, in points: cautious (the first map measured
+# 2.9-10.7 where no run collapsed).
 DIFF_SD = 5.0
-# Cost of a generation batch beside the float32 sampler's. The default map measured bf16 runs at 1.28-1.46 min
+# Cost of a generation batch beside the float32 sampler's. The first map measured bf16 runs at 1.28-1.46 min
 # against 1.50-1.53 for float32 at depth 16 (2 workers, idle machine): no dearer. FP8 (rounding of activations,
 # keys and values at every step) is not measured in a map: 4-step runs took about 1.3 times float32's first step.
 SAMPLER_COST = {"none": 1.0, "bf16": 1.0, "fp8": 1.3}
+# kpo train flags a cell fixes: a `--` flag for one of them would train another regime under the cell's name.
+CELL_OWNED = {
+    "learning_rate": "--lr (or --cells)",
+    "rollout_dtype": "--mismatch (or --cells)",
+    "ratio_anchor": "--mismatch (or --cells)",
+    "minibatches": "--depth (or --cells)",
+}
+
+# The questions, fixed before any run (issue 38; the KPO (auto) ones, issue 40, before any KPO (auto) run).
+QUESTIONS = [
+    Question("grpo_collapses", "At the stress rate, does GRPO collapse where KPO (matched) does not?",
+             "collapse", GRPO, KPO, "stress"),
+    Question("kpo_vs_grpo", "At the stable rate, is KPO (matched) worse than GRPO?", "accuracy", KPO, GRPO, "stable"),
+    Question("kpo_vs_gspo", "At the stable rate, is KPO (matched) worse than GSPO?", "accuracy", KPO, GSPO, "stable"),
+    Question("band_collapses", "Filter or band: at the stress rate, does the clip band without the filter collapse "
+             "where KPO (matched) does not?", "collapse", CLIP_BAND, KPO, "stress"),
+    Question("band_vs_kpo", "Filter or band: at the stress rate, where both survive, is the clip band worse than "
+             "KPO (matched)?", "accuracy", CLIP_BAND, KPO, "stress"),
+    Question("bf16_changes_kpo", "At the stable rate, does the bf16 mismatch change KPO (matched) - GRPO?",
+             "interaction", KPO, GRPO, "stable"),
+    Question("auto_vs_grpo", "At the stable rate, is KPO (auto) worse than GRPO?", "accuracy", AUTO, GRPO, "stable"),
+    Question("auto_vs_gspo", "At the stable rate, is KPO (auto) worse than GSPO?", "accuracy", AUTO, GSPO, "stable"),
+    Question("matched_vs_auto", "At the stable rate, is KPO (matched) worse than KPO (auto)?", "accuracy", KPO,
+             AUTO, "stable"),
+    Question("auto_collapses", "At the stress rate, does KPO (auto) collapse more often than KPO (matched)?",
+             "collapse", AUTO, KPO, "stress"),
+    Question("band_collapses_auto", "Filter or band for KPO (auto): at the stress rate, does the clip band collapse "
+             "where KPO (auto) does not?", "collapse", CLIP_BAND, AUTO, "stress"),
+    Question("band_vs_auto", "Filter or band for KPO (auto): at the stress rate, where both survive, is the clip "
+             "band worse than KPO (auto)?", "accuracy", CLIP_BAND, AUTO, "stress"),
+]
 
 REGIME_RULES = {
-    "metric": "exact expected held-out accuracy (256 problems), as kpo compare",
-    "contrasts": "in each cell, KPO (matched) - vanilla (GRPO) and KPO (matched) - GSPO, paired by seed (Student-t "
-    "95% interval over seed pairs); verdict as kpo compare: better (interval above 0), worse (below 0), "
-    "equivalent (inside +-5 points), else undecided",
+    "metric": "exact expected held-out accuracy, as kpo compare",
     "collapse": "a run collapsed when its final held-out accuracy is below its seed's warm start's (RL lost all it "
-    "gained and more)",
-    "survives": "a method survives what breaks vanilla in a cell when vanilla collapsed in at least one seed "
-    "where that method did not",
-    "clip_band": "where KPO or GSPO survives what breaks vanilla, the cell also runs vanilla at KPO's clip band "
-    "(3e-4/4e-4) without the filter at every seed; the filter saves KPO where the clip band collapses in a seed "
-    "where KPO does not, the band saves it where the clip band survives too",
-    "KPO helps": "a cell where KPO (matched) is better than GRPO or GSPO and worse than neither",
-    "pick": "per cell, the arm with the highest mean held-out accuracy over its seeds",
+    "gained and more); each arm's collapses with their exact (Clopper-Pearson) 95% interval",
+    "arms": "every cell: GRPO, GSPO, KPO (matched), KPO (auto); the stress cells also the clip band (vanilla at "
+    "KPO's 3e-4/4e-4 band, no filter)",
+    **rules_text(),
+    "cells (descriptive)": "per cell, each contrast: the paired t-interval where no run of the pair collapsed, "
+    "else the exact sign test and, from 6 seeds, the median's order-statistic interval; not adjusted for the "
+    "map's multiplicity: the claims are the questions'",
+    "pick": "per cell, the set of arms no other arm beats (one-sided paired tests, Bonferroni over the arms: "
+    "multiple comparisons with the best), each with its collapse bound",
     "slower or worse": "with learning curves (--curve-every), against the baseline (GRPO or GSPO) with the higher "
     "final mean: KPO is slower where its paired contrast is worse at 20 generation batches (the map's length) and "
     "not worse at the last checkpoint, worse where it is worse at both, not behind where it is not worse at 20",
@@ -136,8 +169,9 @@ class RegimeConfig:
     mismatch: tuple[str, ...] = GRID["mismatch"]
     depth: tuple[int, ...] = GRID["depth"]
     lr: tuple[float, ...] = GRID["lr"]
-    cells_only: tuple[str, ...] = ()  # cell names (MISMATCH-depthN-lrX): these alone instead of the grid
-    seeds: int = SEEDS
+    cells_only: tuple[str, ...] | None = None  # cell names (MISMATCH-depthN-lrX): these alone instead of the grid
+    seeds: int = LOOKS[0]  # seeds of every cell before the first look (more are added until decided)
+    max_seeds: int = LOOKS[-1]  # the cap: seeds a cell reaches at most (the last look)
     batches: int = BATCHES  # generation batches per run, equal in every cell
     curve_every: int = 0  # generation batches between learning-curve checkpoints; 0 = none
     eval_n: int = 4
@@ -157,53 +191,72 @@ class RegimeConfig:
             errors.append(f"--mismatch {unknown}: unknown; use {', '.join(MISMATCH)}")
         if any(d < 1 for d in self.depth) or any(not (lr > 0 and math.isfinite(lr)) for lr in self.lr):
             errors.append("--depth must be integers >= 1 and --lr finite numbers > 0")
-        for name, value, low in (
-            ("seeds", self.seeds, 2),
-            ("batches", self.batches, 1),
-            ("curve-every", self.curve_every, 0),
-        ):
+        looks = ", ".join(map(str, LOOKS))
+        if self.seeds not in LOOKS or self.max_seeds not in LOOKS or self.max_seeds < self.seeds:
+            errors.append(
+                f"--seeds={self.seeds} --max-seeds={self.max_seeds}: each must be a look of the sequential design "
+                f"({looks} seeds a cell), --max-seeds at least --seeds"
+            )
+        for name, value, low in (("batches", self.batches, 1), ("curve-every", self.curve_every, 0)):
             if value < low:
-                errors.append(
-                    f"--{name}={value}: must be >= {low}"
-                    + (" (a paired interval needs 2 seeds)" if name == "seeds" else "")
-                )
+                errors.append(f"--{name}={value}: must be >= {low}")
         if self.curve_every and self.batches % self.curve_every:
             errors.append(f"--curve-every={self.curve_every} must divide --batches={self.batches}")
+        errors += _owned_by_cells(self.train_args)
         cells = []
-        try:
-            cells = [_parse_cell(c) for c in self.cells_only]
-        except ValueError as e:
-            errors.append(f"--cells: {e}")
+        if self.cells_only is not None:
+            if not self.cells_only:
+                errors.append("--cells: no cell named; give cell names (e.g. none-depth4-lr0.0001) or omit it")
+            try:
+                cells = [_parse_cell(c) for c in self.cells_only]
+            except ValueError as e:
+                errors.append(f"--cells: {e}")
+            twice = sorted({c.name for c in cells if cells.count(c) > 1})
+            if twice:
+                errors.append(f"--cells names {', '.join(twice)} more than once (one cell, one set of runs)")
         if errors:
             raise CompareError(errors)
         self.cells = cells or [Cell(m, d, lr) for m in self.mismatch for d in self.depth for lr in self.lr]
-        if any(c.mismatch not in MISMATCH for c in self.cells):
-            raise CompareError([f"--cells: mismatch must be one of {', '.join(MISMATCH)}"])
+        bad = [c for c in self.cells if c.mismatch not in MISMATCH or c.depth < 1 or not c.lr > 0]
+        if bad:
+            raise CompareError(
+                [
+                    f"--cells {c.name}: mismatch must be one of {', '.join(MISMATCH)}, depth an integer >= 1 and lr "
+                    "a number > 0"
+                    for c in bad
+                ]
+            )
         first_error = {}
         for cell in self.cells:
-            for clip_band in (False, True):
-                try:
-                    self.cell_config(cell, clip_band).validate()
-                except CompareError as e:
-                    for err in e.errors:
-                        first_error.setdefault(err, cell.name)
+            try:
+                self.cell_config(cell, self.max_seeds).validate()
+            except CompareError as e:
+                for err in e.errors:
+                    first_error.setdefault(err, cell.name)
         if first_error:
             raise CompareError([f"cell {cell}: {err}" for err, cell in first_error.items()])
         return self
 
-    def cell_config(self, cell: Cell, clip_band: bool = False) -> CompareConfig:
-        """The cell as a ``kpo compare``: vanilla, GSPO and KPO (matched), and the clip-band arm when asked."""
+    def stress(self, cell: Cell) -> bool:
+        return cell in groups(self.cells)["stress"]
+
+    def group(self, cell: Cell) -> str:
+        return "stress" if self.stress(cell) else "stable"
+
+    def cell_config(self, cell: Cell, seeds: int) -> CompareConfig:
+        """The cell as a ``kpo compare`` at ``seeds`` seeds: GRPO, GSPO, KPO (matched) and, as its ablations, KPO
+        (auto) and (stress cells) the clip band, every seed."""
         steps = self.batches * cell.depth
         return CompareConfig(
             out=str(Path(self.out) / cell.name),
             methods=METHODS,
-            seeds=self.seeds,
+            seeds=seeds,
             steps=steps,
             minibatches=cell.depth,
             matched=True,
-            ablations=clip_band,
-            ablation_arms=("clip_band",),
-            ablation_seeds=self.seeds,
+            ablations=True,
+            ablation_arms=("auto_memory", "clip_band") if self.stress(cell) else ("auto_memory",),
+            ablation_seeds=seeds,
             aa_seeds=0,
             eval_n=self.eval_n,
             eval_limit=self.eval_limit,
@@ -215,112 +268,134 @@ class RegimeConfig:
         )
 
 
+def _owned_by_cells(train_args: tuple[str, ...]) -> list[str]:
+    """`--` flags that would override what a cell fixes (its learning rate, sampler, anchor, depth)."""
+    from kpo.train.config import build_parser
+
+    try:
+        given = vars(build_parser("kpo compare regimes -- (kpo train flags)").parse_args(list(train_args)))
+    except SystemExit:  # argparse printed its own line; kpo compare's validation reports the rest
+        return []
+    return [
+        f"-- --{key.replace('_', '-')}: every cell sets it (its name says which); use {CELL_OWNED[key]} instead"
+        for key in given
+        if key in CELL_OWNED
+    ]
+
+
+def cell_runs(cfg: RegimeConfig, cell: Cell, seeds: int) -> list[Run]:
+    return plan_runs(cfg.cell_config(cell, seeds))
+
+
 # ------------------------------------------------------------------ plan
 def estimate_regimes(cfg: RegimeConfig, diff_sd: float = DIFF_SD) -> dict:
-    """The plan: per cell its runs and minutes (and the clip-band runs it may add), the expected half-width of
-    each contrast, t_{S-1} x diff_sd / sqrt(S) points; and the totals (wall clock on ``cfg.jobs`` workers)."""
+    """The plan: per cell its runs and minutes at the first look and at the cap (wall clock on ``cfg.jobs``
+    workers), the expected half-width of a cell's contrast at the first look, t_{S-1} x diff_sd / sqrt(S) points,
+    the seeds a pooled accuracy question needs to decide a 5-point difference at the family's final-look level;
+    the questions and the rules."""
     import os
 
     from kpo.compare.plan import held_out_problems
+    from kpo.compare.questions import LOOK_SHARES
+    from kpo.compare.stats import ALPHA, seeds_for_effect
     from kpo.evaluation.metrics import t_quantile
 
     jobs = cfg.jobs if cfg.jobs is not None else os.cpu_count() or 1
-    problems = held_out_problems(cfg.cell_config(cfg.cells[0]), cfg.eval_limit)
+    problems = held_out_problems(cfg.cell_config(cfg.cells[0], cfg.seeds), cfg.eval_limit)
     half = t_quantile(0.975, cfg.seeds - 1) * diff_sd / cfg.seeds**0.5
     cells = []
     for cell in cfg.cells:
-        runs = len(plan_runs(cfg.cell_config(cell)))
         per_run = (
             cfg.batches * cell.depth * STEP_SECONDS * 4 / cell.depth * SAMPLER_COST[cell.mismatch]
             + problems * cfg.eval_n * SAMPLE_SECONDS
             + RUN_SECONDS
         )
+        first, cap = len(cell_runs(cfg, cell, cfg.seeds)), len(cell_runs(cfg, cell, cfg.max_seeds))
         cells.append(
             {
                 "cell": cell.name,
-                "runs": runs,
-                "conditional_runs": cfg.seeds,
-                "minutes": runs * per_run / jobs / 60,
-                "conditional_minutes": cfg.seeds * per_run / jobs / 60,
+                "group": cfg.group(cell),
+                "runs": first,
+                "runs_at_cap": cap,
+                "minutes": first * per_run / jobs / 60,
+                "minutes_at_cap": cap * per_run / jobs / 60,
                 "half_width": half,
             }
         )
-    warm = cfg.seeds * WARM_START_SECONDS / jobs / 60
+    hypotheses = sum(len(q.hypotheses()) for q in QUESTIONS)
+    per_group = {g: len(members) for g, members in groups(cfg.cells).items() if members}
+    # a seed's mean difference over the group's cells: sd diff_sd / sqrt(cells) when the cells' errors are
+    # independent (the seed's shared warm start adds to it)
+    needed = {
+        g: seeds_for_effect(diff_sd / 100 / n**0.5, 0.05, ALPHA * LOOK_SHARES[-1] / hypotheses)
+        for g, n in per_group.items()
+    }
+    warm = cfg.max_seeds * WARM_START_SECONDS / jobs / 60
     return {
         "cells": cells,
         "runs": sum(c["runs"] for c in cells),
-        "minutes": warm + sum(c["minutes"] for c in cells),
-        "conditional_minutes": sum(c["conditional_minutes"] for c in cells),
+        "runs_at_cap": sum(c["runs_at_cap"] for c in cells),
+        "minutes": warm * cfg.seeds / cfg.max_seeds + sum(c["minutes"] for c in cells),
+        "minutes_at_cap": warm + sum(c["minutes_at_cap"] for c in cells),
         "diff_sd": diff_sd,
         "seeds": cfg.seeds,
+        "max_seeds": cfg.max_seeds,
+        "looks": [look for look in LOOKS if cfg.seeds <= look <= cfg.max_seeds],
+        "seeds_for_5_points": needed,
         "batches": cfg.batches,
+        "questions": [{"name": q.key, "question": q.text, "kind": q.kind, "group": q.group} for q in QUESTIONS],
         "rules": REGIME_RULES,
         "settings": {k: v for k, v in asdict(cfg).items() if k != "cells"},
     }
 
 
 def format_regime_plan(cfg: RegimeConfig, est: dict) -> str:
+    arms = ", ".join(LABELS[a] for a in (GRPO, GSPO, KPO, AUTO))
     lines = [
-        f"regime map: {len(cfg.cells)} cells x (vanilla, GSPO, KPO matched) x {cfg.seeds} seeds = {est['runs']} runs "
-        f"of {cfg.batches} generation batches, about {est['minutes']:.0f} min on {cfg.jobs or 'all'} worker(s) "
-        f"(warm starts included); where KPO or GSPO survives what breaks vanilla, {cfg.seeds} clip-band runs more "
-        f"(up to {est['conditional_minutes']:.0f} min in all)",
-        f"expected 95% half-width of each cell's contrasts: +-{est['cells'][0]['half_width']:.1f} points "
-        f"({cfg.seeds} paired seeds, prior sd {est['diff_sd']:.1f} points)",
+        f"regime map: {len(cfg.cells)} cells x ({arms}; the stress cells also the clip band) x {cfg.seeds} seeds "
+        f"= {est['runs']} runs of {cfg.batches} generation batches, about {est['minutes']:.0f} min on "
+        f"{cfg.jobs or 'all'} worker(s) (warm starts included); up to {est['runs_at_cap']} runs "
+        f"({est['minutes_at_cap']:.0f} min) if every question stays undecided to {cfg.max_seeds} seeds",
+        f"expected 95% half-width of a cell's contrast at {cfg.seeds} seeds: +-{est['cells'][0]['half_width']:.1f} "
+        f"points (prior sd {est['diff_sd']:.1f} points)",
+        "seeds a pooled accuracy question needs to decide a 5-point difference (80% power): "
+        + ", ".join(f"{g} {n if n else 'more than the cap'}" for g, n in est["seeds_for_5_points"].items()),
     ]
-    lines += [f"  {c['cell']}: {c['runs']} runs, ~{c['minutes']:.0f} min" for c in est["cells"]]
-    lines.append("claim rules (fixed before the runs):")
+    lines += [f"  {c['cell']} ({c['group']}): {c['runs']} runs, ~{c['minutes']:.0f} min" for c in est["cells"]]
+    lines.append("questions (fixed before the runs):")
+    lines += [f"  {q['name']}: {q['question']} [{q['kind']}, {q['group']} cells]" for q in est["questions"]]
+    lines.append("rules (fixed before the runs):")
     lines += [f"  {k}: {v}" for k, v in REGIME_RULES.items()]
     return "\n".join(lines)
 
 
-# ------------------------------------------------------------------ decisions
+# ------------------------------------------------------------------ outcomes
 def _expected(folder: Path) -> float | None:
     path = folder / EXPECTED_FILE
     return json.loads(path.read_text())["mean"] if path.exists() else None
 
 
-def cell_runs(cfg: RegimeConfig, cell: Cell, clip_band: bool) -> list[Run]:
-    return plan_runs(cfg.cell_config(cell, clip_band))
+def _warm(cfg: RegimeConfig, seed: int) -> float | None:
+    return _expected(Path(cfg.out) / f"warm_start-seed{seed}")
 
 
-def collapses(cfg: RegimeConfig, cell: Cell) -> dict[str, list[bool | None]] | None:
-    """Per arm label, per seed: whether the run collapsed (:data:`REGIME_RULES`), None where it has not finished;
-    None when a warm start's accuracy is missing."""
-    out = Path(cfg.out)
-    warm = [_expected(out / f"warm_start-seed{s}") for s in range(cfg.seeds)]
-    if any(w is None for w in warm):
-        return None
-    found: dict[str, list[bool | None]] = {}
-    for run in cell_runs(cfg, cell, clip_band=True):
-        final = _expected(out / cell.name / "runs" / run.name)
-        found.setdefault(run.arm, [None] * cfg.seeds)[run.seed] = (
-            None if final is None else final < warm[run.seed]
-        )
+def outcomes(cfg: RegimeConfig, cell: Cell, seeds: int) -> dict[str, list[tuple[float, bool] | None]]:
+    """Per arm label, per seed: (final accuracy, collapsed) of the cell's run, None where it has not finished (or
+    its seed's warm start is not evaluated yet)."""
+    found: dict[str, list] = {}
+    for run in cell_runs(cfg, cell, seeds):
+        final, warm = _expected(Path(cfg.out) / cell.name / "runs" / run.name), _warm(cfg, run.seed)
+        done = final is not None and warm is not None
+        found.setdefault(run.arm, [None] * seeds)[run.seed] = (final, final < warm) if done else None
     return found
 
 
-def survivors(flags: dict[str, list[bool | None]]) -> list[str]:
-    """The arms (GSPO, KPO) that did not collapse in a seed where vanilla did."""
-    vanilla = flags[GRPO]
-    return [arm for arm in (GSPO, KPO) if any(v and flags[arm][s] is False for s, v in enumerate(vanilla))]
-
-
-def _key_arms_done(flags: dict | None) -> bool:
-    return flags is not None and all(v is not None for arm in (GRPO, GSPO, KPO) for v in flags[arm])
-
-
-def needs_clip_band(cfg: RegimeConfig, cell: Cell) -> bool:
-    flags = collapses(cfg, cell)
-    return _key_arms_done(flags) and bool(survivors(flags))
-
-
 # ------------------------------------------------------------------ running
-def _share_warm_starts(cfg: RegimeConfig) -> None:
+def _share_warm_starts(cfg: RegimeConfig, seeds: int) -> None:
     """Every cell's warm-start folder of a seed is a link to the map's one (they are one model, evaluated once)."""
     out = Path(cfg.out)
     for cell in cfg.cells:
-        for seed in range(cfg.seeds):
+        for seed in range(seeds):
             link = warm_start_dir(out / cell.name, seed)
             link.parent.mkdir(parents=True, exist_ok=True)
             target = out / f"warm_start-seed{seed}"
@@ -330,9 +405,10 @@ def _share_warm_starts(cfg: RegimeConfig) -> None:
 
 
 def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, pilot: Path | None = None) -> Path | None:
-    """Print the plan and the claim rules, then run every missing run of every cell (the clip-band arm of a cell
-    as soon as its key arms call for it) and rewrite the map as each cell finishes; returns report.md (None with
-    ``plan_only``)."""
+    """Print the plan, the questions and the rules; then, look by look, train every missing run of every cell at
+    its group's seeds (rewriting the map as each cell finishes), answer the questions, and give the cells of the
+    undecided ones the next block of seeds, until every question is decided or at the cap. Returns report.md
+    (None with ``plan_only``)."""
     from kpo.compare.plan import pilot_sd
     from kpo.compare.run import Job, _done, _exact_applies, _stale_run_errors, train_jobs
 
@@ -344,57 +420,73 @@ def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, pilot: Path | Non
     out = Path(cfg.out)
     errors = []
     for cell in cfg.cells:
-        cell_cfg = cfg.cell_config(cell, clip_band=True)
+        cell_cfg = cfg.cell_config(cell, cfg.max_seeds)
         errors += _stale_run_errors(cell_cfg, plan_runs(cell_cfg), Path(cell_cfg.out))
     if errors:
         raise CompareError(errors)
     out.mkdir(parents=True, exist_ok=True)
     _write_plan(out / "plan.json", est)
-    _share_warm_starts(cfg)
-    exact = _exact_applies(cfg.cell_config(cfg.cells[0]))
+    exact = _exact_applies(cfg.cell_config(cfg.cells[0], cfg.seeds))
+    seeds_of = {g: cfg.seeds for g, members in groups(cfg.cells).items() if members}
+    looks: list[dict] = []
 
-    def jobs_of(cell: Cell, clip_band: bool) -> list[Job]:
-        cell_cfg = cfg.cell_config(cell, clip_band)
-        runs = cell_runs(cfg, cell, clip_band)
-        if clip_band:
-            runs = [r for r in runs if r.arm == CLIP_BAND]
+    def cell_seeds(cell: Cell) -> int:
+        return seeds_of[cfg.group(cell)]
+
+    def missing(cell: Cell) -> list[Job]:
+        cell_cfg = cfg.cell_config(cell, cell_seeds(cell))
+        folder = Path(cell_cfg.out) / "runs"
         return [
-            Job(cell_cfg, r, Path(cell_cfg.out) / "runs" / r.name, f"{cell.name}/{r.name}")
-            for r in runs
-            if not _done(cell_cfg, Path(cell_cfg.out) / "runs" / r.name, exact)
+            Job(cell_cfg, r, folder / r.name, f"{cell.name}/{r.name}")
+            for r in plan_runs(cell_cfg)
+            if not _done(cell_cfg, folder / r.name, exact)
         ]
 
-    clip_cells = {cell for cell in cfg.cells if needs_clip_band(cfg, cell)}
-    todo = [job for cell in cfg.cells for job in jobs_of(cell, clip_band=cell in clip_cells)]
-    print(f"kpo compare regimes: {len(todo)} runs to train; map in {out}", flush=True)
-    by_cell = {cell.name: cell for cell in cfg.cells}
+    by_name = {cell.name: cell for cell in cfg.cells}
 
-    def on_done(job: Job) -> list[Job]:
-        """A cell's clip-band runs once its key arms call for them; the cell's report and the map once it is done."""
-        cell = by_cell[Path(job.cfg.out).name]
-        new = []
-        if cell not in clip_cells and needs_clip_band(cfg, cell):
-            clip_cells.add(cell)
-            new = jobs_of(cell, clip_band=True)
-        if not new and cell_done(cfg, cell, exact):
-            write_cell_report(cfg, cell)
-            write_regime_report(cfg)
-        return new
+    def on_done(job: Job) -> list:
+        cell = by_name[Path(job.cfg.out).name]
+        if not missing(cell):
+            write_cell_report(cfg, cell, cell_seeds(cell))
+            write_regime_report(cfg, seeds_of, looks)
+        return []
 
-    if todo:
-        train_jobs(todo, cfg.jobs, on_done)
-    for cell in cfg.cells:
-        if cell_done(cfg, cell, exact) and not (Path(cfg.out) / cell.name / "report.md").exists():
-            write_cell_report(cfg, cell)
-    return write_regime_report(cfg)
+    while True:
+        _share_warm_starts(cfg, max(seeds_of.values()))
+        todo = [job for cell in cfg.cells for job in missing(cell)]
+        print(
+            f"kpo compare regimes: look at {', '.join(f'{g} {n}' for g, n in seeds_of.items())} seeds a cell; "
+            f"{len(todo)} runs to train; map in {out}",
+            flush=True,
+        )
+        if todo:
+            train_jobs(todo, cfg.jobs, on_done)
+        for cell in cfg.cells:
+            if not (out / cell.name / "report.md").exists() or todo:
+                write_cell_report(cfg, cell, cell_seeds(cell))
+        answers = decide(QUESTIONS, _data(cfg, seeds_of), cfg.cells, seeds_of)
+        looks.append({"seeds": dict(seeds_of), "answers": {a["name"]: a["verdict"] for a in answers}})
+        extend = [g for g in groups_to_extend(answers, QUESTIONS, seeds_of) if seeds_of[g] < cfg.max_seeds]
+        if not extend:
+            return write_regime_report(cfg, seeds_of, looks)
+        write_regime_report(cfg, seeds_of, looks)
+        for g in extend:
+            seeds_of[g] = next_look(seeds_of[g])
+        print(f"undecided questions: {', '.join(extend)} cells get seeds up to {seeds_of}", flush=True)
+
+
+def _data(cfg: RegimeConfig, seeds_of: dict[str, int]) -> dict:
+    """The map's outcomes as the questions read them: cell name -> arm -> per seed (accuracy, collapsed)."""
+    return {cell.name: outcomes(cfg, cell, seeds_of[cfg.group(cell)]) for cell in cfg.cells}
 
 
 def _write_plan(path: Path, est: dict) -> None:
-    """Write the plan unless ``path`` holds one of the same design (cells, seeds, batches): what was fixed before
-    the runs stays when the map resumes."""
+    """Write the plan unless ``path`` holds one of the same design (cells, first look, cap, batches, questions):
+    what was fixed before the runs stays when the map resumes."""
 
     def design(plan: dict) -> tuple:
-        return [c["cell"] for c in plan["cells"]], plan["seeds"], plan["batches"]
+        questions = [q["name"] for q in plan.get("questions", [])]
+        return [c["cell"] for c in plan["cells"]], plan["seeds"], plan.get("max_seeds"), plan["batches"], questions
 
     if path.exists() and design(json.loads(path.read_text())) == design(est):
         return
@@ -402,140 +494,158 @@ def _write_plan(path: Path, est: dict) -> None:
         partial.write_text(json.dumps(est, indent=2) + "\n")
 
 
-def cell_done(cfg: RegimeConfig, cell: Cell, exact: bool) -> bool:
-    """Whether every run the cell calls for (its key arms, and its clip-band arm where they call for it) is done."""
-    from kpo.compare.run import _done
-
-    cell_cfg = cfg.cell_config(cell, needs_clip_band(cfg, cell))
-    return all(_done(cell_cfg, Path(cell_cfg.out) / "runs" / r.name, exact) for r in plan_runs(cell_cfg))
-
-
-def write_cell_report(cfg: RegimeConfig, cell: Cell) -> Path:
-    """The cell's own ``kpo compare`` report (its Table 1, contrasts, Figure 3, Table 2) in ``OUT/CELL/``."""
+def write_cell_report(cfg: RegimeConfig, cell: Cell, seeds: int) -> Path | None:
+    """The cell's own ``kpo compare`` report (its Table 1, contrasts, Figure 3, Table 2) in ``OUT/CELL/``, over
+    the seeds every run of it finished; None before two seeds have."""
     from kpo.compare.report import write_report
+    from kpo.compare.run import _done, _exact_applies
 
-    cell_cfg = cfg.cell_config(cell, needs_clip_band(cfg, cell))
+    exact = _exact_applies(cfg.cell_config(cell, seeds))
+    finished = 0
+    while finished < seeds:
+        cell_cfg = cfg.cell_config(cell, finished + 1)
+        folder = Path(cell_cfg.out) / "runs"
+        if not all(_done(cell_cfg, folder / r.name, exact) for r in plan_runs(cell_cfg) if r.seed == finished):
+            break
+        finished += 1
+    if finished < 2:
+        return None
+    cell_cfg = cfg.cell_config(cell, finished)
     folder = Path(cell_cfg.out)
     with replacing(folder / "compare.json") as partial:
         partial.write_text(json.dumps(asdict(cell_cfg), indent=2) + "\n")
     return write_report(cell_cfg, plan_runs(cell_cfg), folder)
 
 
-def _arm_stats(cfg: RegimeConfig, cell: Cell, arm: str, runs: list[Run]) -> dict:
-    """One arm of a cell: per seed its final accuracy (None: not done) and, from metrics.jsonl, the mean
-    mismatch (rollout_corr/k3_kl), clip fraction of the batches' first (on-policy) steps and of the others."""
+# ------------------------------------------------------------------ a cell of the map
+def _arm_stats(cfg: RegimeConfig, cell: Cell, runs: list[Run]) -> dict:
+    """One arm of a cell, from metrics.jsonl: the mean mismatch (rollout_corr/k3_kl), clip fraction of the
+    batches' first (on-policy) steps and of the others, and for KPO (auto) its fitted memory (tokens) per
+    generation batch, the median over the arm's finished seeds."""
+    import statistics
+
     from kpo.train.config import on_policy_step
     from kpo.train.metrics import load_metrics
 
-    acc, k3, first, rest = [None] * cfg.seeds, [], [], []
+    k3, first, rest, memory = [], [], [], {}
     for run in runs:
         folder = Path(cfg.out) / cell.name / "runs" / run.name
-        acc[run.seed] = _expected(folder)
-        if acc[run.seed] is None:
+        if _expected(folder) is None:
             continue
-        rows = load_metrics(folder)
-        k3 += [r["rollout_corr/k3_kl"] for r in rows if r.get("rollout_corr/k3_kl") is not None]
-        first += [
-            r["clip_frac"]
-            for r in rows
-            if on_policy_step(r["step"], cell.depth) and r.get("clip_frac") is not None
-        ]
-        rest += [
-            r["clip_frac"]
-            for r in rows
-            if not on_policy_step(r["step"], cell.depth) and r.get("clip_frac") is not None
-        ]
+        for r in load_metrics(folder):
+            if r.get("rollout_corr/k3_kl") is not None:
+                k3.append(r["rollout_corr/k3_kl"])
+            if r.get("clip_frac") is not None:
+                (first if on_policy_step(r["step"], cell.depth) else rest).append(r["clip_frac"])
+            if r.get("kpo/memory_tokens") is not None:
+                memory.setdefault(-(-r["step"] // cell.depth), []).append(r["kpo/memory_tokens"])
     mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
     return {
-        "accuracy": acc,
         "k3_kl": mean(k3),
         "on_policy_clip_frac": mean(first),
         "off_policy_clip_frac": mean(rest),
+        "memory_tokens": {b: statistics.median(v) for b, v in sorted(memory.items())} or None,
     }
 
 
-def _paired(cfg: RegimeConfig, cell: Cell, a: list[Run], b: list[Run]) -> dict | None:
-    """Arm ``a`` minus arm ``b`` over the seeds both finished (kpo compare's paired contrast); None below 2."""
-    from kpo.compare.report import _contrast, _load_eval
-
-    folder = Path(cfg.out) / cell.name / "runs"
-    seeds = [s for s in range(cfg.seeds) if all(_expected(folder / r.name) is not None for r in (a[s], b[s]))]
-    if len(seeds) < 2:
-        return None
-    found = _contrast(
-        [_load_eval(folder / a[s].name) for s in seeds], [_load_eval(folder / b[s].name) for s in seeds], True
-    )
-    return {k: found[k] for k in ("seeds", "mean", "low", "high", "half_width", "per_seed", "sd", "verdict")}
+CONTRASTS = ((KPO, GRPO), (KPO, GSPO), (KPO, CLIP_BAND), (AUTO, GRPO), (AUTO, GSPO), (AUTO, KPO), (AUTO, CLIP_BAND))
 
 
-def cell_entry(cfg: RegimeConfig, cell: Cell) -> dict:
-    """A cell of the map: its settings, each arm's accuracies and collapses, the warm starts, the paired contrasts
-    of KPO (matched) against GRPO, GSPO and (where it ran) the clip band, and what the rules conclude."""
-    runs = cell_runs(cfg, cell, clip_band=True)
-    by_arm = {
-        arm: sorted((r for r in runs if r.arm == arm), key=lambda r: r.seed)
-        for arm in (GRPO, GSPO, KPO, CLIP_BAND)
-    }
-    flags = collapses(cfg, cell) or {}
-    clip = needs_clip_band(cfg, cell)
-    arms = {
-        arm: {**_arm_stats(cfg, cell, arm, rs), "collapsed": flags.get(arm)}
-        for arm, rs in by_arm.items()
-        if arm != CLIP_BAND or clip
-    }
-    contrasts = {
-        f"KPO - {name}": _paired(cfg, cell, by_arm[KPO], by_arm[arm])
-        for name, arm in (("GRPO", GRPO), ("GSPO", GSPO), ("clip band", CLIP_BAND))
-        if arm != CLIP_BAND or clip
-    }
+def contrast_name(a: str, b: str) -> str:
+    return f"{LABELS[a]} - {LABELS[b]}"
+
+
+def cell_entry(cfg: RegimeConfig, cell: Cell, seeds: int) -> dict:
+    """A cell of the map at ``seeds`` seeds: its settings, the warm starts, each arm's per-seed accuracy and
+    collapses (count and exact bound), the per-cell contrasts (descriptive: t where no run of the pair
+    collapsed, else sign test), the pick set and what collapses say of filter or band."""
+    from kpo.compare.stats import collapse_count, mcnemar_exact, paired_accuracy, pick_set
+
+    runs = cell_runs(cfg, cell, seeds)
+    found = outcomes(cfg, cell, seeds)
+    arms = {}
+    for arm, per_seed in found.items():
+        flags = [None if x is None else x[1] for x in per_seed]
+        done = [f for f in flags if f is not None]
+        arms[arm] = {
+            "label": LABELS[arm],
+            "accuracy": [None if x is None else x[0] for x in per_seed],
+            "collapsed": flags,
+            "collapse": collapse_count(done),
+            **_arm_stats(cfg, cell, [r for r in runs if r.arm == arm]),
+        }
+    finished = [s for s in range(seeds) if all(found[arm][s] is not None for arm in found)]
+    contrasts = {}
+    for a, b in CONTRASTS:
+        if a in found and b in found and len(finished) >= 2:
+            d = [found[a][s][0] - found[b][s][0] for s in finished]
+            fell = [found[a][s][1] or found[b][s][1] for s in finished]
+            contrasts[contrast_name(a, b)] = paired_accuracy(d, fell)
     entry = {
         "cell": cell.name,
+        "group": cfg.group(cell),
         "mismatch": cell.mismatch,
         "depth": cell.depth,
         "lr": cell.lr,
         "steps": cfg.batches * cell.depth,
-        "warm_start": [_expected(Path(cfg.out) / f"warm_start-seed{s}") for s in range(cfg.seeds)],
+        "seeds": seeds,
+        "finished_seeds": len(finished),
+        "warm_start": [_warm(cfg, s) for s in range(seeds)],
         "arms": arms,
         "contrasts": contrasts,
-        "survivors": survivors(flags) if _key_arms_done(flags) else None,
-        "clip_band_ran": clip,
+        "done": len(finished) == seeds,
     }
-    entry["done"] = all(v is not None for a in arms.values() for v in a["accuracy"])
-    entry["conclusion"] = _conclude(entry)
+    if len(finished) >= 2:
+        per_arm = {arm: [found[arm][s][0] for s in finished] for arm in found}
+        flags = {arm: [found[arm][s][1] for s in finished] for arm in found}
+        entry["pick"] = pick_set(per_arm, flags)
+        if CLIP_BAND in found:
+            entry["filter_or_band"] = {
+                subject: _filter_or_band(mcnemar_exact(flags[CLIP_BAND], flags[subject]), LABELS[subject])
+                for subject in (KPO, AUTO)
+            }
     if cfg.curve_every and entry["done"]:
-        entry["curve"] = _curve(cfg, cell, by_arm)
+        entry["curve"] = _curve(cfg, cell, runs)
     return entry
 
 
-def _curve(cfg: RegimeConfig, cell: Cell, by_arm: dict[str, list[Run]]) -> dict:
+def _filter_or_band(test: dict, subject: str) -> str:
+    """What this cell's collapses say of filter or band: nothing when neither collapsed alone in any seed."""
+    if test["a_only"] == test["b_only"] == 0:
+        return f"no seed where only one of the clip band and {subject} collapsed: collapses cannot tell them apart"
+    return (
+        f"the clip band alone collapsed in {test['a_only']} seeds, {subject} alone in {test['b_only']} (exact "
+        f"McNemar p = {test['p']:.2g}, this cell only)"
+    )
+
+
+def _curve(cfg: RegimeConfig, cell: Cell, runs: list[Run]) -> dict:
     """The cell's learning curves (curve.json of its runs): each arm's mean held-out accuracy at every checkpoint,
     KPO's paired contrast with GRPO and GSPO there, and the "slower or worse" verdict (:data:`REGIME_RULES`)."""
     from kpo.compare.plan import CURVE_FILE
-    from kpo.compare.report import verdict
-    from kpo.evaluation.metrics import paired_diff_ci
+    from kpo.compare.stats import paired_accuracy
 
     folder = Path(cfg.out) / cell.name / "runs"
-    found = {
-        arm: [json.loads((folder / r.name / CURVE_FILE).read_text())["steps"] for r in runs]
-        for arm, runs in by_arm.items()
-        if arm != CLIP_BAND
-    }
+    found: dict[str, list[dict]] = {}
+    for run in sorted(runs, key=lambda r: r.seed):
+        if run.arm != CLIP_BAND:
+            found.setdefault(run.arm, []).append(json.loads((folder / run.name / CURVE_FILE).read_text())["steps"])
     steps = sorted(int(k) for k in found[KPO][0])
     batches = [step // cell.depth for step in steps]
-    means = {
-        arm: [sum(c[str(step)]["mean"] for c in curves) / len(curves) for step in steps] for arm, curves in found.items()
-    }
+    per_seed = {arm: [[c[str(step)]["mean"] for c in curves] for step in steps] for arm, curves in found.items()}
+    means = {arm: [sum(v) / len(v) for v in values] for arm, values in per_seed.items()}
+    warm = [_warm(cfg, s) for s in range(len(found[KPO]))]
     contrasts = {}
-    for name, arm in (("GRPO", GRPO), ("GSPO", GSPO)):
+    for arm in (GRPO, GSPO):
         points = []
-        for step in steps:
-            a = [c[str(step)]["per_problem"] for c in found[KPO]]
-            b = [c[str(step)]["per_problem"] for c in found[arm]]
-            mean, low, high = paired_diff_ci(a, b, 1.0)
-            points.append({"mean": mean, "low": low, "high": high, "verdict": verdict(low, high)})
-        contrasts[f"KPO - {name}"] = points
+        for i in range(len(steps)):
+            a, b = per_seed[KPO][i], per_seed[arm][i]
+            fell = [x < w or y < w for x, y, w in zip(a, b, warm)]
+            found_i = paired_accuracy([x - y for x, y in zip(a, b)], fell)
+            points.append(found_i | {"verdict": _interval_verdict(found_i)})
+        contrasts[contrast_name(KPO, arm)] = points
     best = max((GRPO, GSPO), key=lambda arm: means[arm][-1])
-    line = contrasts[f"KPO - {'GRPO' if best == GRPO else 'GSPO'}"]
+    line = contrasts[contrast_name(KPO, best)]
     at_map = line[batches.index(BATCHES)]["verdict"] if BATCHES in batches else None
     if at_map is None:
         pace = None
@@ -543,48 +653,41 @@ def _curve(cfg: RegimeConfig, cell: Cell, by_arm: dict[str, list[Run]]) -> dict:
         pace = "not behind"
     else:
         pace = "worse" if line[-1]["verdict"] == "worse" else "slower"
-    return {"batches": batches, "means": means, "contrasts": contrasts, "best_baseline": best, "pace": pace}
-
-
-def _conclude(entry: dict) -> dict:
-    """What the rules say of a cell: KPO wins / ties / loses, what saves it where vanilla collapses, the pick."""
-    verdicts = {k: (c or {}).get("verdict") for k, c in entry["contrasts"].items()}
-    baseline = [verdicts.get("KPO - GRPO"), verdicts.get("KPO - GSPO")]
-    if None in baseline:
-        kpo = "pending"
-    elif "worse" in baseline:
-        kpo = "loses"
-    elif "better" in baseline:
-        kpo = "wins"
-    elif all(v == "equivalent" for v in baseline):
-        kpo = "ties"
-    else:
-        kpo = "undecided"
-    saved_by = None
-    if entry["clip_band_ran"] and entry["arms"].get(CLIP_BAND, {}).get("collapsed") is not None:
-        band, kpo_flags = entry["arms"][CLIP_BAND]["collapsed"], entry["arms"][KPO]["collapsed"]
-        if None not in band:
-            filter_saves = any(b and k is False for b, k in zip(band, kpo_flags))
-            saved_by = "the filter" if filter_saves else "the tight band"
-    means = {
-        arm: sum(a["accuracy"]) / len(a["accuracy"])
-        for arm, a in entry["arms"].items()
-        if None not in a["accuracy"]
+    return {
+        "batches": batches,
+        "means": means,
+        "per_seed": per_seed,
+        "contrasts": contrasts,
+        "best_baseline": best,
+        "pace": pace,
     }
-    pick = max(means, key=means.get) if means else None
-    return {"kpo": kpo, "saved_by": saved_by, "pick": pick, "means": means}
 
 
-def write_regime_report(cfg: RegimeConfig) -> Path:
-    """The map as it stands: ``report.md``, ``report.json`` (``cells``: :func:`cell_entry` of each) and
-    ``regimes.png`` in ``cfg.out``; returns report.md."""
+def _interval_verdict(c: dict) -> str:
+    """A descriptive contrast's word from its 95% interval: worse / better / within +-5 points / undecided (no
+    interval: undecided)."""
+    from kpo.compare.stats import MARGIN
+
+    low, high = c.get("low"), c.get("high")
+    if low is None or high is None:
+        return "undecided"
+    if high < 0:
+        return "worse"
+    if low > 0:
+        return "better"
+    if -MARGIN <= low and high <= MARGIN:
+        return "within +-5 points"
+    return "undecided"
+
+
+def write_regime_report(cfg: RegimeConfig, seeds_of: dict[str, int], looks: list[dict]) -> Path:
+    """The map as it stands: ``report.md``, ``report.json`` (``cells``: :func:`cell_entry` of each; ``questions``:
+    the answers of :func:`kpo.compare.questions.decide`; ``looks``), ``regimes.png`` and ``memory.png`` in
+    ``cfg.out``; returns report.md."""
     from kpo.compare.regime_report import render_map
 
     out = Path(cfg.out)
     plan = json.loads((out / "plan.json").read_text()) if (out / "plan.json").exists() else {}
-    return render_map(
-        out,
-        [cell_entry(cfg, cell) for cell in cfg.cells],
-        plan,
-        labels={"KPO": KPO, "GRPO": GRPO, "GSPO": GSPO, "clip band": CLIP_BAND},
-    )
+    entries = [cell_entry(cfg, cell, seeds_of[cfg.group(cell)]) for cell in cfg.cells]
+    answers = decide(QUESTIONS, _data(cfg, seeds_of), cfg.cells, seeds_of)
+    return render_map(out, entries, answers, looks, plan)

@@ -333,8 +333,8 @@ def _await_runs(
     return failures, broken
 
 
-# Called in the main process as each job finishes; returns the jobs that its result calls for (kpo compare
-# regimes: a cell's clip-band arm once its key arms are done).
+# Called in the main process as each job finishes; returns the jobs that its result calls for (none, for kpo
+# compare regimes, which rewrites its map there as each cell finishes).
 OnDone = Callable[[Job], list[Job]]
 
 
@@ -355,9 +355,9 @@ def train_jobs(jobs: list[Job], workers: int | None, on_done: OnDone | None = No
     workers = workers if workers is not None else os.cpu_count() or 1
     # Workers run in process groups of their own, so a signal reaches them only through _stop_workers: once,
     # whether it was a terminal's Ctrl-C (sent to the whole foreground group) or a signal to kpo compare alone.
-    pool = ProcessPoolExecutor(
-        max_workers=min(workers, len(jobs)), mp_context=get_context("spawn"), initializer=_worker_start
-    )
+    # with on_done, runs may be added as others finish: the pool is sized for them, not for the first list
+    size = workers if on_done is not None else min(workers, len(jobs))
+    pool = ProcessPoolExecutor(max_workers=size, mp_context=get_context("spawn"), initializer=_worker_start)
 
     def submit(job: Job):
         resume = _resumable(job.cfg, job.run, job.folder)

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from fractions import Fraction
-from functools import lru_cache
-from math import comb, cos, isfinite, pi, sin, sqrt, tan
+from math import comb, isfinite, sqrt
 from numbers import Real
 
 __all__ = [
@@ -226,54 +225,12 @@ def _t_interval(units, level: float):
     return mean, mean - half, mean + half
 
 
-def _t_two_sided_mass(theta: float, df: int) -> float:
-    """P(|T| < t) for Student's t with integer `df`, at theta = atan(t / sqrt(df)) in [0, pi/2].
-
-    Closed forms (Abramowitz & Stegun 26.7.3-4), c = cos(theta), s = sin(theta):
-    odd df:  (2/pi) * (theta + s * (c + (2/3) c^3 + (2*4)/(3*5) c^5 + ...
-                                    + (2*4...(df-3))/(3*5...(df-2)) c^(df-2)))   ((2/pi) theta at df = 1);
-    even df: s * (1 + (1/2) c^2 + (1*3)/(2*4) c^4 + ...
-                  + (1*3...(df-3))/(2*4...(df-2)) c^(df-2)).
-    """
-    c, s = cos(theta), sin(theta)
-    c2 = c * c
-    if df % 2:
-        total, term = 0.0, c
-        for j in range(1, (df - 1) // 2 + 1):
-            total += term
-            term *= c2 * (2 * j) / (2 * j + 1)
-        return 2 / pi * (theta + s * total)
-    total, term = 0.0, 1.0
-    for j in range(1, df // 2 + 1):
-        total += term
-        term *= c2 * (2 * j - 1) / (2 * j)
-    return s * total
-
-
-@lru_cache(maxsize=256)
 def t_quantile(p: float, df: int) -> float:
-    """The p-quantile of Student's t with integer df >= 1: the exact CDF above, inverted by bisection.
+    """The p-quantile of Student's t with integer df >= 1 (scipy.stats.t)."""
+    from scipy.stats import t
 
-    Bisects theta = atan(t / sqrt(df)) on [0, pi/2] until the bracket stops shrinking in floating point,
-    far below 1e-12 in t for any quantile used here.
-    """
     if isinstance(df, bool) or int(df) != df or df < 1:
         raise ValueError(f"df={df!r}: Student's t needs an integer number of degrees of freedom >= 1")
     if not 0 < p < 1:
         raise ValueError(f"p={p!r}: a quantile needs p in (0, 1)")
-    df = int(df)
-    if p == 0.5:
-        return 0.0
-    if p < 0.5:
-        return -t_quantile(1 - p, df)
-    target = 2 * p - 1  # P(|T| < t) = 2 F(t) - 1 for t >= 0
-    lo, hi = 0.0, pi / 2
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if mid in (lo, hi):
-            break
-        if _t_two_sided_mass(mid, df) < target:
-            lo = mid
-        else:
-            hi = mid
-    return sqrt(df) * tan((lo + hi) / 2)
+    return float(t.ppf(p, int(df)))

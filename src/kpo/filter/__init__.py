@@ -12,7 +12,8 @@ compute it, each checked against the float64 loop in ``reference.py``:
 ``kalman_filter(..., backend=...)`` picks one: ``auto`` (the default: triton for CUDA tensors, numba for CPU
 tensors, torch otherwise), ``numba``, ``torch``, ``triton``, or ``reference`` (the float64 loop: slow, no
 gradient, for checks). Without the keyword, ``KPO_FILTER_BACKEND`` names it. The authors' closed form, for
-comparison only, is ``authors.authors_closed_form``.
+comparison only, is ``authors.authors_closed_form``. ``fit_q`` (``fit.py``) fits the filter's q to a batch by
+maximum likelihood (KPO's ``memory="auto"``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from torch.autograd.function import once_differentiable
 
 from kpo._checks import bool_mask
 from kpo.filter import scan
+from kpo.filter.fit import fit_q
 from kpo.filter.gains import check_params, gain_tables, kalman_gains
 from kpo.filter.reference import MASK_MODES, kalman_filter_reference
 
@@ -292,4 +294,4 @@ def _raise_non_finite(z, mask, mode):
     )
 
 
-__all__ = ["BACKENDS", "MASK_MODES", "kalman_filter", "kalman_gains"]
+__all__ = ["BACKENDS", "MASK_MODES", "fit_q", "kalman_filter", "kalman_gains"]

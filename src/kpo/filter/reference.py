@@ -7,6 +7,8 @@ Not exported from ``kpo``.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 MASK_MODES = ("skip", "advance", "zero")
@@ -87,3 +89,27 @@ def authors_recurrence_reference(z: torch.Tensor, mask: torch.Tensor, *, q: floa
             filtered.append(rho)
         out.append(filtered)
     return torch.tensor(out, dtype=torch.float64) * mask.to(torch.float64)
+
+
+def local_level_loglik_reference(z: torch.Tensor, mask: torch.Tensor | None = None, *, q: float) -> float:
+    """The concentrated Gaussian log-likelihood of the local-level model behind KPO's filter, token by token
+    (``kpo.filter.fit``): x0 = 0, P0 = 0, V = 1 while filtering, masked tokens skipped; V's maximum is then the
+    mean of e^2 / F over the N valid tokens and l = -1/2 (N log(2 pi Vhat) + N + sum log F)."""
+    zz = z.detach().to(torch.float64).reshape(1, -1) if z.dim() == 1 else z.detach().to(torch.float64)
+    mm = torch.ones_like(zz, dtype=torch.bool) if mask is None else mask.reshape(zz.shape).to(torch.bool)
+    squares, log_f, n = 0.0, 0.0, 0
+    for zrow, mrow in zip(zz.tolist(), mm.tolist()):
+        x, p = 0.0, 0.0
+        for zt, valid in zip(zrow, mrow):
+            if not valid:
+                continue
+            f = p + q + 1.0  # innovation variance, in units of V
+            e = zt - x
+            squares += e * e / f
+            log_f += math.log(f)
+            n += 1
+            k = (p + q) / f
+            x = x + k * e
+            p = (p + q) / f  # = (1 - K) (p + q) with V = 1
+    v_hat = squares / n
+    return -0.5 * (n * math.log(2.0 * math.pi * v_hat) + n + log_f)

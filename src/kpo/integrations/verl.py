@@ -223,7 +223,10 @@ class KPOActorConfig(FSDPActorConfig):
     KPO (``kpo``, ``kpo_unclipped``; METHODS.md section K):
         q: process-noise variance Q of the log-ratio random walk (kpo 1e-6, kpo_unclipped 1e-4); larger = the
             filter follows the raw token log-ratio more closely.
-        memory: the filter's memory in tokens, which sets q instead (``kpo.filter.memory``; give q or memory).
+        memory: the filter's memory in tokens, which sets q instead (``kpo.filter.memory``; give q or memory), or
+            "auto": q fitted to each micro-batch's log-ratios by maximum likelihood (``kpo.filter.fit``), reported
+            as ``actor/kpo/q`` and ``actor/kpo/memory_tokens``.
+        q_min, q_max: with memory="auto", the bounds of the fitted q (1e-8, 100).
         v: observation-noise variance V (1.0); only Q/V matters for the gains when p0 = 0.
         p0: prior variance of the filter state before the first token (0.0, the authors' choice).
         x0: prior mean of the filtered log-ratio (0.0 = "on-policy").
@@ -258,7 +261,9 @@ class KPOActorConfig(FSDPActorConfig):
     """
 
     q: float | None = None
-    memory: float | None = None
+    memory: Any = None  # tokens (a number) or "auto"
+    q_min: float | None = None
+    q_max: float | None = None
     v: float | None = None
     p0: float | None = None
     x0: float | None = None

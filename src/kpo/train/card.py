@@ -97,7 +97,7 @@ def _task(config: TrainConfig) -> str:
 def _loss(config: TrainConfig) -> str:
     """The loss with its hyperparameters as the run used them: given values (memory in tokens), and for a Kalman
     loss the filter's resolved q, v, p0, x0, mask_mode; the rest at the method's defaults."""
-    from kpo.losses.kpo import KALMAN_LOSSES, filter_settings
+    from kpo.losses.kpo import KALMAN_LOSSES, filter_settings, fits_memory
 
     kwargs = config.resolved_loss_kwargs()
     given = dict(config.loss_kwargs)
@@ -106,7 +106,9 @@ def _loss(config: TrainConfig) -> str:
         f"{k}={given[k]} ({_value(v)} tokens)" if given[k] != v else f"{k}={_value(v)}"
         for k, v in kwargs.items()
     ]
-    if config.loss in KALMAN_LOSSES:
+    if fits_memory(config.loss, kwargs):
+        parts.append("filter q fitted to each batch by maximum likelihood (kpo/q in metrics.jsonl)")
+    elif config.loss in KALMAN_LOSSES:
         settings = filter_settings(config.loss, kwargs)
         settings = {"q": settings.pop("q"), **settings}  # the setting memory resolves to, first
         parts.append("filter " + ", ".join(f"{k}={_value(v)}" for k, v in settings.items()))

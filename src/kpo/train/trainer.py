@@ -49,8 +49,9 @@ from safetensors.torch import load_file, save_file
 from kpo._files import writing
 from kpo.advantages import compute_advantages
 from kpo.analysis.dumps import write_dump
+from kpo.filter.fit import fit_q
 from kpo.losses import aggregate_entropy, get_loss_spec, policy_loss, rollout_correction
-from kpo.losses.kpo import filter_settings
+from kpo.losses.kpo import FIT_METRICS, filter_settings, fits_memory
 from kpo.train.checkpoints import incomplete_reason, save_whole
 from kpo.train.config import on_policy_step
 from kpo.train.interrupt import InterruptGuard, restore_rng, rng_state
@@ -179,6 +180,8 @@ class KPOTrainer(GRPOTrainer):
         self._step_loss_metrics: dict[str, list[tuple[float, float]]] = defaultdict(list)
         # this optimizer step's entropy pieces, one per micro-batch, each already a share of the whole step
         self._step_entropy: list[float] = []
+        # memory="auto": the last fitted q and memory, logged again on steps that fit none (ratios exactly 1)
+        self._last_fit: dict[str, float] = {}
         self.interrupts = interrupts
         self.run_card = run_card
         self._batch_end_rng: dict | None = None  # RNG states where the last finished generation batch ended
@@ -486,6 +489,13 @@ class KPOTrainer(GRPOTrainer):
             )
         if not self.accelerator.is_main_process:
             return
+        fitted = None
+        if fits_memory(self.loss_name, self.loss_kwargs):
+            # the step's rows as one batch: the loss's own q where the step is one micro-batch (the default)
+            valid = mask_u8.bool()
+            # all ratios exactly 1: the filtered ratios are 1 whatever q, and the dump records the last fit
+            moved = bool((log_ratio[valid] != 0).any())
+            fitted = fit_q(log_ratio, valid) if moved else self._last_fit.get("kpo/q", 1.0)
         # the first optimizer step of a generation batch updates the policy that sampled it: on-policy, whatever
         # rounding makes of its log-ratios (kpo analyze --off-policy-only reads this)
         write_dump(
@@ -493,7 +503,7 @@ class KPOTrainer(GRPOTrainer):
             log_ratio,
             mask_u8,
             step=step,
-            settings=filter_settings(self.loss_name, self.loss_kwargs),
+            settings=filter_settings(self.loss_name, self.loss_kwargs, fitted_q=fitted),
             loss=self.loss_name,
             on_policy=on_policy_step(step, self.steps_per_batch),
         )
@@ -510,6 +520,9 @@ class KPOTrainer(GRPOTrainer):
             for key, value in self._generation_stats.items():
                 if not metrics.get(key):
                     metrics[key].append(value)
+            if fits_memory(self.loss_name, self.loss_kwargs):
+                self._last_fit |= {k: loss_metrics[k] for k in FIT_METRICS if k in loss_metrics}
+                loss_metrics = self._last_fit | loss_metrics
             for key, value in loss_metrics.items():
                 metrics[f"loss/{key}"].append(value)
             self._step_loss_metrics.clear()

@@ -1,0 +1,262 @@
+"""The regime map's pre-registered questions, how each is tested, and the sequential design that adds seeds
+until they are decided.
+
+A question pools cells: the **stable** cells (the map's lowest learning rate) or the **stress** cells (its
+highest). It is one of three kinds, each with its own test (:mod:`kpo.compare.stats`):
+
+- ``collapse``: does arm ``a`` collapse where arm ``b`` does not? Exact McNemar test on the (cell, seed) pairs of
+  the pooled cells. yes: ``a`` collapses more; no: ``b`` collapses more; else undecided.
+- ``accuracy``: is ``a`` worse than ``b``? On the pairs where neither run collapsed, pooled over the cells with the
+  seed as the unit (the t-test on the seeds' mean differences). Two hypotheses: the difference is 0 (two-sided),
+  and ``a`` is worse by ``MARGIN`` or more (non-inferiority). yes: worse (and "by less than 5 points" when
+  non-inferiority holds too); no: better, or not worse by 5 points or more; else undecided.
+- ``interaction``: does the bf16 mismatch change the contrast ``a - b``? The difference of the contrast between
+  each bf16 cell and the float32 cell of the same depth, per seed, pooled over depths as above. Two hypotheses:
+  no change (two-sided) and a change of ``MARGIN`` or more (equivalence, TOST). yes: it changes; no: within
+  +-5 points; else undecided.
+
+Multiplicity: every hypothesis of every question is one member of one family, Holm at ALPHA over them. Looks:
+the map trains 4 seeds a cell, then adds seeds in blocks of 2 up to 8 (``LOOKS``) to the cells of a question
+that is undecided. The error is spent over the looks by a weighted Bonferroni split (``LOOK_SHARES``: 10%, 20%
+and 70% of it at 4, 6 and 8 seeds, so that only a clear result stops early, as O'Brien-Fleming's boundary): a
+hypothesis's p-value at look k is its test's p-value divided by share k, and its p-value is the least of these
+over the looks taken. P(some look rejects a true hypothesis) <= sum_k share_k alpha = alpha whatever made the
+map stop, so stopping on what the data show cannot inflate the error. A question undecided at 8 seeds reports
+the seeds per cell that an 80%-power test at the family's least final-look level would need, from the measured
+spread or discordance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kpo.compare.stats import (
+    ALPHA,
+    MARGIN,
+    discordance_seeds,
+    holm,
+    mcnemar_exact,
+    pooled_accuracy,
+    seeds_for_effect,
+)
+
+__all__ = ["LOOKS", "Question", "decide", "groups_to_extend"]
+
+LOOKS = (4, 6, 8)  # seeds a cell has at each look; the last is the cap
+LOOK_SHARES = (0.1, 0.2, 0.7)  # the share of the error spent at each look
+
+
+@dataclass(frozen=True)
+class Question:
+    """A pre-registered question: ``kind`` "collapse", "accuracy" or "interaction", arms ``a`` and ``b``
+    (labels), pooled over the ``group`` ("stable" or "stress") of cells."""
+
+    key: str
+    text: str
+    kind: str
+    a: str
+    b: str
+    group: str
+
+    def hypotheses(self) -> tuple[str, ...]:
+        """The family members this question adds: "difference", and for accuracy and interaction "margin"."""
+        return ("difference",) if self.kind == "collapse" else ("difference", "margin")
+
+
+def groups(cells) -> dict[str, list]:
+    """{"stable": cells at the lowest learning rate, "stress": at the highest} (stress empty with one rate)."""
+    rates = sorted({c.lr for c in cells})
+    return {
+        "stable": [c for c in cells if c.lr == rates[0]],
+        "stress": [c for c in cells if len(rates) > 1 and c.lr == rates[-1]],
+    }
+
+
+# ------------------------------------------------------------------ data
+# The map's data as the questions read it: data[cell name][arm label] = per-seed list of (accuracy, collapsed),
+# None where the run has not finished.
+
+
+def _arms_done(data: dict, cells, arms, seeds: int) -> bool:
+    return all(
+        len(data[c.name].get(arm) or ()) >= seeds and all(x is not None for x in data[c.name][arm][:seeds])
+        for c in cells
+        for arm in arms
+    )
+
+
+def _collapse_pairs(q: Question, data: dict, cells, seeds: int) -> tuple[list[bool], list[bool]]:
+    a, b = [], []
+    for c in cells:
+        for s in range(seeds):
+            a.append(data[c.name][q.a][s][1])
+            b.append(data[c.name][q.b][s][1])
+    return a, b
+
+
+def _survivor_differences(q: Question, data: dict, cells, seeds: int) -> tuple[dict[int, list[float]], int]:
+    """seed -> the differences a - b of its pairs where neither run collapsed (fractions); and how many pairs a
+    collapse excluded."""
+    by_seed: dict[int, list[float]] = {s: [] for s in range(seeds)}
+    excluded = 0
+    for c in cells:
+        for s in range(seeds):
+            (acc_a, col_a), (acc_b, col_b) = data[c.name][q.a][s], data[c.name][q.b][s]
+            if col_a or col_b:
+                excluded += 1
+            else:
+                by_seed[s].append(acc_a - acc_b)
+    return by_seed, excluded
+
+
+def _interaction_differences(q: Question, data: dict, cells, seeds: int) -> tuple[dict[int, list[float]], int]:
+    """seed -> per depth, (a - b) in the bf16 cell minus (a - b) in the float32 cell of that depth and rate, where
+    none of the four runs collapsed; and how many such quadruples a collapse excluded."""
+    by_seed: dict[int, list[float]] = {s: [] for s in range(seeds)}
+    excluded = 0
+    base = {(c.depth, c.lr): c for c in cells if c.mismatch == "none"}
+    for c in cells:
+        other = base.get((c.depth, c.lr))
+        if c.mismatch != "bf16" or other is None:
+            continue
+        for s in range(seeds):
+            runs = [data[x.name][arm][s] for x in (c, other) for arm in (q.a, q.b)]
+            if any(col for _, col in runs):
+                excluded += 1
+                continue
+            (a1, _), (b1, _), (a0, _), (b0, _) = runs
+            by_seed[s].append((a1 - b1) - (a0 - b0))
+    return by_seed, excluded
+
+
+def _test(q: Question, data: dict, cells, seeds: int) -> dict:
+    """The question's test on the first ``seeds`` seeds: its p-values ("difference", and "margin"), estimate and
+    interval, and what the seeds-needed estimate reads."""
+    if q.kind == "collapse":
+        a, b = _collapse_pairs(q, data, cells, seeds)
+        found = mcnemar_exact(a, b)
+        return {"p": {"difference": found["p"]}, "test": "exact McNemar", **found, "cells": len(cells)}
+    split = _survivor_differences if q.kind == "accuracy" else _interaction_differences
+    by_seed, excluded = split(q, data, cells, seeds)
+    pooled = pooled_accuracy(by_seed, MARGIN, "noninferiority" if q.kind == "accuracy" else "equivalence")
+    means = [np.mean(v) for v in by_seed.values() if v]
+    return {
+        "p": {"difference": pooled["p"], "margin": pooled["p_margin"]},
+        "test": "paired t over seeds (mean over cells)",
+        **{k: pooled[k] for k in ("seeds", "pairs", "mean", "se", "df", "low", "high")},
+        "excluded_by_collapse": excluded,
+        "seed_sd": float(np.std(means, ddof=1)) if len(means) > 1 else None,
+    }
+
+
+# ------------------------------------------------------------------ decisions
+def decide(questions: list[Question], data: dict, cells, seeds_of: dict[str, int], alpha: float = ALPHA) -> list[dict]:
+    """Every question answered on the data so far: ``seeds_of[group]`` seeds are finished in every cell of the
+    group (looks at LOOKS up to it). Returns one dict per question (name, text, test, p (Holm-ready, over looks),
+    the estimate at the last look, the looks, verdict "yes"/"no"/"undecided"/"not asked", answer text, and for
+    an undecided question the seeds per cell that would decide it)."""
+    by_group = groups(cells)
+    found, members = [], []  # members: (question index, hypothesis, sequential p)
+    for i, q in enumerate(questions):
+        pooled = by_group[q.group]
+        taken = [look for look in LOOKS if look <= seeds_of.get(q.group, 0)]
+        if not pooled or not taken or not _arms_done(data, pooled, (q.a, q.b), taken[-1]):
+            found.append({"name": q.key, "question": q.text, "verdict": "not asked" if not pooled else "pending"})
+            continue
+        looks = [{"seeds": look, **_test(q, data, pooled, look)} for look in taken]
+        p_seq = {}
+        for h in q.hypotheses():
+            ps = [look["p"][h] / share for look, share in zip(looks, LOOK_SHARES) if look["p"].get(h) is not None]
+            p_seq[h] = min(1.0, min(ps)) if ps else 1.0
+            members.append((i, h, p_seq[h]))
+        found.append({"name": q.key, "question": q.text, "looks": looks, "p": p_seq, "last": looks[-1]})
+    rejected = dict(zip(((i, h) for i, h, _ in members), holm([p for _, _, p in members], alpha)))
+    least = alpha * LOOK_SHARES[-1] / max(len(members), 1)  # Holm's first step at the last look
+    for i, q in enumerate(questions):
+        entry = found[i]
+        if "last" not in entry:
+            continue
+        entry.update(_verdict(q, entry["last"], {h: rejected[(i, h)] for h in q.hypotheses()}))
+        entry["test"] = entry["last"]["test"]
+        entry["seeds"] = entry["last"].get("seeds", seeds_of.get(q.group))
+        if entry["verdict"] == "undecided":
+            entry["seeds_needed"] = _seeds_needed(q, entry["last"], least)
+    return found
+
+
+def _verdict(q: Question, last: dict, rejected: dict[str, bool]) -> dict:
+    """yes / no / undecided and the answer's words, from the hypotheses Holm rejected and their direction."""
+    if q.kind == "collapse":
+        if rejected["difference"]:
+            more = q.a if last["a_only"] > last["b_only"] else q.b
+            verdict = "yes" if more == q.a else "no"
+            return {"verdict": verdict, "answer": f"{verdict}: {more} collapses more often"}
+        return {"verdict": "undecided", "answer": "undecided"}
+    worse = last["mean"] is not None and last["mean"] < 0
+    if q.kind == "accuracy":
+        if rejected["difference"] and worse:
+            by = ", by less than 5 points" if rejected["margin"] else ""
+            return {"verdict": "yes", "answer": f"yes: {q.a} is worse than {q.b}{by}"}
+        if rejected["difference"]:
+            return {"verdict": "no", "answer": f"no: {q.a} is better than {q.b}"}
+        if rejected["margin"]:
+            return {"verdict": "no", "answer": f"no: {q.a} is not worse than {q.b} by 5 points or more"}
+        return {"verdict": "undecided", "answer": "undecided"}
+    if rejected["difference"]:
+        return {"verdict": "yes", "answer": f"yes: the bf16 mismatch changes {q.a} - {q.b}"}
+    if rejected["margin"]:
+        return {"verdict": "no", "answer": f"no: the bf16 mismatch changes {q.a} - {q.b} by less than 5 points"}
+    return {"verdict": "undecided", "answer": "undecided"}
+
+
+def _seeds_needed(q: Question, last: dict, level: float) -> int | None:
+    """Seeds per cell an 80%-power test at ``level`` would need to decide ``q`` from what was measured; None when
+    the data give no basis (no spread, no discordant pair, or equal sides)."""
+    if q.kind == "collapse":
+        return discordance_seeds(last["a_only"], last["b_only"], last["pairs"], last["cells"], level)
+    sd, mean = last.get("seed_sd"), last.get("mean")
+    if sd is None or mean is None:
+        return None
+    # the nearer of the two decisions: the difference itself, or the margin on the side the estimate lies
+    distance = MARGIN - abs(mean) if q.kind == "interaction" else mean + MARGIN
+    options = [n for n in (seeds_for_effect(sd, mean, level), seeds_for_effect(sd, distance, level)) if n]
+    return min(options) if options else None
+
+
+def groups_to_extend(answers: list[dict], questions: list[Question], seeds_of: dict[str, int]) -> list[str]:
+    """The groups whose cells get the next block of seeds: a question of theirs is undecided and they are below
+    the last look."""
+    want = set()
+    for q, entry in zip(questions, answers):
+        seeds = seeds_of.get(q.group, 0)
+        if entry["verdict"] == "undecided" and seeds < LOOKS[-1]:
+            want.add(q.group)
+    return sorted(want)
+
+
+def next_look(seeds: int) -> int:
+    """The seeds of the look after ``seeds`` (the cap when past it)."""
+    return next((look for look in LOOKS if look > seeds), LOOKS[-1])
+
+
+def rules_text() -> dict[str, str]:
+    """The design as plan.json records it before any run."""
+    return {
+        "questions": "pooled over the stable cells (the map's lowest learning rate) or the stress cells (its "
+        "highest); collapse questions: exact McNemar test on the (cell, seed) pairs; accuracy questions: on the "
+        "pairs where neither run collapsed, paired t-test over seeds of each seed's mean difference over the "
+        "pooled cells, with a non-inferiority test at -5 points; interaction (does bf16 change a contrast): the "
+        "per-seed difference of the contrast between the bf16 and float32 cell of each depth, t-test and TOST at "
+        "+-5 points",
+        "multiplicity": f"Holm at {ALPHA:g} over every hypothesis of every question",
+        "sequential": f"looks at {', '.join(map(str, LOOKS))} seeds a cell; the cells of a question still "
+        "undecided get the next block; the error is split over the looks "
+        f"({', '.join(f'{s:.0%}' for s in LOOK_SHARES)}, weighted Bonferroni): a p-value at a look is divided by "
+        "its look's share and a hypothesis takes the least over its looks",
+        "seeds needed": "for a question undecided at the last look: the seeds per cell an 80%-power test at "
+        "alpha x 70% / hypotheses would need, from the measured seed-to-seed sd (statsmodels TTestPower) or "
+        "discordance (exact binomial power)",
+    }
+

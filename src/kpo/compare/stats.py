@@ -1,0 +1,264 @@
+"""The statistics of ``kpo compare`` and ``kpo compare regimes``, for an outcome that is bimodal: a run either
+collapses (its held-out accuracy falls to about 0) or learns (50-70%). A Student-t interval over a handful of
+seeds of such a mixture says little, so collapse and accuracy are separate outcomes:
+
+- **collapse** is binary: each arm's count with its exact (Clopper-Pearson) 95% interval; two arms compared by
+  the exact McNemar test on their discordant seed pairs (one arm collapsed, the other not), within a cell or
+  pooled over cells (summing the cells' 2x2 tables: conditional on each cell's discordant count, every
+  discordant pair is a fair coin under "no difference", so the pooled exact test is the stratified one);
+- **accuracy** where no run of a pair collapsed: the paired Student-t interval over seeds; where some did: the
+  exact sign test, with the distribution-free interval of the median difference (order statistics of the
+  per-seed differences) once there are 6 pairs or more;
+- **pooled accuracy** over cells (cell a fixed effect, the seed, whose warm start every cell shares, a random
+  effect): in the map's balanced design the mixed model's inference for the pooled contrast is the t-test on
+  the seeds' mean differences over the cells (S - 1 degrees of freedom; ``tests/compare/test_stats.py`` checks
+  it against statsmodels' MixedLM), and its test of whether the cells differ is the two-way ANOVA F-test of the
+  cell effect with seeds as blocks (statsmodels OLS);
+- **multiplicity**: Holm over the family of pre-registered hypotheses; over the looks of the sequential design
+  each hypothesis's p-value is multiplied by the number of planned looks (Bonferroni), so that a p-value taken
+  at any look, after any data-dependent stop, stays valid;
+- **the pick**: the arms that no other arm beats significantly (paired one-sided tests against each other arm,
+  Bonferroni over them: multiple comparisons with the best), each with its collapse bound;
+- **seeds to decide**: the seeds a 80%-power test needs, from the measured spread (statsmodels' TTestPower) or
+  the measured discordance (exact binomial power).
+
+Everything is in fractions (accuracy 0..1); reports print points. Only scipy and statsmodels compute
+distributions.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = [
+    "ALPHA",
+    "MARGIN",
+    "collapse_count",
+    "discordance_seeds",
+    "holm",
+    "mcnemar_exact",
+    "paired_accuracy",
+    "pick_set",
+    "pooled_accuracy",
+    "cells_differ",
+    "seeds_for_effect",
+    "shifted_sign_test",
+]
+
+ALPHA = 0.05  # family-wise error rate of a report's claims
+MARGIN = 0.05  # "within +-5 points": the equivalence / non-inferiority margin, a fraction
+MEDIAN_CI_MIN = 6  # pairs from which the median's distribution-free interval reaches 95% (1 - 2 / 2^6 = 0.969)
+
+
+def collapse_count(flags: Sequence[bool]) -> dict:
+    """{k, n, rate, low95, upper95}: how many of ``flags`` are True, with the exact (Clopper-Pearson) two-sided
+    95% interval of the rate (0 of 8 bounds it below 0.37)."""
+    from scipy.stats import binomtest
+
+    k, n = int(sum(bool(f) for f in flags)), len(flags)
+    if n == 0:
+        return {"k": 0, "n": 0, "rate": None, "low95": None, "upper95": None}
+    ci = binomtest(k, n).proportion_ci(0.95, method="exact")
+    return {"k": k, "n": n, "rate": k / n, "low95": float(ci.low), "upper95": float(ci.high)}
+
+
+def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> dict:
+    """Exact McNemar test of two arms' collapses over paired units (seeds, or cell-seed pairs pooled over cells):
+    {a_only, b_only, pairs, p} with a_only the pairs where only ``a`` collapsed; p two-sided, 1.0 without a
+    discordant pair."""
+    from statsmodels.stats.contingency_tables import mcnemar
+
+    a, b = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
+    if a.shape != b.shape:
+        raise ValueError(f"mcnemar_exact: {a.size} and {b.size} flags; give one flag per pair on both sides")
+    table = [[int(np.sum(a & b)), int(np.sum(a & ~b))], [int(np.sum(~a & b)), int(np.sum(~a & ~b))]]
+    a_only, b_only = table[0][1], table[1][0]
+    p = 1.0 if a_only + b_only == 0 else float(mcnemar(table, exact=True).pvalue)
+    return {"a_only": a_only, "b_only": b_only, "pairs": int(a.size), "p": p}
+
+
+def shifted_sign_test(d: Sequence[float], shift: float, alternative: str) -> float:
+    """Exact sign test of the median of ``d`` against ``shift`` (pairs equal to it dropped): the p-value of
+    ``alternative`` "two-sided", "greater" (median > shift) or "less"."""
+    from scipy.stats import binomtest
+
+    d = np.asarray(d, dtype=np.float64) - shift
+    above, nonzero = int(np.sum(d > 0)), int(np.sum(d != 0))
+    return 1.0 if nonzero == 0 else float(binomtest(above, nonzero, 0.5, alternative=alternative).pvalue)
+
+
+def _median_interval(d: np.ndarray, level: float = 0.95) -> tuple[float, float] | None:
+    """The distribution-free interval of the median from order statistics: [d_(j), d_(n+1-j)] with the largest j
+    whose coverage 1 - 2 P(Bin(n, 1/2) < j) is at least ``level``; None below MEDIAN_CI_MIN values."""
+    from scipy.stats import binom
+
+    n = d.size
+    if n < MEDIAN_CI_MIN:
+        return None
+    j = max(k for k in range(1, n // 2 + 1) if 1 - 2 * binom.cdf(k - 1, n, 0.5) >= level)
+    s = np.sort(d)
+    return float(s[j - 1]), float(s[n - j])
+
+
+def paired_accuracy(d: Sequence[float], collapsed: Sequence[bool] | None = None, level: float = 0.95) -> dict:
+    """One contrast from its per-seed paired differences ``d`` (fractions), ``collapsed[s]`` True where a run of
+    pair s collapsed: where none did, the paired t-interval and test ("t"); else the exact sign test with the
+    median and its order-statistic interval from 6 pairs ("sign"; low/high None below). Returns {method, seeds,
+    mean, median, low, high, p, sd (points), per_seed}."""
+    from scipy.stats import ttest_1samp
+
+    d = np.asarray(d, dtype=np.float64)
+    n = d.size
+    out = {
+        "seeds": n,
+        "mean": float(d.mean()) if n else None,
+        "median": float(np.median(d)) if n else None,
+        "per_seed": d.tolist(),
+        "sd": float(d.std(ddof=1)) * 100 if n > 1 else None,
+    }
+    if collapsed is not None and any(collapsed):
+        interval = _median_interval(d, level)
+        low, high = interval if interval else (None, None)
+        return out | {"method": "sign", "low": low, "high": high, "p": shifted_sign_test(d, 0.0, "two-sided")}
+    if n < 2:
+        return out | {"method": "t", "low": None, "high": None, "p": None}
+    if np.all(d == d[0]):  # no spread: the interval is the point, and a test has nothing to say
+        return out | {"method": "t", "low": float(d[0]), "high": float(d[0]), "p": None if d[0] == 0 else 0.0}
+    test = ttest_1samp(d, 0.0)
+    ci = test.confidence_interval(level)
+    return out | {"method": "t", "low": float(ci.low), "high": float(ci.high), "p": float(test.pvalue)}
+
+
+def pooled_accuracy(by_seed: dict[int, list[float]], margin: float = MARGIN, kind: str = "noninferiority") -> dict:
+    """A contrast pooled over cells, ``by_seed``: seed -> its paired differences in the pooled cells (fractions).
+    The unit is the seed (its warm start is shared by every cell): the t-test on the seeds' means over their cells.
+    Returns {seeds, pairs, mean, se, df, p (two-sided, difference 0), p_margin, low, high (95%)}: p_margin tests
+    the margin, "noninferiority": difference > -margin; "equivalence": |difference| < margin (TOST, the larger
+    of its two one-sided p-values)."""
+    from scipy.stats import ttest_1samp
+
+    means = np.array([np.mean(v) for v in by_seed.values() if len(v)], dtype=np.float64)
+    s = means.size
+    out = {"seeds": s, "pairs": int(sum(len(v) for v in by_seed.values())), "mean": float(means.mean()) if s else None}
+    if s < 2 or np.all(means == means[0]):
+        return out | {"se": None, "df": s - 1, "p": None, "p_margin": None, "low": None, "high": None}
+    two = ttest_1samp(means, 0.0)
+    ci = two.confidence_interval(0.95)
+    above = float(ttest_1samp(means, -margin, alternative="greater").pvalue)
+    if kind == "equivalence":
+        below = float(ttest_1samp(means, margin, alternative="less").pvalue)
+        p_margin = max(above, below)
+    else:
+        p_margin = above
+    return out | {
+        "se": float(means.std(ddof=1) / math.sqrt(s)),
+        "df": s - 1,
+        "p": float(two.pvalue),
+        "p_margin": p_margin,
+        "low": float(ci.low),
+        "high": float(ci.high),
+    }
+
+
+def cells_differ(rows: list[tuple[str, int, float]]) -> dict | None:
+    """Whether the pooled cells' contrasts differ: the two-way ANOVA F-test of the cell effect with seeds as
+    blocks (statsmodels OLS), on ``rows`` (cell, seed, difference); None with one cell or no residual degree of
+    freedom. Returns {F, df_cells, df_resid, p}."""
+    import pandas as pd
+    import statsmodels.formula.api as smf
+    from statsmodels.stats.anova import anova_lm
+
+    frame = pd.DataFrame(rows, columns=["cell", "seed", "d"])
+    cells, seeds = frame["cell"].nunique(), frame["seed"].nunique()
+    if cells < 2 or len(frame) - cells - seeds + 1 < 1:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        table = anova_lm(smf.ols("d ~ C(cell) + C(seed)", frame).fit(), typ=2)
+    row = table.loc["C(cell)"]
+    return {
+        "F": float(row["F"]),
+        "df_cells": int(row["df"]),
+        "df_resid": int(table.loc["Residual", "df"]),
+        "p": float(row["PR(>F)"]),
+    }
+
+
+def holm(pvalues: Sequence[float], alpha: float = ALPHA) -> list[bool]:
+    """Which hypotheses Holm's step-down procedure rejects at family-wise level ``alpha`` (statsmodels)."""
+    from statsmodels.stats.multitest import multipletests
+
+    if not len(pvalues):
+        return []
+    return [bool(r) for r in multipletests(list(pvalues), alpha=alpha, method="holm")[0]]
+
+
+def pick_set(per_arm: dict[str, list[float]], collapsed: dict[str, list[bool]], alpha: float = ALPHA) -> list[str]:
+    """Multiple comparisons with the best, per cell: the arms that no other arm beats significantly. Arms are
+    paired by seed (``per_arm``: arm -> per-seed accuracy, equal lengths); arm i leaves the set when some arm j
+    beats it in a one-sided paired test (t where no run of the pair collapsed, else the exact sign test) at
+    ``alpha`` / (arms - 1). The set holds the truly best arm with probability >= 1 - alpha."""
+    from scipy.stats import ttest_1samp
+
+    arms = list(per_arm)
+    level = alpha / max(len(arms) - 1, 1)
+    keep = []
+    for i in arms:
+        beaten = False
+        for j in arms:
+            if j == i:
+                continue
+            d = np.asarray(per_arm[j], dtype=np.float64) - np.asarray(per_arm[i], dtype=np.float64)
+            if d.size < 2:
+                continue
+            if any(a or b for a, b in zip(collapsed[i], collapsed[j])):
+                p = shifted_sign_test(d, 0.0, "greater")
+            elif np.all(d == d[0]):
+                p = 0.0 if d[0] > 0 else 1.0
+            else:
+                p = float(ttest_1samp(d, 0.0, alternative="greater").pvalue)
+            beaten = beaten or p < level
+        if not beaten:
+            keep.append(i)
+    return keep
+
+
+def seeds_for_effect(sd: float | None, effect: float, alpha: float, power: float = 0.8) -> int | None:
+    """Seeds a two-sided paired t-test at level ``alpha`` needs to detect ``effect`` with ``power``, when the
+    seeds' differences have standard deviation ``sd`` (both fractions; statsmodels TTestPower); None when the
+    spread is unknown or the effect 0."""
+    from statsmodels.stats.power import TTestPower
+
+    if sd is None or not sd > 0 or effect == 0 or not math.isfinite(sd):
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        n = TTestPower().solve_power(effect_size=abs(effect) / sd, alpha=alpha, power=power, alternative="two-sided")
+    return int(math.ceil(float(np.atleast_1d(n)[0])))
+
+
+def discordance_seeds(
+    a_only: int, b_only: int, pairs: int, cells: int, alpha: float, power: float = 0.8, cap: int = 200
+) -> int | None:
+    """Seeds (per cell, over ``cells`` pooled cells) an exact McNemar test at ``alpha`` needs for ``power`` when
+    pairs are discordant as measured (``a_only``, ``b_only`` of ``pairs``): exact binomial power over the number
+    of discordant pairs; None when no pair was discordant or the sides were equal, or beyond ``cap`` seeds."""
+    from scipy.stats import binom
+
+    if a_only == b_only or pairs == 0:
+        return None
+    rate, share = (a_only + b_only) / pairs, max(a_only, b_only) / (a_only + b_only)
+    for seeds in range(2, cap + 1):
+        n = seeds * cells
+        discordant = np.arange(1, n + 1)
+        # the exact test rejects at D discordant pairs when the lopsided side reaches its critical count c(D),
+        # the least c with P(Bin(D, 1/2) >= c) <= alpha / 2
+        critical = binom.isf(alpha / 2, discordant, 0.5) + 1
+        hit = np.where(critical <= discordant, binom.sf(critical - 1, discordant, share), 0.0)
+        if float(np.dot(binom.pmf(discordant, n, rate), hit)) >= power:
+            return seeds
+    return None
