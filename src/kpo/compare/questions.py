@@ -42,7 +42,7 @@ from kpo.compare.stats import (
     seeds_for_effect,
 )
 
-__all__ = ["LOOKS", "Question", "decide", "groups_to_extend"]
+__all__ = ["LOOKS", "Question", "decide", "groups_to_extend", "seeds_needed"]
 
 LOOKS = (4, 6, 8)  # seeds a cell has at each look; the last is the cap
 LOOK_SHARES = (0.1, 0.2, 0.7)  # the share of the error spent at each look
@@ -80,11 +80,12 @@ def groups(cells) -> dict[str, list]:
 
 
 def _arms_done(data: dict, cells, arms, seeds: int) -> bool:
-    return all(
-        len(data[c.name].get(arm) or ()) >= seeds and all(x is not None for x in data[c.name][arm][:seeds])
-        for c in cells
-        for arm in arms
-    )
+    for c in cells:
+        for arm in arms:
+            runs = data[c.name].get(arm) or ()
+            if len(runs) < seeds or None in runs[:seeds]:
+                return False
+    return True
 
 
 def _collapse_pairs(q: Question, data: dict, cells, seeds: int) -> tuple[list[bool], list[bool]]:
@@ -137,7 +138,7 @@ def _test(q: Question, data: dict, cells, seeds: int) -> dict:
     if q.kind == "collapse":
         a, b = _collapse_pairs(q, data, cells, seeds)
         found = mcnemar_exact(a, b)
-        return {"p": {"difference": found["p"]}, "test": "exact McNemar", **found, "cells": len(cells)}
+        return {**found, "p": {"difference": found["p"]}, "test": "exact McNemar", "cells": len(cells)}
     split = _survivor_differences if q.kind == "accuracy" else _interaction_differences
     by_seed, excluded = split(q, data, cells, seeds)
     pooled = pooled_accuracy(by_seed, MARGIN, "noninferiority" if q.kind == "accuracy" else "equivalence")
@@ -152,11 +153,22 @@ def _test(q: Question, data: dict, cells, seeds: int) -> dict:
 
 
 # ------------------------------------------------------------------ decisions
-def decide(questions: list[Question], data: dict, cells, seeds_of: dict[str, int], alpha: float = ALPHA) -> list[dict]:
+def decide(
+    questions: list[Question],
+    data: dict,
+    cells,
+    seeds_of: dict[str, int],
+    cap: int = LOOKS[-1],
+    alpha: float = ALPHA,
+    memo: dict | None = None,
+) -> list[dict]:
     """Every question answered on the data so far: ``seeds_of[group]`` seeds are finished in every cell of the
     group (looks at LOOKS up to it). Returns one dict per question (name, text, test, p (Holm-ready, over looks),
     the estimate at the last look, the looks, verdict "yes"/"no"/"undecided"/"not asked", answer text, and for
-    an undecided question the seeds per cell that would decide it)."""
+    a question still undecided at the ``cap`` its ``level``, the family's least final-look level, at which
+    :func:`seeds_needed` plans the seeds that would decide it). ``memo``: a dict kept between the calls of one
+    map, so that a look's tests, which later seeds cannot change, run once."""
+    memo = {} if memo is None else memo
     by_group = groups(cells)
     found, members = [], []  # members: (question index, hypothesis, sequential p)
     for i, q in enumerate(questions):
@@ -165,7 +177,11 @@ def decide(questions: list[Question], data: dict, cells, seeds_of: dict[str, int
         if not pooled or not taken or not _arms_done(data, pooled, (q.a, q.b), taken[-1]):
             found.append({"name": q.key, "question": q.text, "verdict": "not asked" if not pooled else "pending"})
             continue
-        looks = [{"seeds": look, **_test(q, data, pooled, look)} for look in taken]
+        looks = []
+        for look in taken:
+            if (q.key, look) not in memo:
+                memo[(q.key, look)] = {"seeds": look, **_test(q, data, pooled, look)}
+            looks.append(memo[(q.key, look)])
         p_seq = {}
         for h in q.hypotheses():
             ps = [look["p"][h] / share for look, share in zip(looks, LOOK_SHARES) if look["p"].get(h) is not None]
@@ -181,8 +197,8 @@ def decide(questions: list[Question], data: dict, cells, seeds_of: dict[str, int
         entry.update(_verdict(q, entry["last"], {h: rejected[(i, h)] for h in q.hypotheses()}))
         entry["test"] = entry["last"]["test"]
         entry["seeds"] = entry["last"].get("seeds", seeds_of.get(q.group))
-        if entry["verdict"] == "undecided":
-            entry["seeds_needed"] = _seeds_needed(q, entry["last"], least)
+        if entry["verdict"] == "undecided" and seeds_of[q.group] >= cap:
+            entry["level"] = least
     return found
 
 
@@ -211,9 +227,16 @@ def _verdict(q: Question, last: dict, rejected: dict[str, bool]) -> dict:
     return {"verdict": "undecided", "answer": "undecided"}
 
 
+def seeds_needed(questions: list[Question], answers: list[dict]) -> None:
+    """Add to every answer undecided at the cap (it has a ``level``) ``seeds_needed``: the seeds per cell an
+    80%-power test at that level would need to decide it from what was measured (None: the data give no basis,
+    no spread or no discordant pair)."""
+    for q, entry in zip(questions, answers):
+        if "level" in entry:
+            entry["seeds_needed"] = _seeds_needed(q, entry["last"], entry["level"])
+
+
 def _seeds_needed(q: Question, last: dict, level: float) -> int | None:
-    """Seeds per cell an 80%-power test at ``level`` would need to decide ``q`` from what was measured; None when
-    the data give no basis (no spread, no discordant pair, or equal sides)."""
     if q.kind == "collapse":
         return discordance_seeds(last["a_only"], last["b_only"], last["pairs"], last["cells"], level)
     sd, mean = last.get("seed_sd"), last.get("mean")

@@ -30,6 +30,7 @@ reused, the looks replayed).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -50,7 +51,16 @@ from kpo.compare.plan import (
     plan_runs,
     warm_start_dir,
 )
-from kpo.compare.questions import LOOKS, Question, decide, groups, groups_to_extend, next_look, rules_text
+from kpo.compare.questions import (
+    LOOKS,
+    Question,
+    decide,
+    groups,
+    groups_to_extend,
+    next_look,
+    rules_text,
+    seeds_needed,
+)
 
 __all__ = [
     "QUESTIONS",
@@ -144,7 +154,7 @@ class Cell:
     depth: int
     lr: float
 
-    @property
+    @functools.cached_property
     def name(self) -> str:
         return f"{self.mismatch}-depth{self.depth}-lr{self.lr:g}"
 
@@ -464,7 +474,7 @@ def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, pilot: Path | Non
         for cell in cfg.cells:
             if not (out / cell.name / "report.md").exists() or todo:
                 write_cell_report(cfg, cell, cell_seeds(cell))
-        answers = decide(QUESTIONS, _data(cfg, seeds_of), cfg.cells, seeds_of)
+        answers = decide(QUESTIONS, _data(cfg, seeds_of), cfg.cells, seeds_of, cfg.max_seeds)
         looks.append({"seeds": dict(seeds_of), "answers": {a["name"]: a["verdict"] for a in answers}})
         extend = [g for g in groups_to_extend(answers, QUESTIONS, seeds_of) if seeds_of[g] < cfg.max_seeds]
         if not extend:
@@ -689,5 +699,6 @@ def write_regime_report(cfg: RegimeConfig, seeds_of: dict[str, int], looks: list
     out = Path(cfg.out)
     plan = json.loads((out / "plan.json").read_text()) if (out / "plan.json").exists() else {}
     entries = [cell_entry(cfg, cell, seeds_of[cfg.group(cell)]) for cell in cfg.cells]
-    answers = decide(QUESTIONS, _data(cfg, seeds_of), cfg.cells, seeds_of)
+    answers = decide(QUESTIONS, _data(cfg, seeds_of), cfg.cells, seeds_of, cfg.max_seeds)
+    seeds_needed(QUESTIONS, answers)
     return render_map(out, entries, answers, looks, plan)

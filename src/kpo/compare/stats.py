@@ -68,27 +68,58 @@ def collapse_count(flags: Sequence[bool]) -> dict:
 
 def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> dict:
     """Exact McNemar test of two arms' collapses over paired units (seeds, or cell-seed pairs pooled over cells):
-    {a_only, b_only, pairs, p} with a_only the pairs where only ``a`` collapsed; p two-sided, 1.0 without a
-    discordant pair."""
-    from statsmodels.stats.contingency_tables import mcnemar
-
+    {a_only, b_only, pairs, p} with a_only the pairs where only ``a`` collapsed; p two-sided, the binomial test of
+    a_only among the discordant pairs (statsmodels' ``mcnemar(exact=True)``, on scipy's binomial CDF: a test
+    checks they agree), 1.0 without a discordant pair."""
     a, b = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
     if a.shape != b.shape:
         raise ValueError(f"mcnemar_exact: {a.size} and {b.size} flags; give one flag per pair on both sides")
-    table = [[int(np.sum(a & b)), int(np.sum(a & ~b))], [int(np.sum(~a & b)), int(np.sum(~a & ~b))]]
-    a_only, b_only = table[0][1], table[1][0]
-    p = 1.0 if a_only + b_only == 0 else float(mcnemar(table, exact=True).pvalue)
-    return {"a_only": a_only, "b_only": b_only, "pairs": int(a.size), "p": p}
+    a_only, b_only = int(np.sum(a & ~b)), int(np.sum(~a & b))
+    return {"a_only": a_only, "b_only": b_only, "pairs": int(a.size), "p": _binomial_two_sided(a_only, a_only + b_only)}
+
+
+def _binomial_two_sided(k: int, n: int) -> float:
+    """Two-sided p of k successes in n fair coin flips (twice the smaller tail, at most 1; 1 when n = 0)."""
+    from scipy.special import bdtr
+
+    return 1.0 if n == 0 else float(min(1.0, 2.0 * bdtr(min(k, n - k), n, 0.5)))
 
 
 def shifted_sign_test(d: Sequence[float], shift: float, alternative: str) -> float:
     """Exact sign test of the median of ``d`` against ``shift`` (pairs equal to it dropped): the p-value of
-    ``alternative`` "two-sided", "greater" (median > shift) or "less"."""
-    from scipy.stats import binomtest
+    ``alternative`` "two-sided", "greater" (median > shift) or "less" (scipy's binomial; a test checks it against
+    ``scipy.stats.binomtest``)."""
+    from scipy.special import bdtr, bdtrc
 
     d = np.asarray(d, dtype=np.float64) - shift
-    above, nonzero = int(np.sum(d > 0)), int(np.sum(d != 0))
-    return 1.0 if nonzero == 0 else float(binomtest(above, nonzero, 0.5, alternative=alternative).pvalue)
+    above, n = int(np.sum(d > 0)), int(np.sum(d != 0))
+    if n == 0:
+        return 1.0
+    if alternative == "two-sided":
+        return _binomial_two_sided(above, n)
+    # P(X >= above) for "greater", P(X <= above) for "less"
+    return float(bdtrc(above - 1, n, 0.5) if alternative == "greater" else bdtr(above, n, 0.5))
+
+
+def _t_test(x: np.ndarray, mu: float, alternative: str) -> float:
+    """One-sample Student t-test of mean(x) against ``mu`` (x has 2+ values with spread): its p-value, from
+    scipy's t distribution (``scipy.special.stdtr``; a test checks it against ``scipy.stats.ttest_1samp``, which
+    costs 50 times more, too much for simulating a design thousands of times)."""
+    from scipy.special import stdtr
+
+    n = x.size
+    t = (x.mean() - mu) / (x.std(ddof=1) / math.sqrt(n))
+    if alternative == "two-sided":
+        return float(2.0 * stdtr(n - 1, -abs(t)))
+    return float(stdtr(n - 1, -t) if alternative == "greater" else stdtr(n - 1, t))
+
+
+def _t_interval(x: np.ndarray, level: float) -> tuple[float, float]:
+    """The Student t-interval of mean(x) (``scipy.special.stdtrit``, the t quantile)."""
+    from scipy.special import stdtrit
+
+    half = stdtrit(x.size - 1, (1 + level) / 2) * x.std(ddof=1) / math.sqrt(x.size)
+    return float(x.mean() - half), float(x.mean() + half)
 
 
 def _median_interval(d: np.ndarray, level: float = 0.95) -> tuple[float, float] | None:
@@ -109,8 +140,6 @@ def paired_accuracy(d: Sequence[float], collapsed: Sequence[bool] | None = None,
     pair s collapsed: where none did, the paired t-interval and test ("t"); else the exact sign test with the
     median and its order-statistic interval from 6 pairs ("sign"; low/high None below). Returns {method, seeds,
     mean, median, low, high, p, sd (points), per_seed}."""
-    from scipy.stats import ttest_1samp
-
     d = np.asarray(d, dtype=np.float64)
     n = d.size
     out = {
@@ -128,9 +157,8 @@ def paired_accuracy(d: Sequence[float], collapsed: Sequence[bool] | None = None,
         return out | {"method": "t", "low": None, "high": None, "p": None}
     if np.all(d == d[0]):  # no spread: the interval is the point, and a test has nothing to say
         return out | {"method": "t", "low": float(d[0]), "high": float(d[0]), "p": None if d[0] == 0 else 0.0}
-    test = ttest_1samp(d, 0.0)
-    ci = test.confidence_interval(level)
-    return out | {"method": "t", "low": float(ci.low), "high": float(ci.high), "p": float(test.pvalue)}
+    low, high = _t_interval(d, level)
+    return out | {"method": "t", "low": low, "high": high, "p": _t_test(d, 0.0, "two-sided")}
 
 
 def pooled_accuracy(by_seed: dict[int, list[float]], margin: float = MARGIN, kind: str = "noninferiority") -> dict:
@@ -139,28 +167,25 @@ def pooled_accuracy(by_seed: dict[int, list[float]], margin: float = MARGIN, kin
     Returns {seeds, pairs, mean, se, df, p (two-sided, difference 0), p_margin, low, high (95%)}: p_margin tests
     the margin, "noninferiority": difference > -margin; "equivalence": |difference| < margin (TOST, the larger
     of its two one-sided p-values)."""
-    from scipy.stats import ttest_1samp
-
-    means = np.array([np.mean(v) for v in by_seed.values() if len(v)], dtype=np.float64)
+    means = np.array([sum(v) / len(v) for v in by_seed.values() if len(v)], dtype=np.float64)
     s = means.size
     out = {"seeds": s, "pairs": int(sum(len(v) for v in by_seed.values())), "mean": float(means.mean()) if s else None}
-    if s < 2 or np.all(means == means[0]):
+    if s < 2:
         return out | {"se": None, "df": s - 1, "p": None, "p_margin": None, "low": None, "high": None}
-    two = ttest_1samp(means, 0.0)
-    ci = two.confidence_interval(0.95)
-    above = float(ttest_1samp(means, -margin, alternative="greater").pvalue)
-    if kind == "equivalence":
-        below = float(ttest_1samp(means, margin, alternative="less").pvalue)
-        p_margin = max(above, below)
-    else:
-        p_margin = above
+    if np.all(means == means[0]):  # no spread: the seeds agree exactly, a test's statistic is infinite
+        m = float(means[0])
+        inside = abs(m) < margin if kind == "equivalence" else m > -margin
+        return out | {"se": 0.0, "df": s - 1, "p": float(m == 0), "p_margin": float(not inside), "low": m, "high": m}
+    low, high = _t_interval(means, 0.95)
+    above = _t_test(means, -margin, "greater")
+    p_margin = max(above, _t_test(means, margin, "less")) if kind == "equivalence" else above
     return out | {
         "se": float(means.std(ddof=1) / math.sqrt(s)),
         "df": s - 1,
-        "p": float(two.pvalue),
+        "p": _t_test(means, 0.0, "two-sided"),
         "p_margin": p_margin,
-        "low": float(ci.low),
-        "high": float(ci.high),
+        "low": low,
+        "high": high,
     }
 
 
@@ -189,12 +214,17 @@ def cells_differ(rows: list[tuple[str, int, float]]) -> dict | None:
 
 
 def holm(pvalues: Sequence[float], alpha: float = ALPHA) -> list[bool]:
-    """Which hypotheses Holm's step-down procedure rejects at family-wise level ``alpha`` (statsmodels)."""
-    from statsmodels.stats.multitest import multipletests
-
-    if not len(pvalues):
-        return []
-    return [bool(r) for r in multipletests(list(pvalues), alpha=alpha, method="holm")[0]]
+    """Which hypotheses Holm's step-down procedure rejects at family-wise level ``alpha``: the i-th smallest
+    p-value is compared with alpha / (m - i), and the procedure stops at the first that fails. The same
+    decisions as statsmodels' ``multipletests(method="holm")`` (a test checks it), without its per-call
+    ``gc.collect()``, which costs more than the rest of a map's statistics and makes simulating designs slow."""
+    p = np.asarray(pvalues, dtype=np.float64)
+    order = np.argsort(p, kind="stable")
+    passes = p[order] <= alpha / np.arange(p.size, 0, -1)
+    first_fail = int(np.argmin(passes)) if not passes.all() else p.size
+    reject = np.zeros(p.size, dtype=bool)
+    reject[order[:first_fail]] = True
+    return reject.tolist()
 
 
 def pick_set(per_arm: dict[str, list[float]], collapsed: dict[str, list[bool]], alpha: float = ALPHA) -> list[str]:
@@ -202,8 +232,6 @@ def pick_set(per_arm: dict[str, list[float]], collapsed: dict[str, list[bool]], 
     paired by seed (``per_arm``: arm -> per-seed accuracy, equal lengths); arm i leaves the set when some arm j
     beats it in a one-sided paired test (t where no run of the pair collapsed, else the exact sign test) at
     ``alpha`` / (arms - 1). The set holds the truly best arm with probability >= 1 - alpha."""
-    from scipy.stats import ttest_1samp
-
     arms = list(per_arm)
     level = alpha / max(len(arms) - 1, 1)
     keep = []
@@ -220,7 +248,7 @@ def pick_set(per_arm: dict[str, list[float]], collapsed: dict[str, list[bool]], 
             elif np.all(d == d[0]):
                 p = 0.0 if d[0] > 0 else 1.0
             else:
-                p = float(ttest_1samp(d, 0.0, alternative="greater").pvalue)
+                p = _t_test(d, 0.0, "greater")
             beaten = beaten or p < level
         if not beaten:
             keep.append(i)
@@ -238,7 +266,8 @@ def seeds_for_effect(sd: float | None, effect: float, alpha: float, power: float
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         n = TTestPower().solve_power(effect_size=abs(effect) / sd, alpha=alpha, power=power, alternative="two-sided")
-    return int(math.ceil(float(np.atleast_1d(n)[0])))
+    n = float(np.atleast_1d(n)[0])
+    return int(math.ceil(n)) if math.isfinite(n) else None
 
 
 def discordance_seeds(
