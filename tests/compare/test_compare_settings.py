@@ -228,7 +228,7 @@ def _claim_lines(methods, right=None, sweep=None) -> list[str]:
     groups = _groups(methods, right)
     baselines = [m for m in methods if m not in KALMAN_LOSSES]
     results = (
-        {f"kpo - {b}": {"kind": "key", **_contrast(groups["kpo"], groups[b], False)} for b in baselines}
+        {f"kpo - {b}": {"kind": "key", **_contrast(groups["kpo"], groups[b], False, {})} for b in baselines}
         if "kpo" in methods
         else {}
     )

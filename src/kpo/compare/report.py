@@ -6,10 +6,16 @@ The claim rules (``CLAIM_RULES``) were committed before the default compare ran:
 - Metric: each model's exact expected held-out accuracy (``expected.json``, :mod:`kpo.evaluation.expected`: the
   probability that a sample is right, with no sampling noise) where the task has one right response (the
   running-sum task), else the sampled avg@n.
-- Every difference is paired by seed (:func:`kpo.evaluation.metrics.paired_diff_ci`: the arms of a seed share
-  its warm start, its prompt stream and its evaluation samples; a Student-t interval over the seed pairs), over
-  the seeds both arms ran. A contrast's verdict: "better" when its 95% interval lies above 0, "worse" below 0,
-  "equivalent" when it lies inside +-``margin`` points, else "undecided".
+- A run **collapsed** when its final held-out accuracy is below its seed's warm start's; Table 1 gives each arm's
+  collapses with their exact 95% bound, and each contrast the exact McNemar test of the two arms' collapses.
+- Every difference is paired by seed (the arms of a seed share its warm start, its prompt stream and its
+  evaluation samples), over the seeds both arms ran, by :func:`kpo.compare.stats.paired_accuracy`: the Student-t
+  interval over the seed pairs where no run of a pair collapsed, else the exact sign test (and the median's
+  order-statistic interval from 6 pairs); with one seed, the t-interval over problems
+  (:func:`kpo.evaluation.metrics.paired_diff_ci`). A contrast's verdict: "better" or "worse" when its test of no
+  difference is rejected by Holm's procedure over the key and ablation contrasts (the family of the claims
+  below), "equivalent" when its 95% interval lies inside +-``margin`` points, else "undecided"; the A/A contrast
+  and those against the warm start are read from their interval alone.
 - Table 1: KPO (the subject: clipped, at the length-matched memory) is best: "better" against every baseline
   (vanilla, GSPO and any other method without a filter).
 - Ablations, each against the subject: the filter matters beyond its clip band (vs the token ratio clipped at
@@ -35,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from kpo._files import replacing
+from kpo.compare.stats import collapse_count, holm, mcnemar_exact, paired_accuracy
 from kpo.diagnostics import STAT_KEYS
 from kpo.evaluation.metrics import bootstrap_avg_ci, paired_diff_ci
 from kpo.losses.kpo import KALMAN_LOSSES
@@ -50,8 +57,11 @@ CLAIM_RULES = {
     "rise_tolerance": 0.02,  # still rising: final within this of the smoothed peak
     "entropy_collapse": 0.1,  # entropy collapse: final entropy at most this fraction of the first
     "metric": "exact expected held-out accuracy (running task), else sampled avg@n",
-    "ci": "paired_diff_ci: Student-t over seed pairs",
-    "ci_level": 0.95,  # a contrast decides when its interval lies above / below 0
+    "collapse": "a run's final held-out accuracy below its seed's warm start's; exact McNemar between arms",
+    "ci": "kpo.compare.stats.paired_accuracy: Student-t over seed pairs where no run of a pair collapsed, else "
+    "the exact sign test (median interval from 6 pairs)",
+    "multiplicity": "Holm at 0.05 over the key and ablation contrasts' tests of no difference",
+    "ci_level": 0.95,  # the intervals' coverage
     "margin": 0.05,  # "equivalent": the interval inside +-5 points
 }
 # Table 2 statistics less prop_up/prop_down (prop_on says how much of a response is off-policy).
@@ -122,10 +132,12 @@ def _scores(entry: dict, exact: bool) -> tuple[list[float], float]:
     return (entry["expected"]["per_problem"], 1.0) if exact else (entry["counts"], entry["n"])
 
 
-def _table1(labels, groups, warm: list[dict], exact: bool) -> tuple[str, dict]:
+def _table1(labels, groups, warm_by_seed: dict[int, dict], exact: bool) -> tuple[str, dict]:
     """Held-out accuracy per arm, the warm start first: mean ± std over seeds of the exact expected accuracy
-    (where there is one), avg@n and pass@k, the 95% bootstrap interval (over seeds and problems) of avg@n,
-    response length, training reward."""
+    (where there is one), avg@n and pass@k, the 95% bootstrap interval (over seeds and problems) of avg@n, the
+    runs that collapsed (below their seed's warm start) with the exact 95% bound of the rate, response length,
+    training reward."""
+    warm = list(warm_by_seed.values())
     eval_keys = [k for k in next(iter(groups[labels[0]]))["eval"] if "@" in k]
     avg_key = next(k for k in eval_keys if k.startswith("avg@"))
     header = [
@@ -134,6 +146,7 @@ def _table1(labels, groups, warm: list[dict], exact: bool) -> tuple[str, dict]:
         *(["expected acc"] if exact else []),
         *eval_keys,
         f"{avg_key} 95% CI",
+        "collapsed (≤ exact 95% bound)",
         "mean len (tok)",
         "train reward first",
         "train reward final",
@@ -150,6 +163,8 @@ def _table1(labels, groups, warm: list[dict], exact: bool) -> tuple[str, dict]:
         row["final"] = _mean_std([e["summary"]["final"] for e in entries]) if trained else (np.nan, np.nan)
         row["ci95"] = bootstrap_avg_ci([e["counts"] for e in entries], entries[0]["n"])
         row["seeds"] = len(entries)
+        fell = [_collapsed(e, warm_by_seed.get(s), exact) for s, e in enumerate(entries)] if trained else []
+        row["collapse"] = collapse_count(fell) if trained and None not in fell else None
         stats[label] = row
         cells = [
             label,
@@ -157,6 +172,8 @@ def _table1(labels, groups, warm: list[dict], exact: bool) -> tuple[str, dict]:
             *([_fmt(*row["expected"], scale=100)] if exact else []),
             *(_fmt(*row[k], scale=100) for k in eval_keys),
             f"[{100 * row['ci95'][0]:.1f}, {100 * row['ci95'][1]:.1f}]",
+            "-" if row["collapse"] is None else f"{row['collapse']['k']}/{row['collapse']['n']} "
+            f"(≤{100 * row['collapse']['upper95']:.0f}%)",
             _fmt(*row["mean_response_tokens"]),
             _fmt(*row["first"], digits=3) if trained else "-",
             _fmt(*row["final"], digits=3) if trained else "-",
@@ -165,9 +182,11 @@ def _table1(labels, groups, warm: list[dict], exact: bool) -> tuple[str, dict]:
     return "\n".join(lines), {"eval_keys": eval_keys, "avg_key": avg_key, "rows": stats}
 
 
-def verdict(low: float, high: float) -> str:
-    """A contrast's verdict from its interval (fractions), by ``CLAIM_RULES``."""
+def verdict(low: float | None, high: float | None) -> str:
+    """A contrast's verdict from its interval alone (fractions): better / worse / equivalent / undecided."""
     margin = CLAIM_RULES["margin"]
+    if low is None or high is None:
+        return "undecided"
     if low > 0:
         return "better"
     if high < 0:
@@ -177,40 +196,75 @@ def verdict(low: float, high: float) -> str:
     return "undecided"
 
 
-def _contrast(a: list[dict], b: list[dict], exact: bool) -> dict:
-    """The paired difference of arms ``a`` and ``b`` (entries by seed) over the seeds both have: mean, interval,
-    half-width and the per-seed differences and their sd (fractions)."""
+def _collapsed(entry: dict, warm: dict | None, exact: bool) -> bool | None:
+    """Whether a run ended below its seed's warm start (None: the warm start is not evaluated)."""
+    if warm is None:
+        return None
+    return float(np.mean(_scores(entry, exact)[0])) < float(np.mean(_scores(warm, exact)[0]))
+
+
+def _contrast(a: list[dict], b: list[dict], exact: bool, warm: dict[int, dict]) -> dict:
+    """The paired difference of arms ``a`` and ``b`` (entries by seed) over the seeds both have, by
+    :func:`kpo.compare.stats.paired_accuracy` (t where no run of a pair collapsed, else the sign test; one seed:
+    the t-interval over problems), with the McNemar test of their collapses (``warm``: seed -> its warm start's
+    evaluation). Fractions; ``sd`` in points."""
     seeds = min(len(a), len(b))
     sa, sb = [_scores(e, exact) for e in a[:seeds]], [_scores(e, exact) for e in b[:seeds]]
     n = sa[0][1]
-    mean, low, high = paired_diff_ci([x for x, _ in sa], [x for x, _ in sb], n, level=CLAIM_RULES["ci_level"])
     per_seed = [float(np.mean(np.subtract(x, y)) / n) for (x, _), (y, _) in zip(sa, sb)]
+    fell_a = [_collapsed(e, warm.get(s), exact) for s, e in enumerate(a[:seeds])]
+    fell_b = [_collapsed(e, warm.get(s), exact) for s, e in enumerate(b[:seeds])]
+    known = None not in fell_a + fell_b
+    if seeds == 1:
+        mean, low, high = paired_diff_ci([sa[0][0]], [sb[0][0]], n, level=CLAIM_RULES["ci_level"])
+        found = {"method": "t over problems", "mean": mean, "median": mean, "low": low, "high": high, "p": None}
+    else:
+        pairs = [x or y for x, y in zip(fell_a, fell_b)] if known else None
+        found = paired_accuracy(per_seed, pairs, CLAIM_RULES["ci_level"])
     return {
+        **found,
         "seeds": seeds,
-        "mean": mean,
-        "low": low,
-        "high": high,
-        "half_width": (high - low) / 2,
+        "half_width": None if found["low"] is None else (found["high"] - found["low"]) / 2,
         "per_seed": per_seed,
         "sd": float(np.std(per_seed, ddof=1)) * 100 if seeds > 1 else None,
-        "verdict": verdict(low, high),
+        "collapses": mcnemar_exact(fell_a, fell_b) if known else None,
+        "verdict": verdict(found["low"], found["high"]),
     }
 
 
+def _decide(results: dict) -> None:
+    """The key and ablation contrasts' verdicts under Holm's procedure over their tests of no difference: better /
+    worse only where Holm rejects; equivalent where the interval lies inside the margin; else undecided."""
+    family = [name for name, c in results.items() if c["kind"] in ("key", "ablation") and c["p"] is not None]
+    for name, rejected in zip(family, holm([results[name]["p"] for name in family])):
+        c = results[name]
+        centre = c["mean"] if c["method"] != "sign" else c["median"]
+        if rejected:
+            c["verdict"] = "better" if centre > 0 else "worse"
+        elif c["verdict"] in ("better", "worse"):
+            c["verdict"] = "undecided"
+        c["holm_rejected"] = rejected
+
+
 def _contrast_table(results: dict, predicted: dict) -> str:
-    """One row per contrast: points, interval, measured and predicted half-width, verdict."""
+    """One row per contrast: points, test, interval, p, measured and predicted half-width, collapses, verdict."""
     lines = [
-        "| contrast | kind | seeds | difference (points) | 95% paired interval | half-width | planned half-width "
-        "| per-seed sd | verdict |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| contrast | kind | seeds | difference (points) | test | 95% paired interval | p | half-width | planned "
+        "half-width | per-seed sd | collapsed a only / b only | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, c in results.items():
         plan = predicted.get(name, {}).get("half_width")
         plan = "-" if plan is None else f"{plan:.1f}"
         sd = "-" if c["sd"] is None else f"{c['sd']:.1f}"
+        centre = c["median"] if c["method"] == "sign" else c["mean"]
+        interval = "-" if c["low"] is None else f"[{100 * c['low']:+.1f}, {100 * c['high']:+.1f}]"
+        half = "-" if c["half_width"] is None else f"{100 * c['half_width']:.1f}"
+        p = "-" if c["p"] is None else f"{c['p']:.2g}"
+        fell = "-" if c["collapses"] is None else f"{c['collapses']['a_only']} / {c['collapses']['b_only']}"
         lines.append(
-            f"| {name} | {c['kind']} | {c['seeds']} | {100 * c['mean']:+.1f} | [{100 * c['low']:+.1f}, "
-            f"{100 * c['high']:+.1f}] | {100 * c['half_width']:.1f} | {plan} | {sd} | {c['verdict']} |"
+            f"| {name} | {c['kind']} | {c['seeds']} | {100 * centre:+.1f}{' (median)' if c['method'] == 'sign' else ''} "
+            f"| {c['method']} | {interval} | {p} | {half} | {plan} | {sd} | {fell} | {c['verdict']} |"
         )
     return "\n".join(lines)
 
@@ -233,10 +287,14 @@ def _plot_contrasts(results: dict, path: Path) -> Path:
         y = len(names) - 1 - i
         color = {"key": "C0", "ablation": "C2", "aa": "C3"}[c["kind"]]
         ax.scatter([100 * d for d in c["per_seed"]], [y] * len(c["per_seed"]), s=12, color=color, alpha=0.45)
+        centre = c["median"] if c["method"] == "sign" else c["mean"]
+        if c["low"] is None:  # the sign test below 6 pairs: no interval
+            ax.plot(100 * centre, y, "o", color=color)
+            continue
         ax.errorbar(
-            100 * c["mean"],
+            100 * centre,
             y,
-            xerr=[[100 * (c["mean"] - c["low"])], [100 * (c["high"] - c["mean"])]],
+            xerr=[[100 * (centre - c["low"])], [100 * (c["high"] - centre)]],
             fmt="o",
             color=color,
             capsize=4,
@@ -244,7 +302,10 @@ def _plot_contrasts(results: dict, path: Path) -> Path:
     ax.set_yticks(
         range(len(names)), [f"{n} ({results[n]['seeds']} seeds)" for n in reversed(names)], fontsize=8
     )
-    ax.set_xlabel("difference in held-out accuracy, points (dots: seeds; bars: 95% paired interval)")
+    ax.set_xlabel(
+        "difference in held-out accuracy, points (dots: seeds; bars: 95% paired t-interval, or the median's interval "
+        "where runs collapsed)"
+    )
     ax.set_title(
         "blue: KPO against the baselines; green: the ablations; red: A/A (the noise floor)", fontsize=9
     )
@@ -319,8 +380,10 @@ def _decision_claims(labels, subject: str, results: dict, baselines: list[str]) 
     def text(name):
         c = results[name]
         one = "; one seed: the interval covers the problems only" if c["seeds"] == 1 else ""
-        interval = f"[{100 * c['low']:+.1f}, {100 * c['high']:+.1f}]"
-        return f"{name} {100 * c['mean']:+.1f} {interval} ({c['verdict']}{one})"
+        interval = "" if c["low"] is None else f" [{100 * c['low']:+.1f}, {100 * c['high']:+.1f}]"
+        sign = c["method"] == "sign"
+        test = f"median; sign test p = {c['p']:.2g}; " if sign else ""
+        return f"{name} {100 * (c['median'] if sign else c['mean']):+.1f}{interval} ({test}{c['verdict']}{one})"
 
     title = f"Table 1: {subject} has the best held-out accuracy"
     # sorted: the verdict and its text never depend on the order of --methods
@@ -343,6 +406,7 @@ def _decision_claims(labels, subject: str, results: dict, baselines: list[str]) 
         "vanilla (clip_ratio_low=0.0003, clip_ratio_high=0.0004)": "the filter matters beyond KPO's clip band",
         "kpo (memory=matched, p0=steady)": "the filter's ramp from its prior matters (vs constant gains)",
         "kpo": "the length-matched memory beats the paper's Q/V",
+        "kpo (memory=auto)": "the length-matched memory beats the memory fitted by maximum likelihood",
     }
     for name, c in results.items():
         if c["kind"] == "ablation":
@@ -352,13 +416,18 @@ def _decision_claims(labels, subject: str, results: dict, baselines: list[str]) 
                 _claim(title, f"{'holds' if c['verdict'] == 'better' else 'does not hold'}: {text(name)}.")
             )
         elif c["kind"] == "aa":
-            inside = c["low"] <= 0 <= c["high"]
+            inside = c["low"] is None or c["low"] <= 0 <= c["high"]
+            width = (
+                f"its half-width {100 * c['half_width']:.1f} points is what RL sampling alone moves a difference at "
+                "this many seeds"
+                if c["half_width"] is not None
+                else "no interval: a run of a pair collapsed and there are fewer than 6 pairs"
+            )
             claims.append(
                 _claim(
                     "A/A: the noise floor is consistent with 0",
                     ("holds" if inside else "does not hold: the design's intervals are too narrow")
-                    + f": {text(name)}; its half-width {100 * c['half_width']:.1f} points is what RL sampling "
-                    "alone moves a difference at this many seeds.",
+                    + f": {text(name)}; {width}.",
                 )
             )
     return claims
@@ -509,25 +578,27 @@ def write_report(cfg, runs, out: Path) -> Path:
     plan = arms(cfg)
     labels = [a.label for a in plan]
     groups = {a.label: [loaded[r] for r in runs if r.arm == a.label and r.seed < a.seeds] for a in plan}
-    warm = [
-        _load_eval(warm_start_dir(out, s))
+    warm_by_seed = {
+        s: _load_eval(warm_start_dir(out, s))
         for s in range(cfg.seeds)
         if (warm_start_dir(out, s) / "eval.json").exists()
-    ]
+    }
+    warm = list(warm_by_seed.values())
     exact = all(e["expected"] is not None for e in [*loaded.values(), *warm])
     method, kwargs = subject(cfg)
     subject_label = Run(method, 0, kwargs).arm
     baselines = [a.label for a in plan if a.role == "key" and a.method not in KALMAN_LOSSES]
     results = {}
     for c in contrasts(cfg):
-        results[c.name] = {"kind": c.kind, **_contrast(groups[c.a][: c.seeds], groups[c.b][: c.seeds], exact)}
-    if warm:
+        results[c.name] = {
+            "kind": c.kind,
+            **_contrast(groups[c.a][: c.seeds], groups[c.b][: c.seeds], exact, warm_by_seed),
+        }
+    _decide(results)
+    if len(warm) == cfg.seeds:
         for a in plan:
             if a.role == "key":
-                results[f"{a.label} - warm start"] = {
-                    "kind": "warm",
-                    **_contrast(groups[a.label], warm, exact),
-                }
+                results[f"{a.label} - warm start"] = {"kind": "warm", **_contrast(groups[a.label], warm, exact, {})}
     planned = json.loads((out / "plan.json").read_text()) if (out / "plan.json").exists() else {}
     fig3 = plot_training_dynamics(
         {label: [e["rows"] for e in groups[label]] for label in labels},
@@ -536,7 +607,7 @@ def write_report(cfg, runs, out: Path) -> Path:
     )
     between_arms = any(c["kind"] != "warm" for c in results.values())
     fig_contrasts = _plot_contrasts(results, out / "contrasts.png") if between_arms else None
-    table1_md, table1 = _table1(labels, groups, warm, exact)
+    table1_md, table1 = _table1(labels, groups, warm_by_seed, exact)
     sweep, fig4, sweep_md = {}, None, ""
     members = sweep_runs(cfg)
     if members:
