@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+from pathlib import Path
 
 import pytest
 
@@ -38,6 +39,25 @@ def test_replacing_a_folder_keeps_none_of_the_old_ones_files(tmp_path):
                 (partial / name).write_text(text)
     assert {p.name: p.read_text() for p in folder.iterdir()} == {"model": "2"}
     assert [p.name for p in tmp_path.iterdir()] == ["final"]
+
+
+def test_a_folder_is_swapped_in_without_a_moment_with_none(tmp_path, monkeypatch):
+    """Where renameat2(RENAME_EXCHANGE) exists (Linux), the new folder and the old trade places in one step: a
+    reader never finds no folder. A kill at the instant of the swap is simulated by failing the two-step
+    fallback's renames: they must not run at all."""
+    from kpo import _files
+
+    folder = tmp_path / "final"
+    with replacing(folder) as partial:
+        partial.mkdir()
+        (partial / "model").write_text("1")
+    if _files._renameat2() is None:
+        pytest.skip("this C library has no renameat2: the two-step swap (docstring) applies")
+    monkeypatch.setattr(Path, "rename", lambda *a: pytest.fail("the folder went aside: a window with no folder"))
+    with replacing(folder) as partial:
+        partial.mkdir()
+        (partial / "model").write_text("2")
+    assert (folder / "model").read_text() == "2" and [p.name for p in tmp_path.iterdir()] == ["final"]
 
 
 def test_complete_part_drops_a_torn_last_line():

@@ -2,7 +2,10 @@
 
 - :func:`replacing`: a file or folder is written aside (``.NAME.partial`` beside it), flushed to the disk, then
   renamed into place, so a kill or a full disk at any instant leaves the previous version or the new one, whole,
-  or (for a folder that had none) nothing. One writer per path.
+  or (for a folder that had none) nothing. A folder that replaces a folder is swapped in atomically with Linux's
+  ``renameat2(RENAME_EXCHANGE)``; where the kernel or file system lacks it, the old folder goes aside first, and
+  a kill between the two renames leaves neither at ``NAME`` (the new one whole at ``.NAME.partial``, the old at
+  ``.NAME.old``; the next write of ``NAME`` removes both). One writer per path.
 - :func:`complete_part`: an append-only log (``metrics.jsonl``, ``kpo eval``'s generation cache) without the last
   line a kill or a full disk cut short (each append writes whole lines, so only the last can be torn).
 - :func:`writing` and :func:`file_fault`: a full disk, a read-only or forbidden path, a missing file, as one line
@@ -13,7 +16,9 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import functools
 import os
 import re
 import shutil
@@ -128,14 +133,44 @@ def replacing(path: str | os.PathLike) -> Iterator[Path]:
             _remove(partial)
             raise
         if partial.is_dir() and path.is_dir():
-            # rename cannot replace a folder that holds files: the old one goes aside first (a kill before the
-            # next rename leaves no folder, never a mix of both)
-            path.rename(old)
-            partial.rename(path)
-            _remove(old)
+            # rename cannot replace a folder that holds files: swap the two atomically, else set the old one aside
+            # first (a kill before the next rename leaves no folder at path, never a mix of both)
+            if _exchange(partial, path):
+                _remove(partial)
+            else:
+                path.rename(old)
+                partial.rename(path)
+                _remove(old)
         else:
             os.replace(partial, path)
         _fsync(path.parent)  # the rename itself
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+@functools.cache
+def _renameat2():
+    """glibc's renameat2 (2.28+), or None where the C library lacks it."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return None
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the folders ``a`` and ``b`` in one atomic step (Linux renameat2 with RENAME_EXCHANGE); False where the
+    kernel, the C library or the file system cannot, and the caller renames in two steps."""
+    call = _renameat2()
+    if call is None:
+        return False
+    at_cwd = -100  # AT_FDCWD
+    if call(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    number = ctypes.get_errno()
+    if number in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(number, os.strerror(number), str(b))
 
 
 def complete_part(data: bytes) -> bytes:
