@@ -328,7 +328,9 @@ def test_figure4_claim_needs_a_rise_in_memory_that_is_not_flat(finals, verdict):
         (None, "no such file or directory"),
         ('{"contrasts": {}}\n{"contrasts": {}}\n', "not one JSON document"),
         ("[1, 2]", "a JSON list without 'contrasts'"),
-        ('{"contrasts": {"a - b": {"kind": "key", "sd": null}}}', "no contrast with a measured sd"),
+        ('{"contrasts": {"a - b": {"kind": "key", "sd": null}}}', "no contrast with a finite measured sd"),
+        # Python's json writes an infinite sd as Infinity: it would plan "+-inf points"
+        ('{"contrasts": {"a - b": {"kind": "key", "sd": Infinity}}}', "no contrast with a finite measured sd"),
     ],
 )
 def test_a_pilot_that_is_not_a_finished_report_is_one_line_and_status_2(tmp_path, capsys, no_training, content, message):
@@ -338,6 +340,16 @@ def test_a_pilot_that_is_not_a_finished_report_is_one_line_and_status_2(tmp_path
     assert main(["--plan", "--pilot", str(pilot), "--out", str(tmp_path / "cmp")]) == 2
     err = capsys.readouterr().err
     assert f"--pilot {pilot}: {message}" in err and "Traceback" not in err
+
+
+def test_compares_advice_names_its_own_flag(tmp_path, capsys, no_training):
+    """A run folder that cannot be made (--out is a file): the fix is another --out, kpo compare's flag, not kpo
+    train's --output-dir."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["--plan", "--out", str(blocker)]) == 2
+    err = capsys.readouterr().err
+    assert "choose another --out" in err and "--output-dir" not in err
 
 
 def test_a_pilot_reads_a_compare_or_a_regime_map(tmp_path):

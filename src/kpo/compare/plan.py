@@ -355,7 +355,8 @@ def _train_config_errors(cfg: CompareConfig) -> list[str]:
             parse_args(train_argv(cfg, run, Path(cfg.out) / "runs" / run.name)).validate()
         except ConfigError as e:
             for err in e.errors:
-                first_run.setdefault(err, run.name)
+                # kpo train's advice names its own flag; kpo compare puts every run under --out
+                first_run.setdefault(err.replace("another --output-dir", "another --out"), run.name)
     return [f"run {name}: {err}" for err, name in first_run.items()]
 
 
@@ -527,6 +528,7 @@ def pilot_sd(report_json: Path) -> float:
     the warm start; of a regime map's, every cell's). CompareError naming the file and what it should be when it is
     missing or not such a report."""
     import json
+    import math
 
     where = f"--pilot {report_json}"
     want = "give the report.json of a finished kpo compare or kpo compare regimes"
@@ -548,8 +550,12 @@ def pilot_sd(report_json: Path) -> float:
     sds = [
         c["sd"]
         for c in found
-        if isinstance(c, dict) and isinstance(c.get("sd"), (int, float)) and c["sd"] > 0 and c.get("kind") != "warm"
+        if isinstance(c, dict)
+        and isinstance(c.get("sd"), (int, float))
+        and math.isfinite(c["sd"])
+        and c["sd"] > 0
+        and c.get("kind") != "warm"
     ]
     if not sds:
-        raise CompareError([f"{where}: no contrast with a measured sd (a compare with 2+ seeds)"])
+        raise CompareError([f"{where}: no contrast with a finite measured sd > 0 (a compare with 2+ seeds); {want}"])
     return (sum(s * s for s in sds) / len(sds)) ** 0.5
