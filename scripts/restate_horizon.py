@@ -1,0 +1,84 @@
+"""Restate the horizon (docs/results/horizon: 3 seeds, 100 generation batches, made before issue 38) with the
+statistics of kpo.compare.stats, from the per-seed final accuracies its report.json kept (its runs, and with them
+the per-seed learning curves, are gone; `kpo compare regimes --cells none-depth4-lr0.0001,none-depth4-lr0.0005
+--seeds 4 --max-seeds 4 --batches 100 --curve-every 10 --out runs/horizon` reruns it with them).
+
+    python scripts/restate_horizon.py [docs/results/horizon]   # writes restated.md and restated.json there
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from kpo._files import replacing
+from kpo.compare.regime_report import contrast_text
+from kpo.compare.stats import collapse_count, mcnemar_exact, paired_accuracy
+
+LABELS = {
+    "vanilla": "GRPO",
+    "gspo": "GSPO",
+    "kpo (memory=matched)": "KPO (matched)",
+    "vanilla (clip_ratio_low=0.0003, clip_ratio_high=0.0004)": "clip band",
+}
+
+
+def restate(cell: dict) -> dict:
+    """One cell of the old report: each arm's collapses (exact bound) and KPO (matched)'s contrasts by the rule
+    that fits them (t where no run of a pair collapsed, else the sign test), and McNemar on the collapses."""
+    warm = cell["warm_start"]
+    arms = {LABELS[a]: v["accuracy"] for a, v in cell["arms"].items()}
+    fell = {a: [x < w for x, w in zip(acc, warm)] for a, acc in arms.items()}
+    out = {"cell": cell["cell"], "warm_start": warm, "accuracy": arms, "collapse": {}, "contrasts": {}}
+    for arm in arms:
+        out["collapse"][arm] = collapse_count(fell[arm])
+    for other in (a for a in arms if a != "KPO (matched)"):
+        d = [x - y for x, y in zip(arms["KPO (matched)"], arms[other])]
+        pairs = [x or y for x, y in zip(fell["KPO (matched)"], fell[other])]
+        out["contrasts"][f"KPO (matched) - {other}"] = {
+            **paired_accuracy(d, pairs),
+            "collapses": mcnemar_exact(fell["KPO (matched)"], fell[other]),
+        }
+    return out
+
+
+def main(folder: Path) -> None:
+    old = json.loads((folder / "report.json").read_text())
+    cells = [restate(c) for c in old["cells"]]
+    md = [
+        "# The horizon, restated with the statistics of issue 38",
+        "",
+        "From the per-seed final accuracies of [report.json](report.json) (3 seeds, 100 generation batches): each "
+        "arm's collapses (final below its seed's warm start) with the exact 95% bound of the rate; KPO (matched)'s "
+        "contrasts by the rule that fits them (the paired t-interval where no run of a pair collapsed, else the "
+        "exact sign test, with no interval below 6 pairs) and the exact McNemar test of the collapses. Per cell and "
+        "unadjusted: descriptive. Made by `python scripts/restate_horizon.py`.",
+        "",
+        "| cell | arm | final accuracy per seed (%) | collapsed (≤ exact 95% bound) |",
+        "|---|---|---|---|",
+    ]
+    for c in cells:
+        for arm, acc in c["accuracy"].items():
+            k = c["collapse"][arm]
+            md.append(
+                f"| {c['cell']} | {arm} | {', '.join(f'{100 * x:.1f}' for x in acc)} | {k['k']}/{k['n']} "
+                f"(≤{100 * k['upper95']:.0f}%) |"
+            )
+    md += ["", "| cell | contrast | difference (points) | per seed | collapsed KPO only / other only (McNemar p) |"]
+    md.append("|---|---|---|---|---|")
+    for c in cells:
+        for name, x in c["contrasts"].items():
+            m = x["collapses"]
+            md.append(
+                f"| {c['cell']} | {name} | {contrast_text(x)} | {', '.join(f'{100 * d:+.1f}' for d in x['per_seed'])} "
+                f"| {m['a_only']} / {m['b_only']} (p = {m['p']:.2g}) |"
+            )
+    with replacing(folder / "restated.md") as partial:
+        partial.write_text("\n".join(md) + "\n")
+    with replacing(folder / "restated.json") as partial:
+        partial.write_text(json.dumps({"cells": cells}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/results/horizon"))
