@@ -35,6 +35,7 @@ import numpy as np
 from kpo.compare.stats import (
     ALPHA,
     MARGIN,
+    cells_differ,
     discordance_seeds,
     holm,
     mcnemar_exact,
@@ -42,7 +43,7 @@ from kpo.compare.stats import (
     seeds_for_effect,
 )
 
-__all__ = ["LOOKS", "Question", "decide", "groups_to_extend", "seeds_needed"]
+__all__ = ["LOOKS", "Question", "decide", "describe", "groups_to_extend"]
 
 LOOKS = (4, 6, 8)  # seeds a cell has at each look; the last is the cap
 LOOK_SHARES = (0.1, 0.2, 0.7)  # the share of the error spent at each look
@@ -97,10 +98,10 @@ def _collapse_pairs(q: Question, data: dict, cells, seeds: int) -> tuple[list[bo
     return a, b
 
 
-def _survivor_differences(q: Question, data: dict, cells, seeds: int) -> tuple[dict[int, list[float]], int]:
-    """seed -> the differences a - b of its pairs where neither run collapsed (fractions); and how many pairs a
-    collapse excluded."""
-    by_seed: dict[int, list[float]] = {s: [] for s in range(seeds)}
+def _survivor_differences(q: Question, data: dict, cells, seeds: int) -> tuple[list[tuple], int]:
+    """(cell, seed, a - b) of the pairs where neither run collapsed (fractions); and how many pairs a collapse
+    excluded."""
+    rows = []
     excluded = 0
     for c in cells:
         for s in range(seeds):
@@ -108,14 +109,14 @@ def _survivor_differences(q: Question, data: dict, cells, seeds: int) -> tuple[d
             if col_a or col_b:
                 excluded += 1
             else:
-                by_seed[s].append(acc_a - acc_b)
-    return by_seed, excluded
+                rows.append((c.name, s, acc_a - acc_b))
+    return rows, excluded
 
 
-def _interaction_differences(q: Question, data: dict, cells, seeds: int) -> tuple[dict[int, list[float]], int]:
-    """seed -> per depth, (a - b) in the bf16 cell minus (a - b) in the float32 cell of that depth and rate, where
-    none of the four runs collapsed; and how many such quadruples a collapse excluded."""
-    by_seed: dict[int, list[float]] = {s: [] for s in range(seeds)}
+def _interaction_differences(q: Question, data: dict, cells, seeds: int) -> tuple[list[tuple], int]:
+    """(depth, seed, (a - b) in the bf16 cell minus (a - b) in the float32 cell of that depth and rate) where none
+    of the four runs collapsed; and how many such quadruples a collapse excluded."""
+    rows = []
     excluded = 0
     base = {(c.depth, c.lr): c for c in cells if c.mismatch == "none"}
     for c in cells:
@@ -128,8 +129,8 @@ def _interaction_differences(q: Question, data: dict, cells, seeds: int) -> tupl
                 excluded += 1
                 continue
             (a1, _), (b1, _), (a0, _), (b0, _) = runs
-            by_seed[s].append((a1 - b1) - (a0 - b0))
-    return by_seed, excluded
+            rows.append((f"depth{c.depth}", s, (a1 - b1) - (a0 - b0)))
+    return rows, excluded
 
 
 def _test(q: Question, data: dict, cells, seeds: int) -> dict:
@@ -140,7 +141,10 @@ def _test(q: Question, data: dict, cells, seeds: int) -> dict:
         found = mcnemar_exact(a, b)
         return {**found, "p": {"difference": found["p"]}, "test": "exact McNemar", "cells": len(cells)}
     split = _survivor_differences if q.kind == "accuracy" else _interaction_differences
-    by_seed, excluded = split(q, data, cells, seeds)
+    rows, excluded = split(q, data, cells, seeds)
+    by_seed: dict[int, list[float]] = {s: [] for s in range(seeds)}
+    for _, s, d in rows:
+        by_seed[s].append(d)
     pooled = pooled_accuracy(by_seed, MARGIN, "noninferiority" if q.kind == "accuracy" else "equivalence")
     means = [np.mean(v) for v in by_seed.values() if v]
     return {
@@ -148,6 +152,7 @@ def _test(q: Question, data: dict, cells, seeds: int) -> dict:
         "test": "paired t over seeds (mean over cells)",
         **{k: pooled[k] for k in ("seeds", "pairs", "mean", "se", "df", "low", "high")},
         "excluded_by_collapse": excluded,
+        "rows": rows,
         "seed_sd": float(np.std(means, ddof=1)) if len(means) > 1 else None,
     }
 
@@ -227,11 +232,16 @@ def _verdict(q: Question, last: dict, rejected: dict[str, bool]) -> dict:
     return {"verdict": "undecided", "answer": "undecided"}
 
 
-def seeds_needed(questions: list[Question], answers: list[dict]) -> None:
-    """Add to every answer undecided at the cap (it has a ``level``) ``seeds_needed``: the seeds per cell an
-    80%-power test at that level would need to decide it from what was measured (None: the data give no basis,
-    no spread or no discordant pair)."""
+def describe(questions: list[Question], answers: list[dict]) -> None:
+    """What a report adds to :func:`decide`'s answers, beyond the decisions: for a pooled accuracy or interaction
+    question, whether its cells differ (``cells_differ``: the two-way ANOVA F-test of the cell effect with seeds as
+    blocks, :func:`kpo.compare.stats.cells_differ`); for one undecided at the cap (it has a ``level``),
+    ``seeds_needed``: the seeds per cell an 80%-power test at that level would need to decide it from what was
+    measured (None: no spread or no discordant pair to go by)."""
     for q, entry in zip(questions, answers):
+        last = entry.get("last")
+        if last and "rows" in last:
+            last["cells_differ"] = cells_differ(last["rows"])
         if "level" in entry:
             entry["seeds_needed"] = _seeds_needed(q, entry["last"], entry["level"])
 

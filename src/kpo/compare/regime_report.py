@@ -71,7 +71,12 @@ def _answer_line(a: dict) -> str:
     else:
         interval = "" if last["low"] is None else f" [{_pct(last['low'], True)}, {_pct(last['high'], True)}]"
         excluded = f"; {last['excluded_by_collapse']} pairs left out by a collapse" if last["excluded_by_collapse"] else ""
-        detail = f"{_pct(last['mean'], True)} points{interval} over {last['seeds']} seeds ({last['pairs']} pairs{excluded})"
+        differ = last.get("cells_differ")
+        cells = f"; do the cells differ: F-test p = {differ['p']:.2g}" if differ else ""
+        detail = (
+            f"{_pct(last['mean'], True)} points{interval} over {last['seeds']} seeds ({last['pairs']} pairs{excluded}"
+            f"{cells})"
+        )
     needed = ""
     if a["verdict"] == "undecided":
         n = a.get("seeds_needed")

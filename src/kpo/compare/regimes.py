@@ -55,11 +55,11 @@ from kpo.compare.questions import (
     LOOKS,
     Question,
     decide,
+    describe,
     groups,
     groups_to_extend,
     next_look,
     rules_text,
-    seeds_needed,
 )
 
 __all__ = [
@@ -700,5 +700,5 @@ def write_regime_report(cfg: RegimeConfig, seeds_of: dict[str, int], looks: list
     plan = json.loads((out / "plan.json").read_text()) if (out / "plan.json").exists() else {}
     entries = [cell_entry(cfg, cell, seeds_of[cfg.group(cell)]) for cell in cfg.cells]
     answers = decide(QUESTIONS, _data(cfg, seeds_of), cfg.cells, seeds_of, cfg.max_seeds)
-    seeds_needed(QUESTIONS, answers)
+    describe(QUESTIONS, answers)
     return render_map(out, entries, answers, looks, plan)
