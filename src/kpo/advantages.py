@@ -1,4 +1,4 @@
-"""Outcome advantages from one scalar reward per response, grouped by prompt (METHODS.md sections 0 and 11).
+"""Outcome advantages from one scalar reward per response, grouped by prompt (docs/methods.md sections 0 and 11).
 
 ``compute_advantages(name, rewards [N], group_ids [N], **kw) -> [N]`` with
 

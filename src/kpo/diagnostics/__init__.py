@@ -1,4 +1,4 @@
-"""Token-dynamics statistics of importance ratios: the paper's Table 2 and Figure 1 (METHODS.md section K).
+"""Token-dynamics statistics of importance ratios: the paper's Table 2 and Figure 1 (docs/methods.md section K).
 
 The authors published no code for these statistics; this module implements the definitions of the paper's
 appendix B.1 and C. Every choice the paper leaves open is fixed here and written down once:

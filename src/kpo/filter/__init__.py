@@ -1,4 +1,4 @@
-"""Causal Kalman filter over token log importance ratios (METHODS.md section K).
+"""Causal Kalman filter over token log importance ratios (docs/methods.md section K).
 
 The gains depend only on q, v, p0 and the number of steps taken, so the filter is a first-order linear
 scan x_t = (1 - K_t) x_{t-1} + K_t z_t with gains from a cached float64 table. Three interchangeable paths

@@ -1,4 +1,4 @@
-"""The authors' filter (METHODS.md section K), as shuohe1995/verl-kpo computes it: for comparison only.
+"""The authors' filter (docs/methods.md section K), as shuohe1995/verl-kpo computes it: for comparison only.
 
 ``kpo bench filter`` times kpo's filter against it, and the tests check its known defects against the
 float64 loop (``reference.py``). Never used by the library itself.
@@ -13,7 +13,7 @@ GAIN_CLAMP = 1e-6
 
 
 def authors_closed_form(z: torch.Tensor, mask: torch.Tensor, q: float, v: float) -> torch.Tensor:
-    """The filter computed the authors' way (METHODS.md K), float32 [B, T].
+    """The filter computed the authors' way (docs/methods.md K), float32 [B, T].
 
     Closed-form Riccati gains with P_0 = 0 (cosh(eta) = 1 + q/(2v); posterior after t updates
     P_t = q sinh(t eta) / ((1 + q/v) sinh(t eta) - sinh((t-1) eta))), clamped to [1e-6, 1 - 1e-6], masked

@@ -1,4 +1,4 @@
-"""Float64 gain tables of the causal Kalman filter (METHODS.md section K).
+"""Float64 gain tables of the causal Kalman filter (docs/methods.md section K).
 
 The gains depend only on q, v, p0 and the number of updates taken, never on the data, so one table per
 (q, v, p0) serves every row and every call. Each entry is computed with the same arithmetic as the loop

@@ -1,4 +1,4 @@
-"""The filter's memory in tokens, and the q that gives a memory (METHODS.md K, "Filter memory and response length").
+"""The filter's memory in tokens, and the q that gives a memory (docs/methods.md K, "Filter memory and response length").
 
 With r = q/v the gains converge to K_inf = S / (S + v), where S = (q + sqrt(q^2 + 4 q v)) / 2 is the steady-state
 prior variance (the positive root of S^2 - q S - q v = 0). There the filter is an exponential moving average of

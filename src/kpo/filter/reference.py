@@ -1,6 +1,6 @@
 """Float64 loop reference of the causal Kalman filter: the oracle for tests, never a fast path.
 
-It runs the textbook predict/update recursion token by token, exactly as METHODS.md section K writes it,
+It runs the textbook predict/update recursion token by token, exactly as docs/methods.md section K writes it,
 so every fast implementation is checked against the model itself rather than against another derivation.
 Not exported from ``kpo``.
 """
@@ -74,7 +74,7 @@ def kalman_gains_reference(T: int, *, q: float = 1e-6, v: float = 1.0, p0: float
 def authors_recurrence_reference(z: torch.Tensor, mask: torch.Tensor, *, q: float, v: float) -> torch.Tensor:
     """The authors' recurrence written out directly, float64 [B, T] (for the ``zero`` mode tests).
 
-    As shuohe1995/verl-kpo defines it (METHODS.md K): rho_0 = 0, P_0 = 0, every token a time step, masked
+    As shuohe1995/verl-kpo defines it (docs/methods.md K): rho_0 = 0, P_0 = 0, every token a time step, masked
     tokens observed as 0, textbook update P <- (1 - K) P, output multiplied by the mask.
     """
     zz = (z.detach().to(torch.float64) * mask.to(torch.float64)).tolist()

@@ -220,7 +220,7 @@ class KPOActorConfig(FSDPActorConfig):
     to 0.2/0.2/3.0, so set them for KPO: 3e-4/4e-4). Fields are validated up front, on the driver, by the same
     checks the loss runs: a field the selected ``policy_loss.loss_mode`` does not use is an error.
 
-    KPO (``kpo``, ``kpo_unclipped``; METHODS.md section K):
+    KPO (``kpo``, ``kpo_unclipped``; docs/methods.md section K):
         q: process-noise variance Q of the log-ratio random walk (kpo 1e-6, kpo_unclipped 1e-4); larger = the
             filter follows the raw token log-ratio more closely.
         memory: the filter's memory in tokens, which sets q instead (``kpo.filter.memory``; give q or memory), or
@@ -235,13 +235,13 @@ class KPOActorConfig(FSDPActorConfig):
         filter_grad: let the gradient flow through the filter (False: the paper's stop-gradient construction).
     HolderPO (``holder``):
         holder_p: power p of the Holder mean of token ratios (1.0 = arithmetic, 0 = geometric, -1 = harmonic).
-    CTPO (``ctpo``; METHODS.md section 7):
+    CTPO (``ctpo``; docs/methods.md section 7):
         la_clip_low: c_l of the position-adaptive lower log bound -c_l * t^power (0.025).
         la_clip_high: c_h of the upper log bound c_h * t^power (0.05).
         la_clip_c: c_c of the dual-clip threshold exp(c_c * t^power) for negative advantages (0.05).
         clip_ratio_la_power: the exponent "power" of t (0.5).
         ratio_mode: "cumprod" (prefix product of token ratios) or "geomean" (its per-token geometric mean).
-    VESPO (``vespo``; METHODS.md section 9):
+    VESPO (``vespo``; docs/methods.md section 9):
         k_pos, lambda_pos: kernel W^k e^(lambda (1 - W)) for advantages >= 0 (2.0, 3.0).
         k_neg, lambda_neg: the same for advantages < 0 (3.0, 2.0).
     LUSPO (``luspo``; TRL's loss): verl's clip_ratio_low/high are its sequence-ratio bounds, and
@@ -253,7 +253,7 @@ class KPOActorConfig(FSDPActorConfig):
         cppo_w_min: position-weight floor w_min (0.8).
         cppo_delta_b: prefix-average budget delta_b (0.015).
         cppo_budget_quantile: q of the per-row budget clamp(quantile_q(D), delta_b, 2 delta_b) (None: fixed).
-    ASPO (``aspo``; METHODS.md section 6):
+    ASPO (``aspo``; docs/methods.md section 6):
         high_entropy_clip_ratio_low, high_entropy_clip_ratio_high: clip range of the high-entropy tokens (0.4,
             0.4). verl does not pass token entropy to the loss, so in verl every token uses the low-entropy
             range (clip_ratio_low/high) and these two have no effect.

@@ -1,4 +1,4 @@
-"""Policy losses: one registry, one entry point, verl-compatible semantics (formulas: METHODS.md).
+"""Policy losses: one registry, one entry point, verl-compatible semantics (formulas: docs/methods.md).
 
 >>> loss, metrics = policy_loss("kpo", log_prob, old_log_prob, advantages, mask)
 

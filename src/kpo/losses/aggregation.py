@@ -1,6 +1,6 @@
 """Reduce a per-token (or per-sequence) loss to the scalar that is back-propagated.
 
-The modes and their global-batch semantics follow verl 0.9.1 ``agg_loss`` (METHODS.md section 0) so that a verl
+The modes and their global-batch semantics follow verl 0.9.1 ``agg_loss`` (docs/methods.md section 0) so that a verl
 plugin can pass verl's ``global_batch_info`` straight through:
 
 =====================  ===============================  ==============================================

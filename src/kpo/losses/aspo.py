@@ -1,4 +1,4 @@
-"""ASPO: asymmetric importance sampling, flipped ratio for positive advantages (METHODS.md section 6;
+"""ASPO: asymmetric importance sampling, flipped ratio for positive advantages (docs/methods.md section 6;
 authors' ``compute_policy_loss_archer`` in wizard-III/Archer2.0)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """CTPO: cumulative-token (prefix) importance ratio with position-adaptive log-space clipping
-(METHODS.md section 7; authors' horizon-llm/CTPO, loss ``cum-token-cumprod-la``)."""
+(docs/methods.md section 7; authors' horizon-llm/CTPO, loss ``cum-token-cumprod-la``)."""
 
 from __future__ import annotations
 

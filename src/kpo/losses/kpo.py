@@ -1,4 +1,4 @@
-"""KPO: the token log-ratio smoothed by a causal Kalman filter before it enters the loss (METHODS.md section K).
+"""KPO: the token log-ratio smoothed by a causal Kalman filter before it enters the loss (docs/methods.md section K).
 
 Both variants filter z = sg(log_prob - old_log_prob) with ``kpo.filter.kalman_filter`` (exact, any q/v) and use
 the GSPO stop-gradient construction log r~_t = lp_t - sg(lp_t) + sg(rho_t), clamped at 10: value exp(rho_t),

@@ -1,4 +1,4 @@
-"""Train/inference mismatch correction from rollout-engine log-probs: TIS and MIS (METHODS.md section 10).
+"""Train/inference mismatch correction from rollout-engine log-probs: TIS and MIS (docs/methods.md section 10).
 
 With l_t = old_log_prob_t - rollout_log_prob_t (trainer vs rollout engine, verl's decoupled mode):
 
@@ -12,7 +12,7 @@ With l_t = old_log_prob_t - rollout_log_prob_t (trainer vs rollout engine, verl'
   per token k1 = -l, k2 = l^2 / 2, k3 = e^l - 1 - l (l clamped at +-20); ``token_k*`` per token, ``seq_sum_k*``,
   ``seq_mean_k*``, ``seq_max_k*`` per row over its valid tokens. ``rollout_rs_threshold`` is one spec for all
   options or one per option, comma-separated: an upper bound, and for k1 ``"lower_upper"`` ratio bounds
-  applied in log space to k1 (a single number u means ``1/u_u``). Presets (METHODS.md): Geo-RS
+  applied in log space to k1 (a single number u means ``1/u_u``). Presets (docs/methods.md): Geo-RS
   ``rollout_rs="seq_mean_k1", rollout_rs_threshold="0.999_1.001"``; K3-RS ``"seq_mean_k3"`` with 0.01; Seq-MIS
   ``"seq_sum_k1"`` with ``"0.5_2.0"``. A dropped token gets weight 0, and ``policy_loss``
   takes the tokens rejected here out of the response mask, as verl does with rejected tokens: it counts in no

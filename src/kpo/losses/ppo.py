@@ -1,4 +1,4 @@
-"""PPO/GRPO clipped surrogate with dual clip (METHODS.md section 1; verl ``vanilla``), with TRL's two-sided
+"""PPO/GRPO clipped surrogate with dual clip (docs/methods.md section 1; verl ``vanilla``), with TRL's two-sided
 clip (``delta``) and masks (``kpo.losses.masks``)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Float64 loop references of every loss: value and gradient w.r.t. log_prob, written token by token from the
-formulas of METHODS.md (and the loss docstrings), independently of the vectorized code; the parity tests
+formulas of docs/methods.md (and the loss docstrings), independently of the vectorized code; the parity tests
 compare every registered loss against it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""REINFORCE-form losses, L = -w A log_prob with a detached weight w: CISPO (METHODS.md section 5), MinPRO, GPG
+"""REINFORCE-form losses, L = -w A log_prob with a detached weight w: CISPO (docs/methods.md section 5), MinPRO, GPG
 and DRO (verl ``gpg``, ``dro``). Their values are not objectives (they move with log_prob itself); only their
 gradients are meaningful."""
 

@@ -1,4 +1,4 @@
-"""Sequence-ratio losses: GSPO, GSPO-token, LUSPO, GMPO, HolderPO (METHODS.md sections 2, 3; LUSPO and HolderPO
+"""Sequence-ratio losses: GSPO, GSPO-token, LUSPO, GMPO, HolderPO (docs/methods.md sections 2, 3; LUSPO and HolderPO
 below)."""
 
 from __future__ import annotations

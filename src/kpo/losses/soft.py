@@ -1,4 +1,4 @@
-"""Soft (gated or kernel-weighted) losses without hard clipping: SAPO and VESPO (METHODS.md sections 4, 9)."""
+"""Soft (gated or kernel-weighted) losses without hard clipping: SAPO and VESPO (docs/methods.md sections 4, 9)."""
 
 from __future__ import annotations
 
