@@ -77,6 +77,7 @@ def test_quick_mode_shrinks_only_what_is_not_set():
             "of --minibatches=4; Table 2 analyzes off-policy steps: use --dump-every=4 (or more --steps)",
         ),
         (["--methods", ","], "--methods: give at least one loss name"),
+        (["--ablation-arms", "clip_band,foo"], "--ablation-arms ['foo']: unknown; choose among clip_band,"),
         (
             ["--", "--max-steps", "5"],
             "-- --max-steps: kpo compare sets it for every run; use --steps instead",

@@ -10,6 +10,7 @@ from pathlib import Path
 from kpo.compare.plan import (
     AA_SEEDS,
     ABLATION_SEEDS,
+    ABLATIONS,
     EVAL_N,
     MATCHED,
     PAPER,
@@ -87,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Leave out the ablations (KPO's clip band without the filter; the constant-gain moving average; KPO "
         "at the paper's Q/V), which run by default.",
+    )
+    p.add_argument(
+        "--ablation-arms",
+        default=",".join(d.ablation_arms),
+        help=f"Comma-separated ablations, of {', '.join(ABLATIONS)} (auto_memory: KPO with its memory fitted to each "
+        "mini-batch by maximum likelihood, memory=auto) (default: %(default)s).",
     )
     p.add_argument(
         "--ablation-seeds",
@@ -174,6 +181,7 @@ def _config(args) -> CompareConfig:
         minibatches=args.minibatches,
         matched=not args.no_matched,
         ablations=not args.no_ablations,
+        ablation_arms=tuple(a.strip() for a in args.ablation_arms.split(",") if a.strip()),
         ablation_seeds=args.ablation_seeds,
         aa_seeds=args.aa_seeds,
         sweep_memory=args.sweep_memory,

@@ -263,7 +263,7 @@ def _range_errors(cfg: CompareConfig) -> list[str]:
     errors = []
     unknown = sorted(set(cfg.ablation_arms) - set(ABLATIONS))
     if unknown:
-        errors.append(f"ablation arms {unknown}: unknown; choose among {', '.join(ABLATIONS)}")
+        errors.append(f"--ablation-arms {unknown}: unknown; choose among {', '.join(ABLATIONS)}")
     if cfg.curve_every < 0 or (cfg.curve_every and (cfg.curve_every % cfg.minibatches or cfg.curve_every > cfg.steps)):
         errors.append(
             f"--curve-every={cfg.curve_every}: must be 0 (no learning curve) or a multiple of --minibatches="
