@@ -6,11 +6,12 @@ On the task's cached warm start (built on first use) it samples one generation b
 (16 prompts x 8, temperature 1), then times, interleaved and in alternating order so machine load hits both
 alike:
 - a training step: forward of a 32-sequence mini-batch, per-token log-probs, `kpo.policy_loss`, backward and
-  an AdamW step, once with `vanilla` and once with `kpo` (memory=matched, the filter acting);
-- the loss call alone, and KPO's filter call alone (its share of the loss call);
+  an AdamW step, with `vanilla`, with `kpo` (memory=matched, the filter acting) and with `kpo` at memory=auto
+  (q fitted to the mini-batch by maximum likelihood before the filter);
+- the loss call alone, KPO's filter call alone and memory=auto's fit alone (their shares);
 - generation as `kpo train`'s rollouts run it (kpo.generation; tokens/s), and the old-log-prob forward
   `kpo train` runs once per generation batch.
-It prints min and median of each, the KPO/vanilla ratio of the training step and of the whole optimizer step
+It prints min and median of each, the KPO/vanilla ratios of the training step and of the whole optimizer step
 (training step + a quarter of the generation and old-log-prob time: `--minibatches 4`), and RL tokens/s.
 """
 
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     from kpo import kalman_filter, policy_loss
     from kpo.advantages import compute_advantages
     from kpo.data.synthetic import load_split
+    from kpo.filter import fit_q
     from kpo.generation import MultinomialSampler, generate
     from kpo.losses.kpo import filter_settings
     from kpo.train.config import TrainConfig
@@ -95,14 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         old = _log_probs(model, ids, prompt_len)
     kpo_kwargs = config.resolved_loss_kwargs()
-    losses = {"vanilla": {}, "kpo": kpo_kwargs}
+    losses = {"vanilla": ("vanilla", {}), "kpo": ("kpo", kpo_kwargs), "kpo auto": ("kpo", {"memory": "auto"})}
     opt = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.0)
     common = dict(loss_agg_mode="seq-mean-token-mean", loss_scale_factor=config.max_completion())
 
     def train_step(name: str) -> None:
         opt.zero_grad(set_to_none=True)
         lp = _log_probs(model, ids, prompt_len)
-        loss, _ = policy_loss(name, lp, old, adv, m, **common, **losses[name])
+        loss, _ = policy_loss(losses[name][0], lp, old, adv, m, **common, **losses[name][1])
         loss.backward()
         opt.step()
 
@@ -111,16 +113,17 @@ def main(argv: list[str] | None = None) -> int:
     z = (lp_fixed - old).detach()
     step = {n: [] for n in losses}
     call = {n: [] for n in losses}
-    filter_times = []
+    filter_times, fit_times = [], []
     for name in losses:  # warm-up: numba compiles, allocator settles
         train_step(name)
     for r in range(args.repeats):
         for name in list(losses) if r % 2 == 0 else list(losses)[::-1]:
             step[name].append(_timed(lambda n=name: train_step(n)))
             call[name].append(
-                _timed(lambda n=name: policy_loss(n, lp_fixed, old, adv, m, **common, **losses[n]))
+                _timed(lambda n=name: policy_loss(losses[n][0], lp_fixed, old, adv, m, **common, **losses[n][1]))
             )
         filter_times.append(_timed(lambda: kalman_filter(z, m, **filt)))
+        fit_times.append(_timed(lambda: fit_q(z, m)))
 
     def stat(xs):
         return min(xs), statistics.median(xs)
@@ -145,16 +148,21 @@ def main(argv: list[str] | None = None) -> int:
         train_tok = int(m.sum()) / s_med
         rows_out.append((name, s_min, s_med, c_min, c_med, total, train_tok))
         print(
-            f"{name:8s} training step min {1e3 * s_min:7.1f} ms median {1e3 * s_med:7.1f} ms | loss call median "
+            f"{name:9s} training step min {1e3 * s_min:7.1f} ms median {1e3 * s_med:7.1f} ms | loss call median "
             f"{1e3 * c_med:6.2f} ms | optimizer step with generation {total:.3f} s | training "
             f"{train_tok:.0f} completion tokens/s"
         )
-    (_, _, v_step, _, v_call, v_total, _), (_, _, k_step, _, k_call, k_total, _) = rows_out
+    (_, _, v_step, _, v_call, v_total, _), (_, _, k_step, _, k_call, k_total, _), auto = rows_out
     f_min, f_med = stat(filter_times)
     print(
         f"kpo / vanilla: training step {k_step / v_step:.3f}, optimizer step with generation {k_total / v_total:.3f}; "
         f"loss call {k_call / v_call:.2f}x; the filter takes {1e3 * f_med:.2f} ms, {100 * f_med / k_call:.0f}% of "
         f"KPO's loss call and {100 * f_med / k_total:.3f}% of an optimizer step"
+    )
+    fit_med = stat(fit_times)[1]
+    print(
+        f"kpo auto / kpo: training step {auto[2] / k_step:.3f}, optimizer step with generation {auto[5] / k_total:.3f};"
+        f" the fit of q takes {1e3 * fit_med:.1f} ms, {100 * fit_med / auto[5]:.1f}% of an optimizer step"
     )
     return 0
 
