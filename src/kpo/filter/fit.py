@@ -31,8 +31,8 @@ __all__ = ["Q_BOUNDS", "check_bounds", "fit_q", "local_level_loglik"]
 
 # Memory from about 10,000 tokens (q = 1e-8) to under one token (q = 100: gain 0.99, the token ratio itself).
 Q_BOUNDS = (1e-8, 1e2)
-_GRID_PER_DECADE = 4  # coarse grid in log q; the golden-section search then refines within one grid step
-_TOL_LOG_Q = 1e-7  # stop when the bracket in ln q is this narrow (q to 1e-7 relative)
+_GRID_PER_DECADE = 3  # coarse grid in log q; the golden-section search then refines within one grid step
+_TOL_LOG_Q = 1e-4  # stop when the bracket in ln q is this narrow (q to 1e-4 relative: l(q) is flat there)
 _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 
 
