@@ -141,8 +141,6 @@ def _sampler(config: TrainConfig) -> str:
     lag = f", {config.rollout_lag} generation batch(es) behind the trainer" if config.rollout_lag else ""
     anchor = "the sampler's log-probs (bypass)" if config.ratio_anchor == "rollout" else "the trainer's log-probs"
     given = {k: v for k, v in config.rollout_correction().items() if v is not None}
-    if config.rollout_is is None:  # a TIS threshold without TIS says nothing
-        given.pop("rollout_is_threshold", None)
     correction = ", ".join(f"{k}={_value(v)}" for k, v in given.items())
     return (
         f"- rollouts sampled in {config.rollout_dtype}{lag}; the ratio's anchor: {anchor}; rollout correction: "
