@@ -35,7 +35,17 @@ import hashlib
 import random
 from dataclasses import asdict, dataclass
 
-__all__ = ["ALPHABET", "TASKS", "TaskConfig", "grade", "load_split", "noisy_solve", "solve"]
+__all__ = [
+    "ALPHABET",
+    "MAX_ROWS",
+    "TASKS",
+    "TaskConfig",
+    "grade",
+    "load_split",
+    "noisy_solve",
+    "solve",
+    "too_many",
+]
 
 # Characters the tasks can emit; the embedded tokenizer has one token per character.
 ALPHABET = "0123456789+="
@@ -49,6 +59,10 @@ _TEST_BUCKETS = 5
 _DEFAULT_SIZES = {"train": 4096, "test": 256}
 # Rejection sampling gives up after this many draws per requested row (the space is then nearly exhausted).
 _MAX_DRAWS_PER_ROW = 50
+# The most rows load_split draws, whatever the task's space: it builds every row in memory (about 1 kB each, and
+# 0.2-0.4 ms each for the default running task, so a million take a GB and minutes; 1e8 took 15 hours). kpo uses at
+# most 12800 a call (a warm-start round), and an evaluation samples every problem n times.
+MAX_ROWS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -107,11 +121,12 @@ class TaskConfig:
 
     def max_problems(self, split: str) -> int:
         """Most distinct problems :func:`load_split` draws from ``split``: half the split's expected size
-        (about 80% of :meth:`space_size` for train, 20% for test), so rejection sampling stays fast."""
+        (about 80% of :meth:`space_size` for train, 20% for test), so rejection sampling stays fast, and at most
+        :data:`MAX_ROWS`."""
         if split not in _SPLITS:
             raise ValueError(f"split={split!r}: must be one of {_SPLITS}")
         available = self.space_size() // _TEST_BUCKETS if split == "test" else self.space_size()
-        return available // 2
+        return min(available // 2, MAX_ROWS)
 
     def problem(self, terms: list[int]) -> str:
         """The problem text: digits side by side (running) or numbers joined by ``+`` (chain)."""
@@ -206,7 +221,8 @@ def load_split(
 
     Args:
         split: ``"train"`` or ``"test"`` (disjoint by a stable hash of the problem text).
-        n: number of distinct problems; default ``min(4096 train / 256 test, half the split's space)``.
+        n: number of distinct problems, at most :meth:`TaskConfig.max_problems` (checked before any row is
+            drawn: :func:`too_many`); default ``min(4096 train / 256 test, half the split's space)``.
         seed: same seed, same rows in the same order.
         task: a :class:`TaskConfig`; or give its fields as keywords (``kind="chain", n_terms=3``).
 
@@ -228,12 +244,8 @@ def load_split(
             f"the task {asdict(task)} is too small for a {split} split (under 2 problems expected in it): "
             "raise max_value or n_terms"
         )
-    if n > most:
-        raise ValueError(
-            f"n={n} {split} problems requested but the task {asdict(task)} allows at most {most} "
-            f"(half of the problems expected in this split, so sampling them stays fast): lower n to "
-            f"{most} or less, or raise max_value / n_terms"
-        )
+    if (why := too_many(task, split, n)) is not None:
+        raise ValueError(f"n={n}: {why}")
     # Salt the stream with the split so train and test seeds are independent streams; the chain task keeps
     # its original salt, so its rows are what they always were.
     salt = "kpo-synthetic" if task.kind == "chain" else f"kpo-synthetic-{task.kind}"
@@ -264,6 +276,24 @@ def load_split(
     raise ValueError(
         f"the task {asdict(task)} has {task.space_size()} distinct problems, {count} of them in the {split} "
         f"split, too few for {n} distinct {split} problems: raise max_value or n_terms{fewer}"
+    )
+
+
+def too_many(task: TaskConfig, split: str, n: int) -> str | None:
+    """Why :func:`load_split` cannot draw ``n`` distinct problems of ``split`` (more than
+    :meth:`TaskConfig.max_problems`), or None; found before anything is drawn. The caller names the setting."""
+    most = task.max_problems(split)
+    if n <= most:
+        return None
+    capped = most == MAX_ROWS  # the task holds more: a bigger one would not help
+    bound = (
+        "all that kpo draws: it builds every problem in memory, about 1 kB each"
+        if capped
+        else "half of the problems expected in this split, so sampling them stays fast"
+    )
+    return (
+        f"{n} {split} problems requested but the task {asdict(task)} allows at most {most} ({bound}): ask for "
+        f"{most} or fewer" + ("" if capped else ", or raise max_value / n_terms")
     )
 
 

@@ -817,7 +817,7 @@ _TYPE_NAMES = {
 def _task_check(task, seed: int, warm_start_seed: int, n_sft: int, prompts_per_step: int) -> tuple[str, ...]:
     """:meth:`TrainConfig._task_errors` of these settings, computed once per process: drawing a split and the warm
     start's problems takes seconds for the 128-token task, and kpo compare validates many runs of one task."""
-    from kpo.data.synthetic import load_split
+    from kpo.data.synthetic import MAX_ROWS, load_split
     from kpo.train.tiny import sft_problems
 
     try:
@@ -828,9 +828,10 @@ def _task_check(task, seed: int, warm_start_seed: int, n_sft: int, prompts_per_s
     task_text = f"the synthetic task ({task.kind}, n_terms={task.n_terms}, max_value={task.max_value})"
     most = task.max_problems("train")
     if n_sft > most:
+        grow = "" if most == MAX_ROWS else ", or raise --max-value / --n-terms"  # at MAX_ROWS the task holds more
         errors.append(
             f"sft_examples={n_sft}: {task_text} gives at most {most} distinct training problems "
-            f"for the warm start: lower --sft-examples to {most} or less, or raise --max-value / --n-terms"
+            f"for the warm start: lower --sft-examples to {most} or less{grow}"
         )
     else:
         try:
