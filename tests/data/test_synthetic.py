@@ -185,3 +185,23 @@ def test_a_split_larger_than_kpo_draws_is_refused_before_any_problem_is_drawn(mo
             "128, 'max_value': 9} allows at most 1000000 (all that kpo draws: it builds every problem in memory, "
             "about 1 kB each): ask for 1000000 or fewer"
         )
+
+
+@pytest.mark.parametrize(
+    "kw, longest",
+    [
+        ({"n_terms": 10**8}, 200_000_003),
+        ({"n_terms": 8191}, 16385),
+        ({"kind": "chain", "n_terms": 1000}, 1_504_498),
+    ],
+)
+def test_a_task_longer_than_an_embedded_sequence_is_refused_before_any_text_is_built(kw, longest):
+    """n_terms=1e8 hung: counting its problems alone took minutes (a 10^(1e8) integer), then rows of 1e8 terms."""
+    with pytest.raises(
+        ValueError, match=rf"sequences of up to {longest} tokens \(prompt and response\), more than the 16384"
+    ):
+        TaskConfig(**kw)
+    # the bound holds the longest sequence: exactly for the running task, from above for the chain
+    assert TaskConfig(n_terms=8190).max_sequence_tokens() == 16383
+    chain = TaskConfig(kind="chain", n_terms=30, max_value=19)
+    assert chain.max_sequence_tokens() == 1420 <= chain._sequence_bound() == 1454

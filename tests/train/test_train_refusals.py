@@ -117,3 +117,18 @@ def test_a_lag_that_no_generation_batch_reaches_is_refused(tiny_config, capsys, 
 
 def test_a_lag_the_last_batch_reaches_is_accepted(tiny_config):
     tiny_config(rollout_lag=1).validate()  # batch 1 is sampled by batch 0's weights
+
+
+def test_a_warm_start_larger_than_kpo_draws_is_refused_before_drawing_it(tmp_path, monkeypatch):
+    """--sft-examples 100000000 hung in the config check, drawing the warm start's problems (hours)."""
+    from data.draws import no_more_draws
+    from kpo.train.config import ConfigError, TrainConfig
+
+    no_more_draws(monkeypatch, 20_000)  # the RL split's 4096 problems of 12 digits: about 5000 draws
+    config = TrainConfig(output_dir=str(tmp_path / "run"), n_terms=12, sft_examples=10**8, report_to="none")
+    with pytest.raises(ConfigError) as info:
+        config.validate()
+    assert info.value.errors == [
+        "sft_examples=100000000: the synthetic task (running, n_terms=12, max_value=9) gives at most 1000000 "
+        "distinct training problems for the warm start: lower --sft-examples to 1000000 or less"
+    ]

@@ -32,6 +32,7 @@ hash of its text falls in the test bucket, so no seed or size can leak a test pr
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from dataclasses import asdict, dataclass
 
@@ -63,6 +64,11 @@ _MAX_DRAWS_PER_ROW = 50
 # 0.2-0.4 ms each for the default running task, so a million take a GB and minutes; 1e8 took 15 hours). kpo uses at
 # most 12800 a call (a warm-start round), and an evaluation samples every problem n times.
 MAX_ROWS = 1_000_000
+# The longest sequence (prompt, response and end token) an embedded task may have, checked from n_terms and
+# max_value before any text is built: the embedded model attends over all of it, and larger tasks hung in their
+# own setup (n_terms=1e7 took 20 s to count its problems, then its rows and model context would not fit). The
+# paper's responses reach 4096 tokens; the running task's 8190 terms give 16383.
+MAX_SEQUENCE_TOKENS = 16384
 
 
 @dataclass(frozen=True)
@@ -98,8 +104,25 @@ class TaskConfig:
         if not _is_int(self.max_value) or self.max_value < 1 or (top is not None and self.max_value > top):
             bound = "in 1..9 (the running task's terms are single digits)" if top else ">= 1"
             errors.append(f"max_value={self.max_value!r}: must be an integer {bound}")
+        if not errors and (longest := self._sequence_bound()) > MAX_SEQUENCE_TOKENS:
+            errors.append(
+                f"n_terms={self.n_terms}, max_value={self.max_value}: sequences of up to {longest} tokens (prompt "
+                f"and response), more than the {MAX_SEQUENCE_TOKENS} an embedded task may have (its model attends "
+                "over all of them); lower "
+                + ("n_terms to 8190 or less" if self.kind == "running" else "n_terms or max_value")
+            )
         if errors:
             raise ValueError(f"invalid TaskConfig ({self.kind}): " + "; ".join(errors))
+
+    def _sequence_bound(self) -> int:
+        """At least :meth:`max_sequence_tokens`, from n and m = max_value alone (no text built): running exactly
+        (n + 2) + n + 1; chain with d, D the digits of m and n m: a prompt of n (d + 1) characters and a response
+        whose step k writes (k + 1) m and the n - k - 1 terms left, with '+' and '=' between."""
+        n, m = self.n_terms, self.max_value
+        if self.kind == "running":
+            return 2 * n + 3
+        d, big = _digits(m), _digits(n * m)
+        return n * (d + 1) + (n - 1) * (big + 1) + (n - 1) * (n - 2) // 2 * (d + 1) + 1
 
     def max_prompt_chars(self) -> int:
         """Longest prompt in characters (= tokens of the embedded tokenizer)."""
@@ -158,6 +181,11 @@ class TaskConfig:
         if not isinstance(completion, str) or not isinstance(answer, str):
             return 0.0
         return float(completion.strip() == answer.strip() != "")
+
+
+def _digits(value: int) -> int:
+    """At least the decimal digits of ``value`` >= 1, from its bit length (str() of a huge int is slow, or refused)."""
+    return int(value.bit_length() * math.log10(2)) + 1
 
 
 def _is_int(value) -> bool:
