@@ -141,6 +141,16 @@ def test_a_limit_beyond_the_synthetic_test_split_is_refused_before_any_problem_i
     assert "limit=41 (--limit): 41 test problems requested" in _error(capsys)
 
 
+def test_more_samples_than_one_evaluation_plans_are_refused_before_the_model_loads(no_load, capsys):
+    # a record per sample was made before the first was drawn: --n 100000000 built them for minutes, silently
+    assert _eval("m", "--n", "1000000", "--k", "1", "--limit", "2") == 2
+    assert (
+        "n=1000000 (--n) samples of each problem (synthetic 2) makes 2000000 samples, more than the 1000000 one "
+        "evaluation plans (a record each, in memory, before the first is drawn); lower --n or --limit"
+        in _error(capsys)
+    )
+
+
 @pytest.mark.parametrize(
     "flags, setting",
     [
