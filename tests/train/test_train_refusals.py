@@ -89,6 +89,7 @@ def test_embedded_settings_beside_a_model_or_dataset_are_refused(tiny_config, tm
         tiny_config(model=str(tmp_path), dataset=str(data)).validate()
     ignored = sorted(e.split("=")[0] for e in info.value.errors if " is ignored " in e)
     assert ignored == [
+        "cache_dir",
         "max_value",
         "n_terms",
         "sft_epochs",

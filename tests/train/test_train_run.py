@@ -189,7 +189,7 @@ def test_real_run_path_with_model_and_dataset(tiny_config, tmp_path):
         "".join(f'{{"problem": "{a}+{b}", "answer": "{a + b}"}}\n' for a in range(3) for b in range(3))
     )
     # without the tiny config's embedded task, model shape and warm start: --model and --dataset replace them
-    embedded = ("task", "n_terms", "max_value", "tiny_hidden_size", "tiny_layers", "tiny_heads")
+    embedded = ("task", "n_terms", "max_value", "tiny_hidden_size", "tiny_layers", "tiny_heads", "cache_dir")
     config = tiny_config(
         "real",
         model=str(warm),

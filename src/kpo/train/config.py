@@ -210,7 +210,9 @@ class TrainConfig:
         "(running 0.01, chain 0.3).",
     )
     sft_learning_rate: float = _option(3e-3, "Warm start: learning rate.")
-    cache_dir: str | None = _option(None, "Warm-start cache; None = $KPO_CACHE or ~/.cache/kpo.")
+    cache_dir: str | None = _option(
+        None, "Warm-start cache (the embedded model's); None = $KPO_CACHE or ~/.cache/kpo."
+    )
 
     # --- real runs ---
     model: str | None = _option(None, "Hugging Face checkpoint directory; None = the embedded tiny model.")
@@ -791,6 +793,7 @@ _IGNORED_UNLESS: dict[str, tuple[str, str, typing.Callable[[TrainConfig], bool]]
     **dict.fromkeys(
         (
             "warm_start_seed",
+            "cache_dir",
             "tiny_hidden_size",
             "tiny_layers",
             "tiny_heads",
