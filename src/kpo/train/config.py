@@ -532,7 +532,7 @@ class TrainConfig:
     def _lag_errors(self) -> list[str]:
         """A lag that no generation batch of the run reaches (the sampler would keep the starting weights)."""
         batches = self.max_steps // self.minibatches
-        if self.rollout_lag < batches:
+        if not self.rollout_lag or self.rollout_lag < batches:
             return []
         return [
             f"rollout_lag={self.rollout_lag}: the run has {batches} generation batch(es) (max_steps={self.max_steps} "
