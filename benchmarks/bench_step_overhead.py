@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         loss.backward()
         opt.step()
 
-    lp_fixed = (old + 0.01 * torch.randn_like(old)).requires_grad_()
+    # log-probabilities (<= 0, as policy_loss requires) about 0.01 from the old ones
+    lp_fixed = (old + 0.01 * torch.randn_like(old)).clamp(max=0.0).requires_grad_()
     filt = filter_settings("kpo", kpo_kwargs)
     z = (lp_fixed - old).detach()
     step = {n: [] for n in losses}

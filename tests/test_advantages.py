@@ -135,3 +135,20 @@ def test_grpo_needs_a_positive_eps():
     # krpo divides by its posterior std, which q > 0 keeps positive: eps = 0 is fine there.
     a = compute_advantages("krpo", [1.0, 1.0, 1.0], [0, 0, 0], eps=0.0, p0=0.0)
     assert bool(torch.isfinite(a).all())
+
+
+def test_huge_finite_rewards_keep_their_advantages():
+    """Rewards of +-1e308 (finite): the group's sum of squares overflowed, its std was inf and every grpo advantage
+    0; a sum of 1e308 + 1e308 overflowed the mean too. The group is now scaled (by a power of two) first."""
+    assert compute_advantages("grpo", [1e308, -1e308], [0, 0]).tolist() == pytest.approx(
+        [2**-0.5, -(2**-0.5)], rel=1e-12
+    )
+    # std of (1, 1, -1) x 1.7e308: 2 / sqrt(3) x 1.7e308, itself finite; the advantages are those of (1, 1, -1)
+    big = compute_advantages("grpo", [1.7e308, 1.7e308, -1.7e308, 5.0], [0, 0, 0, 1])
+    assert big.tolist() == pytest.approx(
+        [0.5**0.5 * 2 / 6**0.5] * 2 + [-(2 / 3**0.5), 5 / (1 + 1e-6)], rel=1e-12
+    )
+    assert compute_advantages("drgrpo", [1e308, 1e308, -1e308], [0, 0, 0]).tolist() == pytest.approx(
+        [1e308 / 3 * 2, 1e308 / 3 * 2, -1e308 / 3 * 4],
+        rel=1e-12,  # mean 1e308 / 3
+    )

@@ -408,3 +408,26 @@ def test_a_bad_setting_leaves_no_output_folder(tmp_path, capsys):
     assert main(["--synthetic", "--q", "-1", "--out", str(out), "--samples", "2", "--length", "8"]) == 2
     assert "q (process noise) must be > 0, got -1.0" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_synthetic_settings_need_synthetic_and_a_size_that_fits(tmp_path, monkeypatch, capsys):
+    """--samples/--length/--seed beside dump PATHs were ignored; --synthetic --samples 100000 --length 100000
+    allocated 10^10 float64 tokens before anything was said."""
+    import kpo.analysis.cli as cli
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the synthetic trace set was built")
+
+    monkeypatch.setattr(cli, "write_synthetic", refuse)
+    for flags in (["--samples", "8"], ["--seed", "1", "--length", "64"]):
+        with pytest.raises(SystemExit) as e:
+            main([str(tmp_path / "run"), *flags])
+        assert e.value.code == 2
+        given = ", ".join(f for f in flags if f.startswith("--"))
+        assert f"error: {given} set the --synthetic trace set, and PATHs are analysed as they are" in (
+            capsys.readouterr().err
+        )
+    with pytest.raises(SystemExit):
+        main(["--synthetic", "--samples", "100000", "--length", "100000", "--out", str(tmp_path / "out")])
+    assert "--samples 100000 x --length 100000: more than the 16777216 tokens" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

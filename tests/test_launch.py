@@ -33,3 +33,20 @@ def test_without_a_killed_rank_the_status_is_rank_0s_or_the_first_failures():
     assert _wait(_ranks("import sys; sys.exit(2)", "import sys; sys.exit(2)"), received=[]) == (2, None)
     assert _wait(_ranks("pass", "import sys; sys.exit(3)"), received=[]) == (3, None)
     assert _wait(_ranks("pass", "pass"), received=[]) == (0, None)
+
+
+def test_more_processes_than_the_machine_has_gpus_or_cores_are_refused_before_any_starts(monkeypatch, capsys):
+    """--nproc-per-node 1000 on 2 CPUs started 1000 processes."""
+    from kpo import launch
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(launch.subprocess, "Popen", refuse)
+    slots, kind = launch._slots()
+    for nproc in (slots + 1, 1000):
+        assert launch.main(["--nproc-per-node", str(nproc), "train", "--max-steps", "4"]) == 2
+        assert capsys.readouterr().err == (
+            f"kpo launch: --nproc-per-node {nproc}: this machine has {slots} {kind}, one per process; use "
+            f"--nproc-per-node {slots} or fewer\n"
+        )

@@ -14,6 +14,8 @@
 A group of one response gets mean 0 and std 1 (verl's rule), so its grpo/drgrpo advantage is R / (1 + eps), R,
 and its rloo advantage R. ``group_ids`` may be a tensor of ints or any list of hashables (e.g. prompt uids);
 groups are numbered in order of first appearance. The result is float64 on the rewards' device, no gradient.
+grpo, drgrpo and rloo compute each group in units of a power of two near its largest |R| (exact: the same numbers
+as unscaled), so that finite rewards of any size, up to 1e308, keep finite sums and a finite std.
 """
 
 from __future__ import annotations
@@ -61,6 +63,15 @@ def _group_index(group_ids, n: int, device) -> torch.Tensor:
 
 def _group_sums(values: torch.Tensor, index: torch.Tensor, n_groups: int) -> torch.Tensor:
     return torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(0, index, values)
+
+
+def _group_scale(r: torch.Tensor, index: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """Each response's group scale [N]: a power of two, 1 where the group's largest |R| is below 2, else at most
+    that |R|. Dividing by it is exact and keeps the group's sums and squares finite (rewards of 1e308: the sum of
+    squares overflowed, the std was inf and every advantage 0)."""
+    top = torch.zeros(n_groups, dtype=r.dtype, device=r.device).scatter_reduce_(0, index, r.abs(), "amax")
+    _, exponent = torch.frexp(top)  # top = m 2^exponent, 0.5 <= m < 1
+    return torch.exp2((exponent - 1).clamp(min=0).to(r.dtype))[index]
 
 
 def _krpo(r: torch.Tensor, index: torch.Tensor, n_groups: int, q, v, p0, x0, eps) -> torch.Tensor:
@@ -129,19 +140,21 @@ def compute_advantages(name: str, rewards, group_ids, **kw) -> torch.Tensor:
         if not opts["q"] > 0 or not opts["v"] > 0:
             raise ValueError(f"krpo needs q > 0 and v > 0, got q={opts['q']!r}, v={opts['v']!r}")
         return _krpo(r, index, n_groups, opts["q"], opts["v"], opts["p0"], opts["x0"], opts["eps"])
+    scale = _group_scale(r, index, n_groups)
+    r = r / scale  # in units of the group's scale (exact); the results are the same numbers as unscaled
     counts = _group_sums(torch.ones_like(r), index, n_groups)
     single = (counts == 1)[index]
     mean = (_group_sums(r, index, n_groups) / counts)[index]
     mean = torch.where(single, torch.zeros_like(mean), mean)
     if name == "drgrpo":
-        return r - mean
+        return (r - mean) * scale
     if name == "rloo":
         g = counts[index]
-        return torch.where(single, r, g / (g - 1).clamp(min=1) * (r - mean))
+        return torch.where(single, r, g / (g - 1).clamp(min=1) * (r - mean)) * scale
     centred = r - (_group_sums(r, index, n_groups) / counts)[index]
     var = _group_sums(centred**2, index, n_groups) / (counts - 1).clamp(min=1)
-    std = torch.where(single, torch.ones_like(r), var.sqrt()[index])
-    return (r - mean) / (std + opts["eps"])
+    std = torch.where(single, 1 / scale, var.sqrt()[index])  # a group of one: std 1
+    return (r - mean) / (std + opts["eps"] / scale)
 
 
 __all__ = ["ADVANTAGES", "compute_advantages"]

@@ -10,7 +10,8 @@ The processes get the variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, LOC
 MASTER_PORT), each in a process group of its own so that only the launcher hears the terminal. If one fails,
 the others are stopped; the exit status is rank 0's, or the failed process's. A process killed by a signal the
 launcher did not send (the kernel's out-of-memory killer, ``kill -9``) is named in one line, with its signal,
-and the status is the shell's for that signal, 128 + N.
+and the status is the shell's for that signal, 128 + N. More processes than the machine has GPUs (with CUDA) or
+CPU cores (without) are refused before any starts.
 """
 
 from __future__ import annotations
@@ -40,6 +41,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _slots() -> tuple[int, str]:
+    """(how many processes this machine runs side by side, of what): a GPU each where CUDA is available (NCCL), else
+    a CPU core each, of those this process may use (gloo)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.device_count(), "GPUs"
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    return len(cores), "CPU cores"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kpo launch",
@@ -67,6 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv[: at + 1])
     if args.nproc < 1:
         print(f"kpo launch: --nproc-per-node {args.nproc}: must be >= 1", file=sys.stderr)
+        return 2
+    slots, kind = _slots()
+    if args.nproc > slots:
+        print(
+            f"kpo launch: --nproc-per-node {args.nproc}: this machine has {slots} {kind}, one per process; use "
+            f"--nproc-per-node {slots} or fewer",
+            file=sys.stderr,
+        )
         return 2
     command = [args.command, *argv[at + 1 :]]
     port = args.master_port or _free_port()

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from kpo.data.synthetic import TaskConfig, grade, load_split, solve
+from data.draws import no_more_draws
+from kpo.data.synthetic import MAX_ROWS, TaskConfig, grade, load_split, solve
 
 
 def test_solve_reduces_chain_left_to_right():
@@ -65,7 +66,7 @@ def test_bad_task_and_split_report_every_problem():
         TaskConfig(kind="sum")
     with pytest.raises(ValueError, match="split='dev'"):
         load_split("dev")
-    with pytest.raises(ValueError, match="lower n"):
+    with pytest.raises(ValueError, match="ask for 10 or fewer, or raise max_value"):
         load_split("test", n=100, kind="chain", max_value=9)  # 100 problems, about 10 in test
 
 
@@ -85,7 +86,7 @@ def test_noisy_teacher_errors_carry_on():
 
 def test_too_many_problems_states_the_true_maximum():
     # The chain task has 400 problems, about 80 in the test split; at most half of them (40) may be drawn.
-    with pytest.raises(ValueError, match=r"n=50 test problems requested .* allows at most 40 \("):
+    with pytest.raises(ValueError, match=r"n=50: 50 test problems requested .* allows at most 40 \("):
         load_split("test", n=50, kind="chain")
     assert len(load_split("test", n=40, kind="chain")) == 40
 
@@ -166,3 +167,41 @@ def test_running_noisy_teacher_carries_its_errors():
         noisy_solve(TaskConfig().terms(r["problem"]), rng, 0.01, "running") == r["solution"] for r in rows
     )
     assert 0.2 < right / 400 < 0.36  # 3.5 binomial standard deviations (0.022) either side
+
+
+# ------------------------------------------------------------------------------------- sizes checked first
+
+
+def test_a_split_larger_than_kpo_draws_is_refused_before_any_problem_is_drawn(monkeypatch):
+    """load_split("test", n=1e8) of the running task (10^127 test problems) built rows for about 15 hours (and
+    100 GB) before anything said so: kpo eval --limit and kpo compare --eval-limit hung on it."""
+    no_more_draws(monkeypatch, 0)
+    assert TaskConfig().max_problems("test") == TaskConfig().max_problems("train") == MAX_ROWS == 1_000_000
+    for split in ("test", "train"):
+        with pytest.raises(ValueError) as info:
+            load_split(split, n=10**8)
+        assert str(info.value) == (
+            f"n=100000000: 100000000 {split} problems requested but the task {{'kind': 'running', 'n_terms': "
+            "128, 'max_value': 9} allows at most 1000000 (all that kpo draws: it builds every problem in memory, "
+            "about 1 kB each): ask for 1000000 or fewer"
+        )
+
+
+@pytest.mark.parametrize(
+    "kw, longest",
+    [
+        ({"n_terms": 10**8}, 200_000_003),
+        ({"n_terms": 8191}, 16385),
+        ({"kind": "chain", "n_terms": 1000}, 1_504_498),
+    ],
+)
+def test_a_task_longer_than_an_embedded_sequence_is_refused_before_any_text_is_built(kw, longest):
+    """n_terms=1e8 hung: counting its problems alone took minutes (a 10^(1e8) integer), then rows of 1e8 terms."""
+    with pytest.raises(
+        ValueError, match=rf"sequences of up to {longest} tokens \(prompt and response\), more than the 16384"
+    ):
+        TaskConfig(**kw)
+    # the bound holds the longest sequence: exactly for the running task, from above for the chain
+    assert TaskConfig(n_terms=8190).max_sequence_tokens() == 16383
+    chain = TaskConfig(kind="chain", n_terms=30, max_value=19)
+    assert chain.max_sequence_tokens() == 1420 <= chain._sequence_bound() == 1454

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from data.draws import no_more_draws
 from kpo.data.synthetic import TaskConfig
 from kpo.evaluation import evaluate
 from kpo.evaluation import runner as runner_mod
@@ -122,6 +123,49 @@ def test_a_task_too_small_for_a_test_split_is_a_clean_error(tiny_model, no_load,
     assert _eval(tiny_model, "--task", "kind=chain", "--task", "max_value=3") == 2
     err = _error(capsys)
     assert "kpo eval: error: " in err and "'max_value': 3" in err and "raise max_value or n_terms" in err
+
+
+def test_a_limit_beyond_the_synthetic_test_split_is_refused_before_any_problem_is_drawn(
+    no_load, monkeypatch, capsys
+):
+    """--limit 100000000 hung with no output, building the running task's test problems (about 15 hours)."""
+    no_more_draws(monkeypatch, 0)
+    assert _eval("m", "--limit", "100000000") == 2
+    assert (
+        "limit=100000000 (--limit): 100000000 test problems requested but the task {'kind': 'running', 'n_terms': "
+        "128, 'max_value': 9} allows at most 1000000 (all that kpo draws: it builds every problem in memory, about "
+        "1 kB each): ask for 1000000 or fewer" in _error(capsys)
+    )
+    # the chain task's test split: 40 problems
+    assert _eval("m", "--task", "kind=chain", "--limit", "41") == 2
+    assert "limit=41 (--limit): 41 test problems requested" in _error(capsys)
+
+
+def test_more_samples_than_one_evaluation_plans_are_refused_before_the_model_loads(no_load, capsys):
+    # a record per sample was made before the first was drawn: --n 100000000 built them for minutes, silently
+    assert _eval("m", "--n", "1000000", "--k", "1", "--limit", "2") == 2
+    assert (
+        "n=1000000 (--n) samples of each problem (synthetic 2) makes 2000000 samples, more than the 1000000 one "
+        "evaluation plans (a record each, in memory, before the first is drawn); lower --n or --limit"
+        in _error(capsys)
+    )
+
+
+@pytest.mark.parametrize(
+    "flags, setting",
+    [
+        (("--prompt-template", "Q: {problem}"), "prompt_template='Q: {problem}' (--prompt-template)"),
+        (("--chat-template", "on"), "chat_template='on' (--chat-template)"),
+        (("--problem-key", "q", "--answer-key", "a"), "problem_key='q' (--problem-key)"),
+    ],
+)
+def test_benchmark_file_settings_with_synthetic_data_alone_are_refused(no_load, capsys, flags, setting):
+    # the synthetic rows are fed their raw prompt and graded by the task: these did nothing, without a word
+    assert _eval("m", *flags) == 2
+    assert (
+        f"{setting} is ignored with data 'synthetic' alone, whose rows are fed their raw prompt: drop it, or add "
+        "a benchmark file" in _error(capsys)
+    )
 
 
 def test_no_output_warns_that_nothing_is_saved(tmp_path, empty_backend, capsys):

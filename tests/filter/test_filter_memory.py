@@ -79,7 +79,8 @@ def test_a_memory_below_a_token_gives_a_filter_that_follows_each_ratio(memory):
     assert math.isfinite(q) and steady_state_gain(q) == 1.0
     z = torch.tensor([[0.1, -0.2, 0.3]], dtype=torch.float64)
     assert torch.equal(kalman_filter(z, q=q), z)
-    loss, _ = kpo.policy_loss("kpo", z, torch.zeros_like(z), torch.ones(1), torch.ones_like(z), memory=memory)
+    old = torch.full_like(z, -1.0)  # log-ratios z between log-probabilities
+    loss, _ = kpo.policy_loss("kpo", old + z, old, torch.ones(1), torch.ones_like(z), memory=memory)
     assert math.isfinite(float(loss))
 
 

@@ -93,7 +93,7 @@ def make_batch(seed: int = 0, B: int = 6, T: int = 9, empty_row: bool = True):
     lengths = torch.tensor([9, 7, 5, 3, 1, 0 if empty_row else 4])[:B]
     mask = torch.arange(T)[None, :] < lengths[:, None]
     mask[1, 3] = False
-    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
+    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3 - 1.5  # new stays a log-probability, <= 0
     new = (old + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)).requires_grad_(True)
     adv = torch.randn(B, 1, generator=g, dtype=torch.float64).expand(B, T).clone()
     weights = 0.5 + 1.5 * torch.rand(B, T, generator=g, dtype=torch.float64)

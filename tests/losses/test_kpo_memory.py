@@ -11,7 +11,7 @@ from kpo.losses.kpo import filter_settings
 
 def _batch(seed=0):
     g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(3, 40, generator=g, dtype=torch.float64)
+    old = -torch.rand(3, 40, generator=g, dtype=torch.float64) - 0.25  # log_prob = old + noise stays <= 0
     lp = (old + 0.05 * torch.randn(3, 40, generator=g, dtype=torch.float64)).requires_grad_()
     mask = torch.ones(3, 40, dtype=torch.bool)
     mask[1, 30:] = False

@@ -57,7 +57,7 @@ def test_global_counts_and_dp_size():
 
 def _batch(seed, B=6, T=9):
     g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 2
+    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 2 - 1  # log_prob = old + noise stays <= 0
     lp = old + 0.2 * torch.randn(B, T, generator=g, dtype=torch.float64)
     lengths = torch.randint(1, T + 1, (B,), generator=g)
     mask = torch.arange(T)[None, :] < lengths[:, None]

@@ -1,5 +1,6 @@
 """Hand-worked cases for every loss: inputs chosen so that each value and gradient can be done on paper
-(arithmetic in the comments). Ratios are set directly: old_log_prob = log 0.5, log_prob = log 0.5 + log r."""
+(arithmetic in the comments). Ratios are set directly: old_log_prob = log 0.5, log_prob = log 0.5 + log r (a
+ratio above 2 takes old_log_prob = log 0.2, so that log_prob stays a log-probability, <= 0)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import torch
 from kpo import policy_loss
 
 LOG_HALF = math.log(0.5)
+LOG_FIFTH = math.log(0.2)  # room for ratios up to 5
 
 
-def _inputs(ratios, advantages):
-    """Rows of ratios (None = masked) -> log_prob (leaf), old_log_prob, advantages [B], mask."""
+def _inputs(ratios, advantages, old_log_prob=LOG_HALF):
+    """Rows of ratios (None = masked) -> log_prob (leaf), old_log_prob (``old_log_prob`` everywhere), advantages
+    [B], mask."""
     T = max(len(r) for r in ratios)
     delta = torch.zeros(len(ratios), T, dtype=torch.float64)
     mask = torch.zeros(len(ratios), T, dtype=torch.bool)
@@ -22,13 +25,13 @@ def _inputs(ratios, advantages):
         for t, r in enumerate(row):
             if r is not None:
                 delta[b, t], mask[b, t] = math.log(r), True
-    old = torch.full_like(delta, LOG_HALF)
+    old = torch.full_like(delta, old_log_prob)
     lp = (old + delta).requires_grad_()
     return lp, old, torch.tensor(advantages, dtype=torch.float64), mask
 
 
-def _run(name, ratios, advantages, **kw):
-    lp, old, adv, mask = _inputs(ratios, advantages)
+def _run(name, ratios, advantages, old_log_prob=LOG_HALF, **kw):
+    lp, old, adv, mask = _inputs(ratios, advantages, old_log_prob)
     loss, metrics = policy_loss(name, lp, old, adv, mask, **kw)
     loss.backward()
     return loss.item(), lp.grad, metrics
@@ -45,7 +48,7 @@ def test_vanilla_clip_and_dual_clip():
     # A=-1: r=4 -> max(4, 1.2) = 4 > c=3 -> dual clip 3 (grad 0); r=0.7 -> max(0.7, 0.8) = 0.8 (clipped, grad 0);
     #       r=1.1 -> 1.1 (grad +r = 1.1).
     # loss = (-1.2 - 0.5 - 1 + 3 + 0.8 + 1.1) / 6 = 2.2 / 6.
-    loss, grad, m = _run("vanilla", [[1.5, 0.5, 1.0], [4.0, 0.7, 1.1]], [1.0, -1.0])
+    loss, grad, m = _run("vanilla", [[1.5, 0.5, 1.0], [4.0, 0.7, 1.1]], [1.0, -1.0], LOG_FIFTH)
     assert loss == pytest.approx(2.2 / 6, rel=1e-12)
     torch.testing.assert_close(grad, _grad([[0, -0.5 / 6, -1 / 6], [0, 0, 1.1 / 6]]))
     assert m["pg_clipfrac"] == pytest.approx(2 / 6)  # (A=+1, r=1.5) and (A=-1, r=0.7)
@@ -147,12 +150,12 @@ def test_aspo_flipped_ratio_and_soft_dual_clip():
     # eps = 0.2, c = 3, token-mean over 6 tokens.
     # A=+1: r=1.1 -> p = 1.1, loss -1/1.1, grad -1/r = -1/1.1
     #       r=1.5 -> p = 1.2 (clamped), loss -1/1.2, grad 0
-    #       r=0.25 -> 1/p = 4 > 3: loss -3 lp, lp = log(0.125), grad -3
+    #       r=0.25 -> 1/p = 4 > 3: loss -3 lp, lp = log(0.2 * 0.25) = log(0.05), grad -3
     # A=-1: r=0.5 -> n = 0.8 (clamped), loss 0.8, grad 0
-    #       r=4 -> n = 4 > 3: loss 3 lp, lp = log 2, grad +3
+    #       r=4 -> n = 4 > 3: loss 3 lp, lp = log(0.2 * 4) = log 0.8, grad +3
     #       r=1.1 -> loss 1.1, grad +r = 1.1
-    loss, grad, m = _run("aspo", [[1.1, 1.5, 0.25], [0.5, 4.0, 1.1]], [1.0, -1.0])
-    total = -1 / 1.1 - 1 / 1.2 - 3 * math.log(0.125) + 0.8 + 3 * math.log(2) + 1.1
+    loss, grad, m = _run("aspo", [[1.1, 1.5, 0.25], [0.5, 4.0, 1.1]], [1.0, -1.0], LOG_FIFTH)
+    total = -1 / 1.1 - 1 / 1.2 - 3 * math.log(0.05) + 0.8 + 3 * math.log(0.8) + 1.1
     assert loss == pytest.approx(total / 6, rel=1e-12)
     torch.testing.assert_close(grad, _grad([[-1 / 1.1 / 6, 0, -0.5], [0, 0.5, 1.1 / 6]]))
     assert m["pg_clipfrac"] == pytest.approx(2 / 6)  # r=1.5 and r=0.5 were clamped

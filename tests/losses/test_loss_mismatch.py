@@ -4,6 +4,7 @@ uses them (per token, geometric mean per row for GMPO/HolderPO, folded into W fo
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -163,6 +164,77 @@ def test_geo_rs_rejects_a_row_by_its_mean_log_ratio():
 def test_bad_rejection_settings_name_the_fix(kw, message):
     lp, old, adv, mask, rollout = _on_policy([1.0, 1.0])
     with pytest.raises(ValueError, match=message):
+        policy_loss("vanilla", lp, old, adv, mask, rollout_log_prob=rollout, **kw)
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        # every token rejected at the on-policy step (ratio 1): rollout_rs_masked_fraction 1.0, nothing trains
+        (
+            {"rollout_rs": "token", "rollout_rs_threshold": 0.5},
+            "rollout_rs_threshold=0.5 < 1: it rejects every",
+        ),
+        ({"rollout_rs": "sequence", "rollout_rs_threshold": 0.99}, "rollout_rs_threshold=0.99 < 1"),
+        ({"rollout_rs": "token", "rollout_rs_threshold_lower": 1.5}, "rollout_rs_threshold_lower=1.5 > 1"),
+        (
+            {"rollout_rs": "token_k1", "rollout_rs_threshold": "1.1_2.0"},
+            "keeps ratios in [1.1, 2], which excludes 1",
+        ),
+        ({"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.5_0.9"}, "[0.5, 0.9], which excludes 1"),
+        # every on-policy token's loss scaled by the threshold
+        (
+            {"rollout_is": "token", "rollout_is_threshold": 0.5},
+            "rollout_is_threshold=0.5 < 1 caps every weight",
+        ),
+        ({"rollout_is": "sequence", "rollout_is_threshold": 0.9}, "rollout_is_threshold=0.9 < 1"),
+        ({"rollout_is_threshold": 0.5}, "rollout_is_threshold=0.5 < 1"),  # the default token TIS
+    ],
+)
+def test_bounds_that_exclude_a_ratio_of_1_are_refused(kw, message):
+    lp, old, adv, mask, rollout = _on_policy([1.0, 1.0])  # sampler and trainer agree
+    with pytest.raises(ValueError, match=re.escape(message)):
+        policy_loss("vanilla", lp, old, adv, mask, rollout_log_prob=rollout, **kw)
+
+
+def test_bounds_at_1_keep_every_on_policy_token_at_weight_1():
+    lp, old, adv, mask, rollout = _on_policy([1.0, 1.0])
+    kw = {
+        "rollout_is": "token",
+        "rollout_is_threshold": 1.0,
+        "rollout_rs": "token",
+        "rollout_rs_threshold": 1.0,
+    }
+    loss, _, m = _vanilla(lp, old, adv, mask, rollout_log_prob=rollout, rollout_rs_threshold_lower=1.0, **kw)
+    assert (
+        loss == pytest.approx(-1.0) and m["rollout_rs_masked_fraction"] == 0.0 and m["rollout_is_max"] == 1.0
+    )
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        # a bare TypeError ("'>' not supported between instances of 'str' and 'int'") named no parameter
+        ({"rollout_is_threshold": "2"}, "rollout_is_threshold must be a finite number > 0, got '2'"),
+        (
+            {"rollout_rs": "token", "rollout_rs_threshold_lower": "0.5"},
+            "rollout_rs_threshold_lower must be a finite number >= 0, got '0.5'",
+        ),
+        (
+            {"rollout_rs": "token", "rollout_rs_threshold": True},
+            "rollout_rs_threshold must be a finite number > 0",
+        ),
+        # a threshold without its option did nothing (the rs ones were refused, this one was not)
+        ({"rollout_rs": "token", "rollout_is_threshold": 3.0}, "rollout_is_threshold=3.0 needs rollout_is"),
+        (
+            {"rollout_is": "token", "rollout_rs_threshold_lower": 0.5},
+            "rollout_rs_threshold_lower need rollout_rs",
+        ),
+    ],
+)
+def test_a_bad_threshold_names_its_keyword(kw, message):
+    lp, old, adv, mask, rollout = _on_policy([1.0, 1.0])
+    with pytest.raises(ValueError, match=re.escape(message)):
         policy_loss("vanilla", lp, old, adv, mask, rollout_log_prob=rollout, **kw)
 
 

@@ -10,12 +10,12 @@ from kpo import policy_loss
 from kpo.losses import reference as ref
 
 
-def _batch(seed, B=5, T=7, scale=0.3, token_adv=False, probabilities=False):
-    """``probabilities``: log_prob <= 0 too (a probability), for the losses that read p = exp(log_prob)."""
+def _batch(seed, B=5, T=7, scale=0.3, token_adv=False):
+    """Log-probs <= 0 (probabilities, as ``policy_loss`` requires), log-ratios of about ``scale``."""
     g = torch.Generator().manual_seed(seed)
     old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
     lp = old + torch.randn(B, T, generator=g, dtype=torch.float64) * scale
-    lp = (-lp.abs() if probabilities else lp).requires_grad_()
+    lp = (-lp.abs()).requires_grad_()
     mask = torch.ones(B, T, dtype=torch.bool)
     mask[1, 5:] = False  # right padding
     mask[2, 2] = False  # a hole inside a response
@@ -24,8 +24,8 @@ def _batch(seed, B=5, T=7, scale=0.3, token_adv=False, probabilities=False):
     return lp, old, adv, mask
 
 
-def _check(name, ref_fn, seed=0, ref_kw=None, token_adv=False, scale=0.3, probabilities=False, **hp):
-    lp, old, adv, mask = _batch(seed, token_adv=token_adv, scale=scale, probabilities=probabilities)
+def _check(name, ref_fn, seed=0, ref_kw=None, token_adv=False, scale=0.3, **hp):
+    lp, old, adv, mask = _batch(seed, token_adv=token_adv, scale=scale)
     loss, _ = policy_loss(name, lp, old, adv, mask, **hp)
     loss.backward()
     want_loss, want_grad = ref_fn(lp.detach(), old, adv, mask, **(ref_kw or {}))
@@ -157,7 +157,6 @@ def test_dppo(kind, mode):
         clip_ratio_high=bounds[1],
         clip_ratio_c=1.3,
         scale=0.6,
-        probabilities=True,
     )
 
 
@@ -229,7 +228,6 @@ def test_cppo(quantile):
         cppo_delta_b=0.02,
         cppo_budget_quantile=quantile,
         scale=0.8,
-        probabilities=True,
     )
 
 
@@ -269,9 +267,9 @@ def test_vanilla_delta_and_trl_masks():
 
 def test_off_policy_mask_reads_rollout_log_prob_when_given():
     lp, old, adv, mask = _batch(20, scale=0.3)
-    rollout = old + 0.8 * torch.randn(
-        lp.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64
-    )
+    rollout = -(
+        old + 0.8 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    ).abs()
     valid = int(mask.sum())
     dropped = {}
     for source, extra in (("old", {}), ("rollout", {"rollout_log_prob": rollout})):

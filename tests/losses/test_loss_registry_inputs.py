@@ -211,6 +211,27 @@ def test_non_finite_valid_entries_name_row_and_position(field):
         policy_loss("vanilla", tensors["log_prob"], tensors["old_log_prob"], tensors["advantages"], mask)
 
 
+@pytest.mark.parametrize("field", ["log_prob", "old_log_prob", "rollout_log_prob"])
+def test_a_log_prob_above_zero_names_row_and_position(field):
+    """+5, a probability of e^5 (logits passed as log-probs), was accepted. A float32 log-softmax's rounding (a
+    few 1e-6 above 0) passes, and so does anything on padding."""
+    lp, old, adv, mask = _batch(requires_grad=False)
+    tensors = {"log_prob": lp.clone(), "old_log_prob": old.clone(), "rollout_log_prob": old.clone()}
+
+    def loss():
+        return policy_loss("vanilla", tensors["log_prob"], tensors["old_log_prob"], adv, mask, **extra)
+
+    extra = {"rollout_log_prob": tensors["rollout_log_prob"]}
+    tensors[field][1, 3] = 5.0  # padding
+    tensors[field][0, 0] = 1e-5  # rounding
+    loss()
+    tensors[field][2, 1] = 5.0
+    with pytest.raises(
+        ValueError, match=rf"{field} is 5.0 \(> 0.0001: a probability above 1\) at row 2, position 1"
+    ):
+        loss()
+
+
 def test_garbage_in_padding_is_ignored():
     # -inf log-probs and NaN advantages on masked tokens must not reach value or gradient.
     lp, old, adv, mask = _batch()

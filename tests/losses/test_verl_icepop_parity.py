@@ -29,7 +29,7 @@ def _icepop_batch(seed, B=6, T=11):
     """(log_prob, old_log_prob, advantages, response_mask, IcePop weights from verl's own function): about a
     quarter of the valid tokens get weight 0, and row 1 all of them (its sampler was far off)."""
     g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
+    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3 - 1.5  # log_prob and rollout stay <= 0
     lp = old + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)
     rollout = old - 0.2 * torch.randn(B, T, generator=g, dtype=torch.float64)
     rollout[1] = old[1] - 1.0  # pi_old / pi_rollout = e > 1.25 on every token of row 1

@@ -29,7 +29,8 @@ TOKEN_MODES = [
 
 def _batch(seed, B=6, T=11, scale=0.3):
     g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
+    # 4 x scale below 0: log_prob = old + noise stays a log-probability (<= 0)
+    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3 - 4 * scale
     lp = old + scale * torch.randn(B, T, generator=g, dtype=torch.float64)
     lengths = torch.randint(1, T + 1, (B,), generator=g)
     mask = torch.arange(T)[None, :] < lengths[:, None]  # right padding, as verl's response_mask
@@ -91,6 +92,7 @@ def test_vanilla(mode, use_weights):
 def test_vanilla_metrics_with_log_ratios_beyond_20():
     # verl clamps log r to +-20 before its ratio and ppo_kl: tokens at +25 and -30 enter ppo_kl as -20 and +20.
     lp, old, adv, mask, _ = _batch(0)
+    old[1, 0] = -26.0  # room for a log-probability 25 above it
     lp[1, 0], lp[2, 0] = old[1, 0] + 25.0, old[2, 0] - 30.0
     hp = {"clip_ratio": 0.2}
     _compare(

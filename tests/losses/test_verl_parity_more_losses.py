@@ -23,7 +23,8 @@ MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 def _batch(seed, B=6, T=9, scale=0.5):
     g = torch.Generator().manual_seed(seed)
     old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 2.5
-    lp = old + scale * torch.randn(B, T, generator=g, dtype=torch.float64)
+    # a log-probability (<= 0): DPPO reads the probabilities themselves
+    lp = -(old + scale * torch.randn(B, T, generator=g, dtype=torch.float64)).abs()
     lengths = torch.randint(2, T + 1, (B,), generator=g)
     mask = torch.arange(T)[None, :] < lengths[:, None]
     adv = 1.5 * torch.randn(B, generator=g, dtype=torch.float64)

@@ -134,8 +134,7 @@ def test_sampler_settings_are_checked(tiny_config):
     assert tiny_config(
         rollout_rs="token_k1", rollout_rs_threshold="0.5_2.0"
     ).validate().rollout_correction() == {
-        "rollout_is": None,
-        "rollout_is_threshold": 2.0,
+        "rollout_is": None,  # and no TIS threshold: the loss refuses one without rollout_is
         "rollout_rs": "token_k1",
         "rollout_rs_threshold": "0.5_2.0",
         "rollout_rs_threshold_lower": None,

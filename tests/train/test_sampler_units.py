@@ -150,3 +150,13 @@ def test_a_lagging_sampler_holds_the_weights_of_k_batches_ago_and_restores_them(
     restored.load_state_dict(sampler.state_dict())
     assert all(torch.equal(held(restored.model_for(policy, 8))[n], w) for n, w in second.items())
     assert RolloutSampler("bfloat16").state_dict() == {}  # without lag nothing needs restoring
+
+
+def test_a_lagging_sampler_keeps_lag_plus_one_weight_copies():
+    # one float32 copy per generation batch, of the last lag + 1 batches only: in memory and in a checkpoint
+    policy = random_qwen3()
+    sampler = RolloutSampler("float32", lag=2)
+    for version in range(0, 12, 2):  # 6 generation batches of 2 steps
+        sampler.model_for(policy, version)
+    assert [version for version, _ in sampler.history] == [6, 8, 10]
+    assert {key.split("/")[0] for key in sampler.state_dict()} == {"6", "8", "10"}

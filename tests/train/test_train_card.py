@@ -81,6 +81,7 @@ def test_a_crashed_run_keeps_kpos_card(tiny_config, monkeypatch):
 
 def test_run_card_of_a_stopped_run_says_how_to_continue(tiny_config, tmp_path):
     from kpo.train.card import run_card
+    from kpo.train.checkpoints import mark_complete
 
     config = tiny_config("part", max_steps=8, loss="vanilla", dump_ratios_every=2)
     out = tmp_path / "part"
@@ -88,11 +89,16 @@ def test_run_card_of_a_stopped_run_says_how_to_continue(tiny_config, tmp_path):
     (out / "metrics.jsonl").write_text(
         "".join(json.dumps({"step": s, "reward_mean": s / 10}) + "\n" for s in range(1, 5))
     )
+    # no checkpoint yet: --resume would find none to continue from
+    assert f"`kpo train --config {out}/config.yaml --overwrite` carries it on" in run_card(config, out)
+    (out / "checkpoint-4").mkdir()
+    (out / "checkpoint-4" / "rng_state.pth").write_bytes(b"x")
+    mark_complete(out / "checkpoint-4")
     card = run_card(config, out)
     assert "## Metrics so far (mean over the last 1 of 4 steps)" in card
     assert "| reward (mean over responses) | 0.4 |" in card and "| clip fraction (tokens) | n/a |" in card
     assert (
-        f"The run stopped at step 4 of 8; `kpo train --config {out}/config.yaml --resume` continues it"
+        f"The run stopped at step 4 of 8; `kpo train --config {out}/config.yaml --resume` carries it on"
         in card
     )
     assert "hyperparameters: none given" in card and "filter" not in card  # vanilla has no filter

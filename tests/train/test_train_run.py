@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kpo.losses import get_loss_spec, list_losses
+from kpo.train.config import TrainConfig
 
 from .conftest import TINY_FIELDS, cli_flags
 
@@ -187,6 +188,8 @@ def test_real_run_path_with_model_and_dataset(tiny_config, tmp_path):
     data.write_text(
         "".join(f'{{"problem": "{a}+{b}", "answer": "{a + b}"}}\n' for a in range(3) for b in range(3))
     )
+    # without the tiny config's embedded task, model shape and warm start: --model and --dataset replace them
+    embedded = ("task", "n_terms", "max_value", "tiny_hidden_size", "tiny_layers", "tiny_heads", "cache_dir")
     config = tiny_config(
         "real",
         model=str(warm),
@@ -195,6 +198,7 @@ def test_real_run_path_with_model_and_dataset(tiny_config, tmp_path):
         prompts_per_step=4,
         max_completion_length=8,
         instruction="",
+        **{k: getattr(TrainConfig(), k) for k in (*embedded, "sft_examples", "sft_epochs")},
     )
     rows = _rows(run_training(config))
     assert [r["step"] for r in rows] == [1, 2]

@@ -135,3 +135,42 @@ def test_summary_json_is_strict_json_without_response_lengths(tmp_path, capsys):
         json.loads((run / "summary.json").read_text(), parse_constant=pytest.fail)["response_length_mean"]
         is None
     )
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_run_stopped_after_a_checkpoint_is_finished_first(tmp_path, capsys, processes):
+    """A run killed after its first checkpoint has no final/: the advice was kpo eval --model RUN/final."""
+    from kpo.train.checkpoints import mark_complete
+
+    run = _run(tmp_path)  # 8 steps of max_steps=1000
+    (run / "eval.json").unlink()
+    checkpoint = run / "checkpoint-8"
+    checkpoint.mkdir()
+    for rank in range(processes):
+        (checkpoint / ("rng_state.pth" if processes == 1 else f"rng_state_{rank}.pth")).write_bytes(b"x")
+    mark_complete(checkpoint)
+    assert main([str(run)]) == 2
+    train = "kpo train" if processes == 1 else "kpo launch --nproc-per-node 2 train"
+    assert capsys.readouterr().err.startswith(
+        f"kpo summary: {run}: no eval.json, and no final/ to evaluate: the run stopped at step 8 of 1000; finish it "
+        f"with {train} --config {run}/config.yaml --resume, then evaluate with kpo eval --model {run}/final "
+        "--data synthetic --task kind=running --task n_terms=128 --task max_value=9 --n 8 --k 1,8 --output "
+        f"{run}/eval.json\n"
+    )
+
+
+def test_a_path_that_is_no_run_directory_is_named_so(tmp_path, capsys):
+    """`kpo summary FILE` advised `kpo train --output-dir FILE`."""
+    run = _run(tmp_path)
+    assert main([str(run / "eval.json")]) == 2
+    assert capsys.readouterr().err == (
+        f"kpo summary: {run}/eval.json is a file, not a run directory; give the --output-dir of a kpo train run "
+        f"(its folder is one: kpo summary {run})\n"
+    )
+    (tmp_path / "notes.txt").write_text("x")
+    assert main([str(tmp_path / "notes.txt")]) == 2
+    assert capsys.readouterr().err.endswith("give the --output-dir of a kpo train run\n")
+    assert main([str(tmp_path / "absent")]) == 2
+    assert capsys.readouterr().err == (
+        f"kpo summary: {tmp_path}/absent: no such directory; give the --output-dir of a kpo train run\n"
+    )

@@ -27,6 +27,24 @@ def parse_q_values(text: str) -> tuple[float, ...]:
     return values
 
 
+# The largest synthetic trace set, in tokens (samples x length): it is built in memory, float64 as it is made.
+MAX_SYNTHETIC_TOKENS = 2**24
+# --synthetic's settings and their defaults; without --synthetic they would be ignored
+SYNTHETIC_DEFAULTS = {"seed": 0, "samples": 64, "length": 1024}
+
+
+def _synthetic_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse --seed, --samples, --length without --synthetic (they set its trace set); else fill in defaults."""
+    given = [f"--{name}" for name in SYNTHETIC_DEFAULTS if getattr(args, name) is not None]
+    if given and not args.synthetic:
+        parser.error(
+            f"{', '.join(given)} set the --synthetic trace set, and PATHs are analysed as they are: drop them"
+        )
+    for name, default in SYNTHETIC_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = AnalyzeConfig()
     p = argparse.ArgumentParser(
@@ -40,10 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="analyse a seeded synthetic trace set (kpo.analysis.synthetic_dump, filtered at Q = 1e-6)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of --synthetic (default 0)")
-    p.add_argument("--samples", type=int, default=64, help="responses in --synthetic (default 64)")
+    p.add_argument("--seed", type=int, default=None, help="seed of --synthetic (default 0)")
+    p.add_argument("--samples", type=int, default=None, help="responses in --synthetic (default 64)")
     p.add_argument(
-        "--length", type=int, default=1024, help="max response length in --synthetic (default 1024)"
+        "--length", type=int, default=None, help="max response length in --synthetic (default 1024)"
     )
     p.add_argument("--out", type=Path, help="output folder (default: <PATH>/analysis, or ./kpo-analysis)")
     p.add_argument(
@@ -85,8 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.synthetic == bool(args.paths):
         parser.error("give PATH(s) to dumps, or --synthetic (not both)")
+    _synthetic_settings(parser, args)
     if args.examples < 1 or args.samples < 1 or args.length < 2:
         parser.error("--examples and --samples must be >= 1 and --length >= 2")
+    if args.samples * args.length > MAX_SYNTHETIC_TOKENS:
+        parser.error(
+            f"--samples {args.samples} x --length {args.length}: more than the {MAX_SYNTHETIC_TOKENS} tokens a "
+            "synthetic trace set may have (16 times a paper step's 32 x 8 x 4096; built in memory, about 50 bytes a "
+            "token); lower --samples or --length"
+        )
     cfg = AnalyzeConfig(
         eps_low=args.eps_low,
         eps_high=args.eps_high,

@@ -32,10 +32,21 @@ hash of its text falls in the test bucket, so no seed or size can leak a test pr
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from dataclasses import asdict, dataclass
 
-__all__ = ["ALPHABET", "TASKS", "TaskConfig", "grade", "load_split", "noisy_solve", "solve"]
+__all__ = [
+    "ALPHABET",
+    "MAX_ROWS",
+    "TASKS",
+    "TaskConfig",
+    "grade",
+    "load_split",
+    "noisy_solve",
+    "solve",
+    "too_many",
+]
 
 # Characters the tasks can emit; the embedded tokenizer has one token per character.
 ALPHABET = "0123456789+="
@@ -49,6 +60,15 @@ _TEST_BUCKETS = 5
 _DEFAULT_SIZES = {"train": 4096, "test": 256}
 # Rejection sampling gives up after this many draws per requested row (the space is then nearly exhausted).
 _MAX_DRAWS_PER_ROW = 50
+# The most rows load_split draws, whatever the task's space: it builds every row in memory (about 1 kB each, and
+# 0.2-0.4 ms each for the default running task, so a million take a GB and minutes; 1e8 took 15 hours). kpo uses at
+# most 12800 a call (a warm-start round), and an evaluation samples every problem n times.
+MAX_ROWS = 1_000_000
+# The longest sequence (prompt, response and end token) an embedded task may have, checked from n_terms and
+# max_value before any text is built: the embedded model attends over all of it, and larger tasks hung in their
+# own setup (n_terms=1e7 took 20 s to count its problems, then its rows and model context would not fit). The
+# paper's responses reach 4096 tokens; the running task's 8190 terms give 16383.
+MAX_SEQUENCE_TOKENS = 16384
 
 
 @dataclass(frozen=True)
@@ -84,8 +104,25 @@ class TaskConfig:
         if not _is_int(self.max_value) or self.max_value < 1 or (top is not None and self.max_value > top):
             bound = "in 1..9 (the running task's terms are single digits)" if top else ">= 1"
             errors.append(f"max_value={self.max_value!r}: must be an integer {bound}")
+        if not errors and (longest := self._sequence_bound()) > MAX_SEQUENCE_TOKENS:
+            errors.append(
+                f"n_terms={self.n_terms}, max_value={self.max_value}: sequences of up to {longest} tokens (prompt "
+                f"and response), more than the {MAX_SEQUENCE_TOKENS} an embedded task may have (its model attends "
+                "over all of them); lower "
+                + ("n_terms to 8190 or less" if self.kind == "running" else "n_terms or max_value")
+            )
         if errors:
             raise ValueError(f"invalid TaskConfig ({self.kind}): " + "; ".join(errors))
+
+    def _sequence_bound(self) -> int:
+        """At least :meth:`max_sequence_tokens`, from n and m = max_value alone (no text built): running exactly
+        (n + 2) + n + 1; chain with d, D the digits of m and n m: a prompt of n (d + 1) characters and a response
+        whose step k writes (k + 1) m and the n - k - 1 terms left, with '+' and '=' between."""
+        n, m = self.n_terms, self.max_value
+        if self.kind == "running":
+            return 2 * n + 3
+        d, big = _digits(m), _digits(n * m)
+        return n * (d + 1) + (n - 1) * (big + 1) + (n - 1) * (n - 2) // 2 * (d + 1) + 1
 
     def max_prompt_chars(self) -> int:
         """Longest prompt in characters (= tokens of the embedded tokenizer)."""
@@ -107,11 +144,12 @@ class TaskConfig:
 
     def max_problems(self, split: str) -> int:
         """Most distinct problems :func:`load_split` draws from ``split``: half the split's expected size
-        (about 80% of :meth:`space_size` for train, 20% for test), so rejection sampling stays fast."""
+        (about 80% of :meth:`space_size` for train, 20% for test), so rejection sampling stays fast, and at most
+        :data:`MAX_ROWS`."""
         if split not in _SPLITS:
             raise ValueError(f"split={split!r}: must be one of {_SPLITS}")
         available = self.space_size() // _TEST_BUCKETS if split == "test" else self.space_size()
-        return available // 2
+        return min(available // 2, MAX_ROWS)
 
     def problem(self, terms: list[int]) -> str:
         """The problem text: digits side by side (running) or numbers joined by ``+`` (chain)."""
@@ -143,6 +181,11 @@ class TaskConfig:
         if not isinstance(completion, str) or not isinstance(answer, str):
             return 0.0
         return float(completion.strip() == answer.strip() != "")
+
+
+def _digits(value: int) -> int:
+    """At least the decimal digits of ``value`` >= 1, from its bit length (str() of a huge int is slow, or refused)."""
+    return int(value.bit_length() * math.log10(2)) + 1
 
 
 def _is_int(value) -> bool:
@@ -206,7 +249,8 @@ def load_split(
 
     Args:
         split: ``"train"`` or ``"test"`` (disjoint by a stable hash of the problem text).
-        n: number of distinct problems; default ``min(4096 train / 256 test, half the split's space)``.
+        n: number of distinct problems, at most :meth:`TaskConfig.max_problems` (checked before any row is
+            drawn: :func:`too_many`); default ``min(4096 train / 256 test, half the split's space)``.
         seed: same seed, same rows in the same order.
         task: a :class:`TaskConfig`; or give its fields as keywords (``kind="chain", n_terms=3``).
 
@@ -228,12 +272,8 @@ def load_split(
             f"the task {asdict(task)} is too small for a {split} split (under 2 problems expected in it): "
             "raise max_value or n_terms"
         )
-    if n > most:
-        raise ValueError(
-            f"n={n} {split} problems requested but the task {asdict(task)} allows at most {most} "
-            f"(half of the problems expected in this split, so sampling them stays fast): lower n to "
-            f"{most} or less, or raise max_value / n_terms"
-        )
+    if (why := too_many(task, split, n)) is not None:
+        raise ValueError(f"n={n}: {why}")
     # Salt the stream with the split so train and test seeds are independent streams; the chain task keeps
     # its original salt, so its rows are what they always were.
     salt = "kpo-synthetic" if task.kind == "chain" else f"kpo-synthetic-{task.kind}"
@@ -264,6 +304,24 @@ def load_split(
     raise ValueError(
         f"the task {asdict(task)} has {task.space_size()} distinct problems, {count} of them in the {split} "
         f"split, too few for {n} distinct {split} problems: raise max_value or n_terms{fewer}"
+    )
+
+
+def too_many(task: TaskConfig, split: str, n: int) -> str | None:
+    """Why :func:`load_split` cannot draw ``n`` distinct problems of ``split`` (more than
+    :meth:`TaskConfig.max_problems`), or None; found before anything is drawn. The caller names the setting."""
+    most = task.max_problems(split)
+    if n <= most:
+        return None
+    capped = most == MAX_ROWS  # the task holds more: a bigger one would not help
+    bound = (
+        "all that kpo draws: it builds every problem in memory, about 1 kB each"
+        if capped
+        else "half of the problems expected in this split, so sampling them stays fast"
+    )
+    return (
+        f"{n} {split} problems requested but the task {asdict(task)} allows at most {most} ({bound}): ask for "
+        f"{most} or fewer" + ("" if capped else ", or raise max_value / n_terms")
     )
 
 

@@ -39,8 +39,9 @@ class EvalConfig:
         "transformers", "vllm".
     device: transformers device: "auto" (cuda when available), "cpu", "cuda", "cuda:N".
     dtype: one of :data:`kpo.evaluation.backends.DTYPES`; None = bfloat16 on GPU, float32 on CPU.
-    limit: first ``limit`` problems of each benchmark, >= 1 (synthetic: number of test problems; None = the whole
-        test split, ``kpo.data.synthetic.load_split("test")``: 256 problems for the default task).
+    limit: first ``limit`` problems of each benchmark, >= 1 (synthetic: number of test problems, at most
+        ``TaskConfig.max_problems("test")``, checked before any is drawn; None = the whole test split,
+        ``kpo.data.synthetic.load_split("test")``: 256 problems for the default task).
     synthetic_kw: task fields for the synthetic split, e.g. ``{"kind": "chain", "n_terms": 3}``.
     problem_key, answer_key: read these fields of every benchmark file instead of auto-detecting.
     """
@@ -111,15 +112,38 @@ class EvalConfig:
         if self.chat_template not in CHAT_MODES:
             errors.append(f"chat_template={self.chat_template!r}: must be one of {CHAT_MODES}")
         limit = self.limit
-        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        bad_limit = limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1)
+        if bad_limit:
             errors.append(
                 f"limit={limit!r}: must be a positive integer (the first `limit` problems), or None for all"
             )
-        errors += _check_data(specs(data)) + _check_task(self.synthetic_kw, specs(data))
+        task_errors = _check_task(self.synthetic_kw, specs(data))
+        errors += _check_data(specs(data)) + task_errors
+        if not (bad_limit or task_errors):
+            errors += _check_limit(limit, self.synthetic_kw, specs(data))
+        errors += self._unused(specs(data))
         errors += _check_outputs(*self.paths())
         errors += check_engine(self.backend, self.device, self.dtype)
         if errors:
             raise ValueError("evaluate: " + "; ".join(errors))
+
+    def _unused(self, specs: list[str | Path]) -> list[str]:
+        """Settings of benchmark files, given where the synthetic task is the only benchmark: its rows are fed
+        their raw prompt and graded by the task, so these would be ignored."""
+        if any(str(spec) != SYNTHETIC for spec in specs):
+            return []
+        given = {
+            "prompt_template": self.prompt_template,
+            "chat_template": self.chat_template if self.chat_template in ("on", "off") else None,
+            "problem_key": self.problem_key,
+            "answer_key": self.answer_key,
+        }
+        return [
+            f"{name}={value!r} (--{name.replace('_', '-')}) is ignored with data 'synthetic' alone, whose rows are "
+            "fed their raw prompt: drop it, or add a benchmark file"
+            for name, value in given.items()
+            if value is not None
+        ]
 
 
 def specs(data: str | Path | Sequence[str | Path]) -> list[str | Path]:
@@ -163,6 +187,16 @@ def _check_task(synthetic_kw: dict | None, specs: list[str | Path]) -> list[str]
     except ValueError as e:
         return [f"synthetic_kw (CLI --task): {e}"]
     return []
+
+
+def _check_limit(limit: int | None, synthetic_kw: dict | None, specs: list[str | Path]) -> list[str]:
+    """More synthetic test problems than the task supplies: found before any is drawn (at any limit, instantly)."""
+    from kpo.data.synthetic import TaskConfig, too_many
+
+    if limit is None or SYNTHETIC not in (str(s) for s in specs):
+        return []
+    why = too_many(TaskConfig(**(synthetic_kw or {})), "test", limit)
+    return [] if why is None else [f"limit={limit} (--limit): {why}"]
 
 
 def _check_outputs(output: Path | None, table: Path | None, cache: Path | None) -> list[str]:

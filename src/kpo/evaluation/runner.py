@@ -28,7 +28,11 @@ from kpo.evaluation.cache import GenerationCache, prompt_hash, sample_seed
 from kpo.evaluation.config import DEFAULT_MATH_MAX_NEW_TOKENS, SYNTHETIC, EvalConfig, specs
 from kpo.evaluation.metrics import benchmark_metrics
 
-__all__ = ["evaluate", "format_table"]
+__all__ = ["MAX_SAMPLES", "evaluate", "format_table"]
+
+# The most samples (problems x n) one evaluation plans: it makes a record of each before generating the first
+# (about 1 kB each): 1e8 would take minutes and tens of GB, with no output. 500 problems x 1024 samples fit.
+MAX_SAMPLES = 1_000_000
 
 
 def evaluate(
@@ -64,6 +68,7 @@ def evaluate(
     ks = [int(k) for k in cfg.ks]
 
     benchmarks = _load_benchmarks(data, cfg.limit, cfg.synthetic_kw, cfg.problem_key, cfg.answer_key)
+    _check_samples(cfg.n, {name: len(rows) for name, (rows, _) in benchmarks.items()})
     world, rank = _distributed.world_size(), _distributed.rank()
     show_progress = cfg.show_progress and rank == 0
     library_bars(show_progress)  # the model loader's bar: on a terminal only
@@ -153,6 +158,18 @@ def evaluate(
         with replacing(table) as partial:
             partial.write_text(format_table(results) + "\n")
     return results
+
+
+def _check_samples(n: int, problems: dict[str, int]) -> None:
+    """ValueError, before the model loads, when the evaluation asks for more than :data:`MAX_SAMPLES` samples
+    (``n`` per problem; ``problems``: name -> count): each gets a record in memory before the first is drawn."""
+    total = n * sum(problems.values())
+    if total > MAX_SAMPLES:
+        counts = ", ".join(f"{name} {count}" for name, count in problems.items())
+        raise ValueError(
+            f"n={n} (--n) samples of each problem ({counts}) makes {total} samples, more than the {MAX_SAMPLES} one "
+            "evaluation plans (a record each, in memory, before the first is drawn); lower --n or --limit"
+        )
 
 
 def _process_device(device: str, world: int) -> str:

@@ -22,6 +22,9 @@ Keywords every loss accepts (besides its own):
   multiply the per-token loss; GMPO and HolderPO multiply their per-sequence loss by the geometric mean of the
   row's weights (as verl's geo_mean); VESPO folds them into its sequence weight (as its authors).
 
+Log-probs are checked at valid tokens: finite, and at most ``LOG_PROB_SLACK`` (1e-4, a float32 log-softmax's
+rounding) above 0, since a probability is at most 1.
+
 Metrics (plain floats): ``pg_loss``; ``pg_clipfrac`` (valid tokens whose clipped branch is active);
 ``pg_clipfrac_lower`` (dual-clip fraction; GMPO: log-clip hits with A < 0); ``ppo_kl`` = mean(old - new
 log-prob) and ``ratio_mean/min/max`` of the token ratio exp(log_prob - old_log_prob) over valid tokens, both with
@@ -53,6 +56,10 @@ from kpo.losses.aggregation import (
 from kpo.losses.entropy import aggregate_entropy, entropy_from_logits
 from kpo.losses.mismatch import MISMATCH_KEYS, rollout_correction
 from kpo.losses.registry import SHARED_KEYS, LossSpec, get_loss_spec, list_losses, register_loss
+
+# The most a log-probability (<= 0) may exceed 0 by at a valid token: the rounding of a float32 log-softmax is a
+# few ulps of the largest logit (about 1e-5 at logits of 100); more is no log-probability (logits, a sign slip).
+LOG_PROB_SLACK = 1e-4
 
 
 def _first_bad(
@@ -114,6 +121,11 @@ def _validate(log_prob, old_log_prob, advantages, mask, rollout_log_prob, rollou
     for key in ("log_prob", "old_log_prob", "rollout_log_prob", "rollout_is_weights"):
         if tensors[key] is not None:
             _first_bad(key, tensors[key].detach(), mask)
+    # logits passed as log-probs, or a sign slip
+    above_one = f" (> {LOG_PROB_SLACK:g}: a probability above 1)"
+    for key in ("log_prob", "old_log_prob", "rollout_log_prob"):
+        if tensors[key] is not None:
+            _first_bad(key, tensors[key].detach(), mask, tensors[key] > LOG_PROB_SLACK, above_one)
     if rollout_is_weights is not None:  # a negative importance weight would flip the token's loss
         _first_bad("rollout_is_weights", rollout_is_weights.detach(), mask, rollout_is_weights < 0, " (< 0)")
     zero = torch.zeros((), dtype=dtype, device=log_prob.device)

@@ -3,8 +3,8 @@
 With l_t = old_log_prob_t - rollout_log_prob_t (trainer vs rollout engine, verl's decoupled mode):
 
 - ``rollout_is`` (TIS, truncated importance sampling): ``"token"`` w_t = exp(clamp(l_t, +-20)); ``"sequence"``
-  w = exp(clamp(sum_t l_t, +-20)) for every token of the row; then w = min(w, ``rollout_is_threshold``) (2.0,
-  Yao et al.; verl's default). ``None``: no IS weight (w = 1).
+  w = exp(clamp(sum_t l_t, +-20)) for every token of the row; then w = min(w, ``rollout_is_threshold``) (None =
+  2.0, Yao et al.; verl's default). ``None``: no IS weight (w = 1).
 - ``rollout_rs`` (MIS, rejection): ``"token"`` drops a token, ``"sequence"`` a whole row, whose ratio (token or
   sequence, as above) lies above ``rollout_rs_threshold`` (2.0) or below ``rollout_rs_threshold_lower`` (None =
   no lower bound; Liu & Li's MIS masks only from above). Or verl's divergence options (``DIVERGENCE_OPTIONS``,
@@ -22,6 +22,13 @@ With l_t = old_log_prob_t - rollout_log_prob_t (trainer vs rollout engine, verl'
 
 When ``rollout_log_prob`` is given and neither option is set, token-level TIS is used. The weights are detached
 and 0 on padding.
+
+Settings that make no sense are refused (ValueError naming the keyword and the fix): a threshold without its
+option (``rollout_is_threshold`` without ``rollout_is``, ``rollout_rs_threshold``/``_lower`` without
+``rollout_rs``), a threshold that is not a number, and bounds that exclude a ratio of exactly 1, the ratio of
+every token when the sampler and the trainer agree (on-policy, no mismatch): ``rollout_is_threshold < 1`` would
+scale every such token's loss down, ``rollout_rs_threshold < 1``, ``rollout_rs_threshold_lower > 1`` or k1 bounds
+``"lower_upper"`` without lower <= 1 <= upper would reject all of them, and nothing would train.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from kpo.losses._core import check_hparams
 
 MISMATCH_KEYS = (
     "rollout_is",
@@ -46,6 +55,11 @@ DIVERGENCE_OPTIONS = (
     "seq_max_k3",
 )
 _BOUND = 20.0
+# what a bound that excludes a ratio of 1 does (the ratio of every token when sampler and trainer agree)
+_EVERY_TOKEN = (
+    "it rejects every token whose sampler and trainer agree (ratio exactly 1, as on-policy without mismatch), so "
+    "nothing would train"
+)
 
 
 def _log_ratio(level: str, log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -80,6 +94,11 @@ def _divergence_bounds(options: list[str], spec: float | str) -> list[tuple[floa
         lower, upper = values if len(values) == 2 else (1.0 / values[0], values[0])
         if lower > upper:
             raise ValueError(f"rollout_rs_threshold {part!r} for {option!r} has lower > upper")
+        if not lower <= 1 <= upper:
+            raise ValueError(
+                f"rollout_rs_threshold {part!r} for {option!r} keeps ratios in [{lower:g}, {upper:g}], which "
+                f"excludes 1: {_EVERY_TOKEN}; give bounds with lower <= 1 <= upper, e.g. '0.5_2.0'"
+            )
         bounds.append((math.log(lower), math.log(upper)))
     return bounds
 
@@ -98,20 +117,35 @@ def _divergence_statistic(option: str, log_ratio: torch.Tensor, mask: torch.Tens
     return total if level == "seq_sum" else total / (mask.sum(dim=-1, keepdim=True) + 1e-8)  # verl's mean
 
 
+def _check_ratio_bounds(rollout_rs: str, threshold, lower) -> None:
+    """ValueError unless ``threshold`` (upper) and ``lower`` (or None) are ratio bounds around 1 for
+    ``rollout_rs="token"``/``"sequence"``."""
+    if isinstance(threshold, str):  # verl's spec text, which only its divergence options read
+        raise ValueError(
+            f"rollout_rs={rollout_rs!r} needs rollout_rs_threshold > 0 (an upper ratio bound, a number; the lower "
+            f"one is rollout_rs_threshold_lower), got {threshold!r}"
+        )
+    check_hparams("> 0", rollout_rs_threshold=threshold)
+    if threshold < 1:
+        raise ValueError(
+            f"rollout_rs_threshold={threshold!r} < 1: {_EVERY_TOKEN}; give an upper bound >= 1 (default 2.0)"
+        )
+    if lower is None:
+        return
+    check_hparams(">= 0", rollout_rs_threshold_lower=lower)
+    if lower > 1:
+        raise ValueError(
+            f"rollout_rs_threshold_lower={lower!r} > 1: {_EVERY_TOKEN}; give a lower bound <= 1, or none"
+        )
+
+
 def _rejection_keep(
     rollout_rs: str, threshold: float | str | None, lower: float | None, log_ratio, mask
 ) -> torch.Tensor:
     """[B, T] bool: tokens kept by ``rollout_rs`` (kpo's ratio bounds or verl's divergence options)."""
     if rollout_rs in LEVELS:
         threshold = 2.0 if threshold is None else threshold
-        if isinstance(threshold, str) or not threshold > 0:
-            raise ValueError(
-                f"rollout_rs={rollout_rs!r} needs rollout_rs_threshold > 0 (an upper ratio bound), got {threshold!r}"
-            )
-        if lower is not None and not 0 <= lower <= threshold:
-            raise ValueError(
-                f"rollout_rs_threshold_lower must lie in [0, rollout_rs_threshold={threshold}], got {lower!r}"
-            )
+        _check_ratio_bounds(rollout_rs, threshold, lower)
         ratio = torch.exp(_log_ratio(rollout_rs, log_ratio, mask))
         keep = ratio <= threshold
         return keep & (ratio >= lower) if lower is not None else keep
@@ -140,22 +174,38 @@ def rollout_correction(
     mask: torch.Tensor,
     *,
     rollout_is: str | None = None,
-    rollout_is_threshold: float = 2.0,
+    rollout_is_threshold: float | None = None,
     rollout_rs: str | None = None,
     rollout_rs_threshold: float | str | None = None,
     rollout_rs_threshold_lower: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Detached per-token weights [B, T] (0 on padding and rejected tokens, > 0 elsewhere) and their metrics
-    (0-dim tensors) from trainer and rollout log-probs. ``rollout_rs_threshold`` None: 2.0 for ``"token"`` and
-    ``"sequence"``; verl's options need it given."""
+    (0-dim tensors) from trainer and rollout log-probs. ``rollout_is_threshold`` None: 2.0.
+    ``rollout_rs_threshold`` None: 2.0 for ``"token"`` and ``"sequence"``; verl's options need it given."""
     if rollout_is is None and rollout_rs is None:
         rollout_is = "token"
     if rollout_is is not None and rollout_is not in LEVELS:
         raise ValueError(f"rollout_is must be one of {LEVELS} or None, got {rollout_is!r}")
     if rollout_rs is not None and not isinstance(rollout_rs, str):
         raise ValueError(f"rollout_rs must be a string or None, got {rollout_rs!r}")
-    if not rollout_is_threshold > 0:
-        raise ValueError(f"rollout_is_threshold must be > 0, got {rollout_is_threshold!r}")
+    if rollout_rs is None and (rollout_rs_threshold is not None or rollout_rs_threshold_lower is not None):
+        raise ValueError(
+            "rollout_rs_threshold and rollout_rs_threshold_lower need rollout_rs: without it no token is "
+            "rejected; set rollout_rs ('token', 'sequence' or verl's options), or drop them"
+        )
+    if rollout_is is None and rollout_is_threshold is not None:
+        raise ValueError(
+            f"rollout_is_threshold={rollout_is_threshold!r} needs rollout_is: without it no IS weight is "
+            "truncated; set rollout_is ('token' or 'sequence'), or drop rollout_is_threshold"
+        )
+    rollout_is_threshold = 2.0 if rollout_is_threshold is None else rollout_is_threshold
+    check_hparams("> 0", rollout_is_threshold=rollout_is_threshold)
+    if rollout_is is not None and rollout_is_threshold < 1:
+        raise ValueError(
+            f"rollout_is_threshold={rollout_is_threshold!r} < 1 caps every weight below 1, so even a token whose "
+            "sampler and trainer agree (ratio exactly 1, as on-policy without mismatch) has its loss scaled by "
+            f"{rollout_is_threshold!r}; give a threshold >= 1 (verl's default 2.0)"
+        )
     m = mask.to(torch.bool)
     kept = m
     log_ratio = (old_log_prob - rollout_log_prob).detach()
@@ -169,8 +219,6 @@ def rollout_correction(
         kept = m & keep
         dropped = (~keep & m).sum().to(weights.dtype)
         metrics["rollout_rs_masked_fraction"] = dropped / m.sum().clamp(min=1).to(weights.dtype)
-    elif rollout_rs_threshold is not None or rollout_rs_threshold_lower is not None:
-        raise ValueError("rollout_rs_threshold and rollout_rs_threshold_lower need rollout_rs")
     weights = torch.where(kept, weights, torch.zeros_like(weights))
     if kept.any():  # with no kept token there is no weight to describe: left out, never 0
         metrics["rollout_is_mean"] = weights[kept].mean()

@@ -10,9 +10,10 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from kpo.train.checkpoints import continue_command
 from kpo.train.config import TrainConfig
 from kpo.train.metrics import load_metrics, window_mean
-from kpo.train.summary import EVAL_FILES
+from kpo.train.summary import eval_command
 
 __all__ = ["CARD_METRICS", "run_card", "write_run_card"]
 
@@ -143,8 +144,6 @@ def _sampler(config: TrainConfig) -> str:
     lag = f", {config.rollout_lag} generation batch(es) behind the trainer" if config.rollout_lag else ""
     anchor = "the sampler's log-probs (bypass)" if config.ratio_anchor == "rollout" else "the trainer's log-probs"
     given = {k: v for k, v in config.rollout_correction().items() if v is not None}
-    if config.rollout_is is None:  # a TIS threshold without TIS says nothing
-        given.pop("rollout_is_threshold", None)
     correction = ", ".join(f"{k}={_value(v)}" for k, v in given.items())
     return (
         f"- rollouts sampled in {config.rollout_dtype}{lag}; the ratio's anchor: {anchor}; rollout correction: "
@@ -177,28 +176,18 @@ def _unfinished(config: TrainConfig, out: Path, steps: int) -> list[str]:
     if steps >= config.max_steps:
         return []
     return [
-        f"The run stopped at step {steps} of {config.max_steps}; `kpo train --config "
-        f"{shlex.quote(str(out / 'config.yaml'))} --resume` continues it from its last checkpoint and writes "
-        "`final/` at the end.",
+        f"The run stopped at step {steps} of {config.max_steps}; `{continue_command(out)}` carries it on (from its "
+        "last checkpoint, on the processes that wrote it) and writes `final/` at the end.",
         "",
     ]
 
 
 def _commands(config: TrainConfig, out: Path) -> list[str]:
     run = shlex.quote(str(out))
-    if config.dataset is None:
-        task = config.task_config()
-        data = (
-            f"--data synthetic --task kind={task.kind} --task n_terms={task.n_terms} "
-            f"--task max_value={task.max_value} --n 8 --k 1,8"
-        )
-    else:
-        data = f"--data BENCHMARK.jsonl --n 16 --k 1,16 --max-new-tokens {config.max_completion()}"
-    start = f"{run}/warm_start" if config.model is None else shlex.quote(config.model)
     lines = [
         "```bash",
-        f"kpo eval --model {run}/final {data} --output {run}/{EVAL_FILES['final']}",
-        f"kpo eval --model {start} {data} --output {run}/{EVAL_FILES['warm_start']}   # the model it started from",
+        eval_command(config, out, "final"),
+        f"{eval_command(config, out, 'warm_start')}   # the model it started from",
         f"kpo summary {run}   # final vs start with 95% intervals",
     ]
     if config.dump_ratios_every:

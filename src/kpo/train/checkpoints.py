@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,9 +24,11 @@ from kpo._files import flush_to_disk, replacing, writing
 __all__ = [
     "RECORD",
     "SET_ASIDE_PREFIX",
+    "continue_command",
     "incomplete_reason",
     "last_complete",
     "mark_complete",
+    "processes_of",
     "save_whole",
     "set_aside_incomplete",
     "step_of",
@@ -79,6 +82,21 @@ def incomplete_reason(checkpoint: Path) -> str | None:
 def last_complete(out: Path) -> Path | None:
     """The newest complete checkpoint of ``out``, or None."""
     return next((c for c in reversed(_checkpoints(out)) if incomplete_reason(c) is None), None)
+
+
+def processes_of(checkpoint: Path) -> int:
+    """How many processes wrote ``checkpoint``: transformers saves each one's random-number generators, as
+    rng_state_{rank}.pth when there are several and rng_state.pth when there is one."""
+    return len(list(checkpoint.glob("rng_state_*.pth"))) or 1
+
+
+def continue_command(out: Path) -> str:
+    """The command that carries on the unfinished run in ``out``: ``--resume`` from its last complete checkpoint, on
+    as many processes as wrote it (a resume needs them), or, with no checkpoint, ``--overwrite`` to start again."""
+    ckpt = last_complete(out)
+    n = 1 if ckpt is None else processes_of(ckpt)
+    launch = "kpo train" if n == 1 else f"kpo launch --nproc-per-node {n} train"
+    return f"{launch} --config {shlex.quote(str(out / 'config.yaml'))} {'--overwrite' if ckpt is None else '--resume'}"
 
 
 def set_aside_incomplete(out: Path) -> list[str]:

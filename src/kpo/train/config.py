@@ -142,7 +142,9 @@ class TrainConfig:
         0,
         "Generation batches the sampler's weights lag the trainer's by, as in an async trainer (samples drawn by "
         "the weights of k batches ago; the first k batches by the starting weights); 0 = none. With "
-        "ratio_anchor=rollout the staleness reaches the ratio; with the trainer's anchor, rollout_is corrects it.",
+        "ratio_anchor=rollout the staleness reaches the ratio; with the trainer's anchor, rollout_is corrects it. "
+        "Less than the run's generation batches (max_steps / minibatches); the sampler keeps lag + 1 float32 copies "
+        "of the weights, in memory and in every checkpoint.",
     )
     ratio_anchor: str = _option(
         "trainer",
@@ -156,7 +158,11 @@ class TrainConfig:
         "min(pi_trainer / pi_sampler, rollout_is_threshold) on the loss; none = off. Needs ratio_anchor=trainer "
         "(with the sampler's anchor the PPO ratio itself is the correction, as in verl's bypass mode).",
     )
-    rollout_is_threshold: float = _option(2.0, "TIS truncation threshold (verl's default 2.0).")
+    rollout_is_threshold: float = _option(
+        2.0,
+        "TIS truncation threshold (verl's default 2.0), with rollout_is; >= 1 (a cap below 1 would scale down every "
+        "token whose sampler and trainer agree).",
+    )
     rollout_rs: str | None = _option(
         None,
         "Rollout correction, rejection (verl's rollout_rs): token or sequence (MIS: drop a token or row whose ratio "
@@ -167,13 +173,15 @@ class TrainConfig:
     rollout_rs_threshold: str | None = _option(
         None,
         "Rejection bounds in verl's spec: an upper ratio bound for token/sequence (none = 2.0), 'lower_upper' for "
-        "k1 options (IcePop: rollout_rs=token_k1 rollout_rs_threshold=0.5_2.0), an upper bound for k2/k3.",
+        "k1 options (IcePop: rollout_rs=token_k1 rollout_rs_threshold=0.5_2.0), an upper bound for k2/k3; with "
+        "rollout_rs. Ratio bounds must keep a ratio of 1 (else every token whose sampler and trainer agree is "
+        "rejected).",
     )
     rollout_rs_threshold_lower: float | None = _option(
-        None, "Rejection lower ratio bound for rollout_rs=token/sequence; none = no lower bound."
+        None, "Rejection lower ratio bound for rollout_rs=token/sequence, <= 1; none = no lower bound."
     )
 
-    # --- embedded task and tiny model (ignored with --model/--dataset where noted) ---
+    # --- embedded task and tiny model (refused with --dataset: task fields; with --model: the others) ---
     task: str = _option(
         "running",
         "Embedded task: running (running sum mod 10 of n_terms digits, one response token per digit: 128-token "
@@ -203,19 +211,21 @@ class TrainConfig:
         "(running 0.01, chain 0.3).",
     )
     sft_learning_rate: float = _option(3e-3, "Warm start: learning rate.")
-    cache_dir: str | None = _option(None, "Warm-start cache; None = $KPO_CACHE or ~/.cache/kpo.")
+    cache_dir: str | None = _option(
+        None, "Warm-start cache (the embedded model's); None = $KPO_CACHE or ~/.cache/kpo."
+    )
 
     # --- real runs ---
     model: str | None = _option(None, "Hugging Face checkpoint directory; None = the embedded tiny model.")
     dataset: str | None = _option(
         None, "Training problems: DAPO-Math-17k parquet, or jsonl/json/parquet with problem/answer fields."
     )
-    problem_key: str | None = _option(None, "Field holding the problem (default: detected by kpo.data.math).")
-    answer_key: str | None = _option(None, "Field holding the answer (default: detected by kpo.data.math).")
+    problem_key: str | None = _option(None, "With dataset: field holding the problem (default: detected).")
+    answer_key: str | None = _option(None, "With dataset: field holding the answer (default: detected).")
     instruction: str = _option(
         DEFAULT_INSTRUCTION,
-        "Follows each dataset problem on a new line (user turn of the chat template); kpo.data.math.format_prompt "
-        "builds the text, as kpo eval does.",
+        "With dataset: follows each problem on a new line (user turn of the chat template); "
+        "kpo.data.math.format_prompt builds the text, as kpo eval does.",
     )
     use_vllm: bool = _option(
         False, "Generate with vLLM (TRL use_vllm, colocate mode); needs vllm and a CUDA GPU."
@@ -340,7 +350,9 @@ class TrainConfig:
         """The rollout correction as ``policy_loss``'s keywords (``kpo.losses.mismatch``); empty when off."""
         if self.rollout_is is None and self.rollout_rs is None:
             return {}
-        kw = {"rollout_is": self.rollout_is, "rollout_is_threshold": self.rollout_is_threshold}
+        kw = {"rollout_is": self.rollout_is}
+        if self.rollout_is is not None:
+            kw["rollout_is_threshold"] = self.rollout_is_threshold
         if self.rollout_rs is not None:
             kw |= {
                 "rollout_rs": self.rollout_rs,
@@ -386,6 +398,9 @@ class TrainConfig:
             errors += self._advantage_errors()
         if ok(*_MISMATCH_FIELDS):
             errors += self._mismatch_errors()
+        if ok("rollout_lag", "max_steps", "minibatches"):
+            errors += self._lag_errors()
+        errors += self._ignored_errors(skip=bad)
         if ok("model") and self.model is not None:
             errors += self._model_errors()
         elif ok("model", "task", "n_terms", "max_value", "seed", "sft_examples", "prompts_per_step"):
@@ -513,6 +528,29 @@ class TrainConfig:
                 rollout_correction(lp, lp, torch.ones(1, 2, dtype=torch.bool), **self.rollout_correction())
             except ValueError as e:
                 errors.append(f"rollout correction: {e}")
+        return errors
+
+    def _lag_errors(self) -> list[str]:
+        """A lag that no generation batch of the run reaches (the sampler would keep the starting weights)."""
+        batches = self.max_steps // self.minibatches
+        if not self.rollout_lag or self.rollout_lag < batches:
+            return []
+        return [
+            f"rollout_lag={self.rollout_lag}: the run has {batches} generation batch(es) (max_steps={self.max_steps} "
+            f"/ minibatches={self.minibatches}), so none would be sampled {self.rollout_lag} batches behind the "
+            f"trainer: the sampler would keep the starting weights all run; use --rollout-lag {batches - 1} or less "
+            f"(0 = none), or --max-steps {(self.rollout_lag + 1) * self.minibatches} or more"
+        ]
+
+    def _ignored_errors(self, skip: dict[str, str]) -> list[str]:
+        """Settings given (not at their default) that the run would ignore, as :data:`_IGNORED_UNLESS` says."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        errors = []
+        for name, (why, fix, acts) in _IGNORED_UNLESS.items():
+            value = getattr(self, name)
+            if name not in skip and value != defaults[name] and not acts(self):
+                flag = f"--{name.replace('_', '-')}"
+                errors.append(f"{name}={value!r} is ignored {why}: drop {flag}, or {fix}")
         return errors
 
     def _advantage_errors(self) -> list[str]:
@@ -726,6 +764,48 @@ _MISMATCH_FIELDS = (
     "rollout_rs_threshold_lower",
     "use_vllm",
 )
+# Settings that act only with another one: name -> (when it is ignored, the fix that makes it act, whether a config
+# has what it needs). Given (not at its default) where it would be ignored, it is refused.
+_WITH_VLLM = ("without --use-vllm", "add --use-vllm", lambda c: c.use_vllm)
+_WITH_DATASET = ("without --dataset (it reads dataset rows)", "add --dataset FILE", lambda c: c.dataset is not None)
+_IGNORED_UNLESS: dict[str, tuple[str, str, typing.Callable[[TrainConfig], bool]]] = {
+    "rollout_is_threshold": (
+        "without --rollout-is (no TIS weight to truncate)",
+        "add --rollout-is token (or sequence)",
+        lambda c: c.rollout_is is not None,
+    ),
+    **dict.fromkeys(
+        ("rollout_rs_threshold", "rollout_rs_threshold_lower"),
+        (
+            "without --rollout-rs (no token is rejected)",
+            "add --rollout-rs token (or sequence, or verl's options)",
+            lambda c: c.rollout_rs is not None,
+        ),
+    ),
+    **dict.fromkeys(
+        ("vllm_gpu_memory_utilization", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max"),
+        _WITH_VLLM,
+    ),
+    **dict.fromkeys(("problem_key", "answer_key", "instruction"), _WITH_DATASET),
+    **dict.fromkeys(
+        ("task", "n_terms", "max_value"),
+        ("with --dataset (it sets the embedded task)", "drop --dataset", lambda c: c.dataset is None),
+    ),
+    **dict.fromkeys(
+        (
+            "warm_start_seed",
+            "cache_dir",
+            "tiny_hidden_size",
+            "tiny_layers",
+            "tiny_heads",
+            "sft_examples",
+            "sft_epochs",
+            "sft_noise",
+            "sft_learning_rate",
+        ),
+        ("with --model (it sets the embedded model and its warm start)", "drop --model", lambda c: c.model is None),
+    ),
+}
 _VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 _TYPE_NAMES = {
     bool: "true/false",
@@ -741,7 +821,7 @@ _TYPE_NAMES = {
 def _task_check(task, seed: int, warm_start_seed: int, n_sft: int, prompts_per_step: int) -> tuple[str, ...]:
     """:meth:`TrainConfig._task_errors` of these settings, computed once per process: drawing a split and the warm
     start's problems takes seconds for the 128-token task, and kpo compare validates many runs of one task."""
-    from kpo.data.synthetic import load_split
+    from kpo.data.synthetic import MAX_ROWS, load_split
     from kpo.train.tiny import sft_problems
 
     try:
@@ -752,9 +832,10 @@ def _task_check(task, seed: int, warm_start_seed: int, n_sft: int, prompts_per_s
     task_text = f"the synthetic task ({task.kind}, n_terms={task.n_terms}, max_value={task.max_value})"
     most = task.max_problems("train")
     if n_sft > most:
+        grow = "" if most == MAX_ROWS else ", or raise --max-value / --n-terms"  # at MAX_ROWS the task holds more
         errors.append(
             f"sft_examples={n_sft}: {task_text} gives at most {most} distinct training problems "
-            f"for the warm start: lower --sft-examples to {most} or less, or raise --max-value / --n-terms"
+            f"for the warm start: lower --sft-examples to {most} or less{grow}"
         )
     else:
         try:

@@ -123,12 +123,6 @@ def _finished(ckpt: Path, config: TrainConfig) -> bool:
     return checkpoints.step_of(ckpt) == config.max_steps and (Path(config.output_dir) / "final").is_dir()
 
 
-def _checkpoint_processes(ckpt: Path) -> int:
-    """How many processes wrote ``ckpt``: transformers saves each one's random-number generators, as
-    rng_state_{rank}.pth when there are several and rng_state.pth when there is one."""
-    return len(list(ckpt.glob("rng_state_*.pth"))) or 1
-
-
 def _resume_checkpoint(config: TrainConfig, out: Path, world: int) -> Path:
     """The checkpoint a resume continues from; ConfigError when the run cannot continue to max_steps on
     ``world`` processes."""
@@ -159,7 +153,7 @@ def _resume_checkpoint(config: TrainConfig, out: Path, world: int) -> Path:
             ]
         )
     step = checkpoints.step_of(ckpt)
-    wrote = _checkpoint_processes(ckpt)
+    wrote = checkpoints.processes_of(ckpt)
     if wrote != world:
         # each process samples with its own generator and its share of the prompts: on another number of
         # processes the resumed run would leave the trajectory (transformers only warns of the missing states)

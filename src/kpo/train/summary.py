@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
 from kpo._files import replacing
-from kpo.train.config import on_policy_step
+from kpo.train.checkpoints import continue_command
+from kpo.train.config import TrainConfig, on_policy_step
 from kpo.train.metrics import load_metrics, window_mean
 
 __all__ = ["EVAL_FILES", "summarize_run", "main"]
@@ -77,29 +79,73 @@ def _kalman_block(rows: list[dict], minibatches: int) -> dict:
     }
 
 
+def eval_command(config: TrainConfig, run: Path, which: str) -> str:
+    """The ``kpo eval`` that writes evaluation ``which`` (a key of :data:`EVAL_FILES`) of the run ``config`` in
+    ``run``: of final/, or of the model it started from, on the run's task (a benchmark file with --dataset)."""
+    quoted = shlex.quote(str(run))
+    if config.dataset is None:
+        task = config.task_config()
+        data = (
+            f"--data synthetic --task kind={task.kind} --task n_terms={task.n_terms} "
+            f"--task max_value={task.max_value} --n 8 --k 1,8"
+        )
+    else:
+        data = f"--data BENCHMARK.jsonl --n 16 --k 1,16 --max-new-tokens {config.max_completion()}"
+    start = f"{quoted}/warm_start" if config.model is None else shlex.quote(config.model)
+    model = f"{quoted}/final" if which == "final" else start
+    return f"kpo eval --model {model} {data} --output {quoted}/{EVAL_FILES[which]}"
+
+
+def _not_a_run(path: Path) -> str:
+    """Why ``path``, no directory, has no run to summarize, and what to give instead."""
+    if not path.exists():
+        return f"{path}: no such directory; give the --output-dir of a kpo train run"
+    folder = path.parent
+    hint = (
+        f" (its folder is one: kpo summary {shlex.quote(str(folder))})"
+        if (folder / "config.yaml").is_file()
+        else ""
+    )
+    return f"{path} is a file, not a run directory; give the --output-dir of a kpo train run{hint}"
+
+
+def _evaluate_first(config: TrainConfig, run: Path, unevaluated: list[str], steps: int) -> str:
+    """What to run before the summary: the evaluations ``unevaluated`` (keys of :data:`EVAL_FILES`), and first,
+    where the final model is one of them and the run wrote none (it stopped early), the command that finishes it."""
+    files = ", ".join(EVAL_FILES[key] for key in unevaluated)
+    evaluate = " and ".join(eval_command(config, run, key) for key in unevaluated)
+    if "final" in unevaluated and not (run / "final").is_dir():
+        return (
+            f"{run}: no {files}, and no final/ to evaluate: the run stopped at step {steps} of {config.max_steps}; "
+            f"finish it with {continue_command(run)}, then evaluate with {evaluate}"
+        )
+    return f"{run}: no {files}; evaluate with {evaluate}"
+
+
 def summarize_run(run_dir: str | Path) -> dict:
     """The summary of ``run_dir`` (see the module docstring); writes ``summary.json`` there and returns it."""
     from kpo.evaluation.metrics import paired_diff_ci
     from kpo.losses.kpo import KALMAN_LOSSES
-    from kpo.train.config import TrainConfig
 
     run = Path(run_dir)
-    missing = [
-        name for name in ("config.yaml", "metrics.jsonl", *EVAL_FILES.values()) if not (run / name).exists()
-    ]
+    if not run.is_dir():
+        raise FileNotFoundError(_not_a_run(run))
+    missing = [name for name in ("config.yaml", "metrics.jsonl") if not (run / name).exists()]
     if missing:
         raise FileNotFoundError(
-            f"{run}: no {', '.join(missing)}; train with kpo train --output-dir {run}, then evaluate with kpo eval "
-            f"--model {run}/warm_start --output {run}/{EVAL_FILES['warm_start']} and --model {run}/final --output "
-            f"{run}/{EVAL_FILES['final']}"
+            f"{run}: no {', '.join(missing)}, so no kpo train run is there; give the --output-dir of one (kpo "
+            f"train --output-dir {shlex.quote(str(run))} trains one there)"
         )
     config = TrainConfig.from_yaml(run / "config.yaml")
     rows = load_metrics(run)
     if not rows:
         raise ValueError(
             f"{run / 'metrics.jsonl'}: no steps logged, so there is nothing to summarize; it is written during "
-            "training (train again, or resume the run with kpo train --resume)"
+            f"training: carry the run on with {continue_command(run)}"
         )
+    unevaluated = [key for key, name in EVAL_FILES.items() if not (run / name).exists()]
+    if unevaluated:
+        raise FileNotFoundError(_evaluate_first(config, run, unevaluated, len(rows)))
     evals = {key: _eval_block(run / name) for key, name in EVAL_FILES.items()}
     (warm, warm_counts, n_warm), (final, final_counts, n_final) = evals["warm_start"], evals["final"]
     if n_warm != n_final or len(warm_counts) != len(final_counts):
