@@ -135,7 +135,9 @@ class TrainConfig:
         "Precision of the model rollouts are sampled from, refreshed from the trainer's weights before every "
         "generation batch: float32 (the policy itself), bfloat16 (a bf16 copy, as a bf16 inference engine beside a "
         "float32 trainer) or float8 (bf16 with the decoder blocks' linear weights on the FP8 e4m3 grid, one scale "
-        "per output channel: W8A16 FP8 rollouts). The sampler's per-token log-probs are kept; their mismatch with "
+        "per output channel, and their input activations (one scale per token) and the KV cache (one scale per "
+        "token and head) rounded to e4m3 too: W8A8 with an FP8 cache, as vLLM's quantization=fp8 with "
+        "kv_cache_dtype=fp8). The sampler's per-token log-probs are kept; their mismatch with "
         "the trainer's is logged as rollout_corr/* every generation batch.",
     )
     rollout_lag: int = _option(

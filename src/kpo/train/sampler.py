@@ -15,8 +15,9 @@ the previous batch), whose tokens and per-token log-probs are the batch's rollou
   outputs and the cache are bf16), as a bf16 inference engine beside a float32 trainer.
 - ``float8``: bf16, and FP8 as vLLM runs it with ``quantization="fp8"`` and ``kv_cache_dtype="fp8"`` on a GPU
   with FP8 matmuls (W8A8; the FP8 rollouts of FlashRL and verl): the weights of every projection of the decoder
-  blocks rounded to float8 e4m3 with one scale per output channel, the activations into those projections and
-  every key and value rounded to e4m3 with one scale per token (``Qwen3Decoder(fp8=True)``); embeddings, norms
+  blocks rounded to float8 e4m3 with one scale per output channel, the activations into those projections rounded
+  to e4m3 with one scale per token, every key and value with one scale per token and head
+  (``Qwen3Decoder(fp8=True)``); embeddings, norms
   and the LM head stay bf16, as those engines leave them.
 
 Why ``float8`` exists: the embedded model has 2 layers and is far more confident than a language model (0.07
@@ -124,9 +125,10 @@ def mismatch_sums(
     trainer_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
     """The sums :func:`mismatch_metrics` divides, over a batch's valid tokens (``mask`` [B, T]) of the trainer's and
-    the sampler's log-probs [B, T]: float64 [6] = (tokens, rows with a token, sum of log pi_rollout - log
-    pi_trainer, sum of k3, sum of rho^2, sum over rows of the difference of their mean log-probs). Sums add
-    over processes and micro-batches, so the metrics of a whole batch come from the sums of its parts."""
+    the sampler's log-probs [B, T]: float64 [6] = (tokens, rows, sum of log pi_rollout - log pi_trainer, sum of
+    k3, sum of rho^2, sum over rows of the difference of their mean log-probs, 0 for a row without a valid token
+    as in verl's batch mean). Sums add over processes and micro-batches, so the metrics of a whole batch come
+    from the sums of its parts."""
     m = mask.bool()
     lr = torch.where(
         m, trainer_log_prob.double() - rollout_log_prob.double(), 0.0
@@ -140,7 +142,7 @@ def mismatch_sums(
     return torch.stack(
         [
             m.sum().double(),
-            rows.sum().double(),
+            torch.tensor(float(m.shape[0]), dtype=torch.float64, device=m.device),
             -lr.sum(),
             k3.sum(),
             rho2.sum(),
@@ -152,8 +154,9 @@ def mismatch_sums(
 def mismatch_metrics(sums: torch.Tensor) -> dict[str, float]:
     """verl's ``rollout_corr/`` mismatch metrics from :func:`mismatch_sums` (``compute_offpolicy_metrics``, with
     rho = pi_trainer / pi_rollout over valid tokens): ``kl`` = mean(log pi_rollout - log pi_trainer), ``k3_kl`` =
-    mean(rho - 1 - log rho), ``chi2_token`` = mean(rho^2) - 1, ``log_ppl_diff`` = the mean over rows of (mean log
-    pi_rollout - mean log pi_trainer). Empty when there is no valid token."""
+    mean(rho - 1 - log rho), ``chi2_token`` = mean(rho^2) - 1, ``log_ppl_diff`` = the mean over every row of (mean
+    log pi_rollout - mean log pi_trainer), a row without a valid token counting 0 (verl divides by the batch).
+    Empty when there is no valid token."""
     tokens, rows, kl, k3, rho2, row_diff = sums.tolist()
     if tokens == 0:
         return {}
