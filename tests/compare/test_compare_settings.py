@@ -60,7 +60,7 @@ def test_quick_mode_shrinks_only_what_is_not_set():
         # The chain task (sums of two numbers up to 19) has 40 test problems.
         (
             ["--eval-limit", "41", "--", "--task", "chain"],
-            "--eval-limit=41: more problems than the task's test split can supply; use 1..40",
+            "--eval-limit=41: n=41: 41 test problems requested but the task",
         ),
         (["--eval-n", "0"], "--eval-n=0: must be an integer >= 1"),
         (

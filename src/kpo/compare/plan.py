@@ -371,18 +371,15 @@ def held_out_problems(cfg: CompareConfig, limit: int | None) -> int:
 
 def _eval_limit_errors(cfg: CompareConfig) -> list[str]:
     try:
-        size = held_out_problems(cfg, None)
+        held_out_problems(cfg, None)
     except ValueError as err:  # a task too small for any test split
         return [f"held-out evaluation: {err}"]
     if cfg.eval_limit is None:
         return []
     try:
         held_out_problems(cfg, cfg.eval_limit)
-    except ValueError:
-        return [
-            f"--eval-limit={cfg.eval_limit}: more problems than the task's test split can supply; use "
-            f"1..{size} (the default split) or omit it"
-        ]
+    except ValueError as err:  # the data module's own words: the most problems it can supply, and the fix
+        return [f"--eval-limit={cfg.eval_limit}: {err}"]
     return []
 
 
