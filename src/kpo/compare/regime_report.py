@@ -150,11 +150,7 @@ def _plot(entries: list[dict], path: Path) -> Path:
         "claims are the questions'",
         fontsize=9,
     )
-    fig.tight_layout()
-    with replacing(path) as partial:
-        fig.savefig(partial, dpi=110, format="png")
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _plot_memory(entries: list[dict], path: Path) -> Path | None:
@@ -182,11 +178,7 @@ def _plot_memory(entries: list[dict], path: Path) -> Path | None:
     ax.set_ylabel("fitted filter memory (tokens; median over seeds)")
     ax.set_title("KPO (auto): the memory the likelihood picks, batch by batch (responses are 128 tokens)", fontsize=9)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    with replacing(path) as partial:
-        fig.savefig(partial, dpi=110, format="png")
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _curves_section(out: Path, entries: list[dict]) -> list[str]:
@@ -240,15 +232,18 @@ def _plot_curves(entries: list[dict], path: Path) -> Path:
         ax.set_xlabel("generation batches (dotted: the map's length)")
         ax.set_ylabel("exact expected held-out accuracy (%)")
         ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> Path:
+    """Lay out ``fig``, write it to ``path`` whole (a PNG) and close it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     with replacing(path) as partial:
         fig.savefig(partial, dpi=110, format="png")
     plt.close(fig)
     return path
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values)
 
 
 def render_map(out: Path, entries: list[dict], answers: list[dict], looks: list[dict], plan: dict) -> Path:
@@ -314,7 +309,7 @@ def render_map(out: Path, entries: list[dict], answers: list[dict], looks: list[
         if plan.get("cells")
         else "- No plan.json.",
         f"- Measured 95% half-widths of the cells' t-intervals (pairs without a collapse): {min(measured):.1f} to "
-        f"{max(measured):.1f} points, median {_median(measured):.1f} ({len(measured)} intervals)."
+        f"{max(measured):.1f} points, median {statistics.median(measured):.1f} ({len(measured)} intervals)."
         if measured
         else "- No t-interval measured yet.",
         "",
