@@ -333,6 +333,28 @@ def test_config_subclass_through_verl_hydra_instantiation():
         omega_conf_to_dataclass(_compose(*kpo_keys).actor_rollout_ref.actor)
 
 
+def test_memory_auto_through_verl_hydra_fits_q_and_reports_it():
+    """+actor_rollout_ref.actor.memory=auto (a string where memory is otherwise a number): verl's config path
+    keeps it, the loss fits q to the micro-batch, and the fit reaches verl's metrics as actor/kpo/q and actor/kpo/memory_tokens."""
+    cfg = _compose(
+        "actor_rollout_ref.actor._target_=kpo.integrations.verl.KPOActorConfig",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=kpo",
+        "+actor_rollout_ref.actor.memory=auto",
+        "+actor_rollout_ref.actor.q_max=0.5",
+    )
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert (actor.memory, actor.q_max) == ("auto", 0.5)
+    new, old, adv, mask, _ = make_batch(seed=5)
+    loss, metrics = verl_call(get_policy_loss_fn("kpo"), new, old, adv, mask, actor.loss_agg_mode, actor, None)
+    expected, ours = policy_loss(
+        "kpo", new, old, adv, mask, loss_agg_mode=actor.loss_agg_mode, clip_ratio=0.2, memory="auto", q_max=0.5
+    )
+    assert torch.equal(loss, expected) and 0 < ours["kpo/q"] <= 0.5
+    assert metrics["actor/kpo/q"] == ours["kpo/q"] and "actor/kpo/memory_tokens" in metrics
+    with pytest.raises(ValueError, match="give a number of tokens > 0 or 'auto'"):
+        actor_config("kpo", memory="fitted")
+
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "verl"
 
 
