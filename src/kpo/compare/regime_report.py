@@ -154,7 +154,8 @@ def _plot(entries: list[dict], path: Path) -> Path:
 
 
 def _plot_memory(entries: list[dict], path: Path) -> Path | None:
-    """KPO (auto)'s fitted memory (tokens, median over seeds) per generation batch, one line per cell."""
+    """KPO (auto)'s fitted memory per generation batch, one line per cell: the share of its off-policy steps whose
+    fit sits at the longest memory allowed (q at its bound: no drift seen), and the median memory of the others."""
     lines = {
         e["cell"]: a["memory_tokens"]
         for e in entries
@@ -168,16 +169,24 @@ def _plot_memory(entries: list[dict], path: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
     for i, (cell, memory) in enumerate(lines.items()):
-        batches = sorted(memory, key=int)
-        ax.plot([int(b) for b in batches], [memory[b] for b in batches], "o-" if "depth4" in cell else "s--",
-                color=f"C{i}", label=cell, ms=3)
-    ax.set_yscale("log")
-    ax.set_xlabel("generation batch")
-    ax.set_ylabel("fitted filter memory (tokens; median over seeds)")
-    ax.set_title("KPO (auto): the memory the likelihood picks, batch by batch (responses are 128 tokens)", fontsize=9)
-    ax.legend(fontsize=7)
+        batches = sorted(memory["by_batch"], key=int)
+        x = [int(b) for b in batches]
+        style = dict(color=f"C{i}", ls="-" if "lr0.0001" in cell else "--", marker="o" if "depth4" in cell else "s", ms=3)
+        top.plot(x, [100 * memory["by_batch"][b]["at_bound"] for b in batches], label=cell, **style)
+        below = [memory["by_batch"][b]["median_below_bound"] for b in batches]
+        bottom.plot([b for b, m in zip(x, below) if m], [m for m in below if m], **style)
+    longest = next(iter(lines.values()))["longest"]
+    top.set_ylabel(f"% of off-policy steps at the\nlongest memory ({longest:.0f} tokens)")
+    top.set_title("KPO (auto): the memory the likelihood picks, batch by batch (responses: 128 tokens; solid: "
+                  "stable rate, dashed: stress)", fontsize=9)
+    top.legend(fontsize=7, ncol=2)
+    bottom.set_yscale("log")
+    bottom.set_ylabel("median fitted memory of the\nother steps (tokens)")
+    bottom.axhline(31.25, color="0.5", ls=":", lw=1)
+    bottom.text(1, 31.25, " matched memory (31.25)", fontsize=7, va="bottom", color="0.4")
+    bottom.set_xlabel("generation batch")
     return _save(fig, path)
 
 

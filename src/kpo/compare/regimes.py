@@ -530,10 +530,8 @@ def write_cell_report(cfg: RegimeConfig, cell: Cell, seeds: int) -> Path | None:
 # ------------------------------------------------------------------ a cell of the map
 def _arm_stats(cfg: RegimeConfig, cell: Cell, runs: list[Run]) -> dict:
     """One arm of a cell, from metrics.jsonl: the mean mismatch (rollout_corr/k3_kl), clip fraction of the
-    batches' first (on-policy) steps and of the others, and for KPO (auto) its fitted memory (tokens) per
-    generation batch, the median over the arm's finished seeds."""
-    import statistics
-
+    batches' first (on-policy) steps and of the others, and for KPO (auto) its fitted memory per generation
+    batch over the arm's finished seeds (:func:`_memory_by_batch`)."""
     from kpo.train.config import on_policy_step
     from kpo.train.metrics import load_metrics
 
@@ -547,15 +545,36 @@ def _arm_stats(cfg: RegimeConfig, cell: Cell, runs: list[Run]) -> dict:
                 k3.append(r["rollout_corr/k3_kl"])
             if r.get("clip_frac") is not None:
                 (first if on_policy_step(r["step"], cell.depth) else rest).append(r["clip_frac"])
-            if r.get("kpo/memory_tokens") is not None:
+            if r.get("kpo/memory_tokens") is not None and not on_policy_step(r["step"], cell.depth):
                 memory.setdefault(-(-r["step"] // cell.depth), []).append(r["kpo/memory_tokens"])
     mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
     return {
         "k3_kl": mean(k3),
         "on_policy_clip_frac": mean(first),
         "off_policy_clip_frac": mean(rest),
-        "memory_tokens": {b: statistics.median(v) for b, v in sorted(memory.items())} or None,
+        "memory_tokens": _memory_by_batch(memory) if memory else None,
     }
+
+
+def _memory_by_batch(memory: dict[int, list[float]]) -> dict:
+    """KPO (auto)'s fitted memories (tokens) of the off-policy steps, per generation batch: the share at the
+    longest memory the fit allows (q at its lower bound: the likelihood sees no drift at all) and the median of
+    the others. The two are apart because the fit is: a mean of both would describe no step."""
+    import statistics
+
+    from kpo.filter.fit import Q_BOUNDS
+    from kpo.filter.memory import filter_memory
+
+    longest = filter_memory(Q_BOUNDS[0])
+    out = {}
+    for batch, values in sorted(memory.items()):
+        interior = [v for v in values if v < 0.999 * longest]
+        out[batch] = {
+            "at_bound": 1 - len(interior) / len(values),
+            "median_below_bound": statistics.median(interior) if interior else None,
+            "steps": len(values),
+        }
+    return {"longest": longest, "by_batch": out}
 
 
 CONTRASTS = ((KPO, GRPO), (KPO, GSPO), (KPO, CLIP_BAND), (AUTO, GRPO), (AUTO, GSPO), (AUTO, KPO), (AUTO, CLIP_BAND))
