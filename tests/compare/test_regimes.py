@@ -149,8 +149,8 @@ def test_a_cell_collapses_contrasts_and_pick(tmp_path):
     # fitted memories 100 x step at the off-policy steps 2-4 and 6-8 (steps 1 and 5 start a batch): medians 300, 700
     by_batch = entry["arms"][AUTO]["memory_tokens"]["by_batch"]
     assert by_batch == {
-        1: {"at_bound": 0.0, "median_below_bound": pytest.approx(300.0), "steps": 3},
-        2: {"at_bound": 0.0, "median_below_bound": pytest.approx(700.0), "steps": 3},
+        1: {"at_bound": 0.0, "median_below_bound": pytest.approx(300.0), "steps": 12},  # 3 steps x 4 seeds
+        2: {"at_bound": 0.0, "median_below_bound": pytest.approx(700.0), "steps": 12},
     }
     assert entry["arms"][KPO]["on_policy_clip_frac"] == pytest.approx(0.1)
     # the band collapsed alone in seed 2 only: one discordant pair; KPO (auto) has none with the band either
