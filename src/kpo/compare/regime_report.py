@@ -13,7 +13,7 @@ from pathlib import Path
 from kpo._files import replacing
 from kpo.compare.stats import MARGIN
 
-__all__ = ["render_map"]
+__all__ = ["answer_line", "contrast_text", "render_map"]
 
 PANELS = ("KPO (matched) - GRPO", "KPO (matched) - GSPO", "KPO (auto) - KPO (matched)", "KPO (matched) - clip band")
 
@@ -57,7 +57,7 @@ def contrast_text(c: dict | None) -> str:
     return f"median {_pct(c['median'], True)}{interval} (sign p={c['p']:.2g})"
 
 
-def _answer_line(a: dict) -> str:
+def answer_line(a: dict) -> str:
     """One question: its answer and the test behind it (p over the looks, estimate, seeds)."""
     if a["verdict"] in ("pending", "not asked"):
         return f"- **{a['question']}** {a['verdict']}."
@@ -282,7 +282,7 @@ def render_map(out: Path, entries: list[dict], answers: list[dict], looks: list[
         "",
         "## The questions (the map's claims)",
         "",
-        *(_answer_line(a) for a in answers),
+        *(answer_line(a) for a in answers),
         "",
         "Looks: " + "; ".join(
             ", ".join(f"{g} {n} seeds" for g, n in look["seeds"].items())

@@ -1,9 +1,11 @@
-"""Restate the horizon (docs/results/horizon: 3 seeds, 100 generation batches, made before issue 38) with the
-statistics of kpo.compare.stats, from the per-seed final accuracies its report.json kept (its runs, and with them
-the per-seed learning curves, are gone; `kpo compare regimes --cells none-depth4-lr0.0001,none-depth4-lr0.0005
---seeds 4 --max-seeds 4 --batches 100 --curve-every 10 --out runs/horizon` reruns it with them).
+"""Restate a regime map made before issue 38 (docs/results/regimes-first: 4 seeds; docs/results/horizon: 3 seeds,
+100 generation batches) with the statistics of kpo.compare.stats and the questions of kpo.compare.regimes, from the
+per-seed final accuracies its report.json kept (its runs, and the horizon's per-seed learning curves, are gone:
+`kpo compare regimes --cells none-depth4-lr0.0001,none-depth4-lr0.0005 --seeds 4 --max-seeds 4 --batches 100
+--curve-every 10 --out runs/horizon` reruns the horizon with them).
 
-    python scripts/restate_horizon.py [docs/results/horizon]   # writes restated.md and restated.json there
+    python scripts/restate_map.py docs/results/horizon          # writes restated.md and restated.json there
+    python scripts/restate_map.py docs/results/regimes-first
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import sys
 from pathlib import Path
 
 from kpo._files import replacing
+from kpo.compare.questions import LOOKS, decide, describe
 from kpo.compare.regime_report import contrast_text
+from kpo.compare.regimes import QUESTIONS, Cell
 from kpo.compare.stats import collapse_count, mcnemar_exact, paired_accuracy
 
 LABELS = {
@@ -43,18 +47,42 @@ def restate(cell: dict) -> dict:
     return out
 
 
+def questions(old: dict) -> list[dict]:
+    """The map's questions on the old map's data, at its first look (its arms only: KPO (auto)'s are pending)."""
+    cells = [Cell(c["mismatch"], c["depth"], c["lr"]) for c in old["cells"]]
+    data = {
+        cell.name: {arm: [(a, a < w) for a, w in zip(v["accuracy"], c["warm_start"])] for arm, v in c["arms"].items()}
+        for cell, c in zip(cells, old["cells"])
+    }
+    seeds = min(len(c["warm_start"]) for c in old["cells"])
+    answers = decide(QUESTIONS, data, cells, {"stable": seeds, "stress": seeds}, cap=seeds)
+    describe(QUESTIONS, answers)
+    return answers
+
+
 def main(folder: Path) -> None:
+    from kpo.compare.regime_report import answer_line
+
     old = json.loads((folder / "report.json").read_text())
     cells = [restate(c) for c in old["cells"]]
+    seeds = min(len(c["warm_start"]) for c in old["cells"])
+    answers = questions(old) if seeds >= LOOKS[0] else []
     md = [
-        "# The horizon, restated with the statistics of issue 38",
+        "# The map, restated with the statistics of issue 38",
         "",
-        "From the per-seed final accuracies of [report.json](report.json) (3 seeds, 100 generation batches): each "
-        "arm's collapses (final below its seed's warm start) with the exact 95% bound of the rate; KPO (matched)'s "
-        "contrasts by the rule that fits them (the paired t-interval where no run of a pair collapsed, else the "
-        "exact sign test, with no interval below 6 pairs) and the exact McNemar test of the collapses. Per cell and "
-        "unadjusted: descriptive. Made by `python scripts/restate_horizon.py`.",
+        f"From the per-seed final accuracies of [report.json](report.json) ({seeds} seeds): each arm's collapses "
+        "(final below its seed's warm start) with the exact 95% bound of the rate; KPO (matched)'s contrasts by the "
+        "rule that fits them (the paired t-interval where no run of a pair collapsed, else the exact sign test, "
+        "with no interval below 6 pairs) and the exact McNemar test of the collapses, per cell and unadjusted: "
+        "descriptive"
+        + (
+            "; and the questions of `kpo compare regimes`, at its first look (KPO (auto) did not run here)."
+            if answers
+            else f"; the map's questions need {LOOKS[0]} seeds."
+        )
+        + " Made by `python scripts/restate_map.py`.",
         "",
+        *(["## The questions at the first look", "", *(answer_line(a) for a in answers), ""] if answers else []),
         "| cell | arm | final accuracy per seed (%) | collapsed (≤ exact 95% bound) |",
         "|---|---|---|---|",
     ]
@@ -77,8 +105,8 @@ def main(folder: Path) -> None:
     with replacing(folder / "restated.md") as partial:
         partial.write_text("\n".join(md) + "\n")
     with replacing(folder / "restated.json") as partial:
-        partial.write_text(json.dumps({"cells": cells}, indent=2) + "\n")
+        partial.write_text(json.dumps({"questions": answers, "cells": cells}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/results/horizon"))
+    main(Path(sys.argv[1]))
