@@ -31,6 +31,7 @@ hash of its text falls in the test bucket, so no seed or size can leak a test pr
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import random
@@ -274,6 +275,14 @@ def load_split(
         )
     if (why := too_many(task, split, n)) is not None:
         raise ValueError(f"n={n}: {why}")
+    return [dict(row) for row in _drawn(split, n, seed, task)]
+
+
+@functools.lru_cache(maxsize=16)
+def _drawn(split: str, n: int, seed: int, task: TaskConfig) -> tuple[dict, ...]:
+    """The rows :func:`load_split` returns (as a tuple it copies: callers may change their rows). Cached: a
+    compare checks and evaluates the same split once per run config and per run, and drawing 256 problems of 128
+    terms takes a second."""
     # Salt the stream with the split so train and test seeds are independent streams; the chain task keeps
     # its original salt, so its rows are what they always were.
     salt = "kpo-synthetic" if task.kind == "chain" else f"kpo-synthetic-{task.kind}"
@@ -296,7 +305,7 @@ def load_split(
             }
         )
         if len(rows) == n:
-            return rows
+            return tuple(rows)
     # Only small tasks get here (the hash put fewer problems in this split than its expected share), so
     # counting the split exactly is cheap.
     count = _split_count(task, split)

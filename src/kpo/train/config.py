@@ -860,8 +860,10 @@ def on_policy_step(step: int, minibatches: int) -> bool:
     return (step - 1) % minibatches == 0
 
 
+@functools.cache
 def _field_kinds(name: str) -> tuple[type, ...]:
-    """The types a TrainConfig field's annotation allows: (int,) for ``int``, (int, NoneType) for ``int | None``."""
+    """The types a TrainConfig field's annotation allows: (int,) for ``int``, (int, NoneType) for ``int | None``
+    (cached: resolving the annotations costs milliseconds a field, and every parse and check reads them all)."""
     hint = typing.get_type_hints(TrainConfig)[name]
     return typing.get_args(hint) or (hint,)
 
