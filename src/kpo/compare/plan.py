@@ -33,8 +33,8 @@ REPLICA_SEED = (
 # what --quick sets where the option is not given: a smoke test in minutes
 QUICK = {"steps": 40, "eval_n": 4, "seeds": 2, "ablation_seeds": 1, "aa_seeds": 1}
 WARM_START = "warm_start"  # the Table 1 row of the models every run starts from
-EXPECTED_FILE = "expected.json"  # a model's exact expected held-out accuracy (the running task only)
-CURVE_FILE = "curve.json"  # a run's learning curve: EXPECTED_FILE's numbers at its checkpoints (--curve-every)
+CURVE_FILE = "curve.json"  # a run's learning curve: its outcome (kpo.compare.outcome) at its checkpoints (--curve-every)
+ENGINES = ("kpo", "verl")  # what trains a run: kpo train (TRL), or verl's main_ppo (kpo.compare.engines)
 # `kpo train` fields that kpo compare sets from its own options (or its run plan); a `--` flag for one of them
 # would override compare's value after compare.json recorded it.
 COMPARE_OWNED = {
@@ -50,6 +50,8 @@ COMPARE_OWNED = {
     "save_steps": "--curve-every (or nothing: an interrupt checkpoints every running run)",
     "save_total_limit": "--curve-every",
     "overwrite": "nothing (unfinished runs restart)",
+    "model": "--model",
+    "dataset": "--dataset",
 }
 
 
@@ -88,6 +90,13 @@ class CompareConfig:
     # (curve.json; a multiple of minibatches); 0 = none
     curve_every: int = 0
     quick: bool = False
+    engine: str = "kpo"  # what trains each run: "kpo" (kpo train) or "verl" (verl's main_ppo); ENGINES
+    model: str | None = None  # Hugging Face causal LM every run starts from; None = the embedded warm start
+    dataset: str | None = None  # training problems (the formats kpo train --dataset reads); None = the embedded task
+    # held-out benchmark files (the formats kpo eval reads), scored by avg@eval_n; () = the embedded task's test
+    # split (the running task: by its exact expected accuracy)
+    eval_data: tuple[str, ...] = ()
+    verl_config: str | None = None  # --engine verl: the user's verl YAML (its overrides go after `--`)
 
     def __post_init__(self) -> None:
         if self.quick:
@@ -105,13 +114,18 @@ class CompareConfig:
     def validate(self) -> CompareConfig:
         """Check every setting before anything trains, and name each loss by its canonical name (``grpo`` ->
         ``vanilla``). Raises :class:`CompareError` listing the problems found. Returns self."""
+        from kpo.compare.engines import engine_of
+
         methods, errors = _canonical_methods(self.methods)
-        errors = _range_errors(self) + errors + _sweep_name_errors(self) + _owned_flag_errors(self.train_args)
+        if self.engine not in ENGINES:
+            raise CompareError([f"--engine={self.engine!r}: unknown; use one of {', '.join(ENGINES)}"])
+        errors = _range_errors(self) + errors + _sweep_name_errors(self) + _data_errors(self)
+        errors += engine_of(self).flag_errors(self)
         if errors:
             raise CompareError(errors)
         self.methods = methods
         # The run configs and the task are only built from settings that passed the checks above.
-        errors = _train_config_errors(self) or _eval_limit_errors(self)
+        errors = engine_of(self).config_errors(self) or _eval_limit_errors(self)
         if errors:
             raise CompareError(errors)
         return self
@@ -357,15 +371,40 @@ def _train_config_errors(cfg: CompareConfig) -> list[str]:
 
 
 def held_out_problems(cfg: CompareConfig, limit: int | None) -> int:
-    """Problems of the task's test split that evaluation uses (``limit`` or the default split); ValueError
-    when the split cannot supply ``limit``."""
+    """Held-out problems evaluation uses: the first ``limit`` (None: all) of each ``--eval-data`` file, or of the
+    embedded task's test split (``limit`` or its default size); ValueError when the split cannot supply
+    ``limit``."""
+    if cfg.eval_data:
+        from kpo.data.math import load_problems
+
+        return sum(len(load_problems(path)[:limit]) for path in cfg.eval_data)
     from kpo.data.synthetic import load_split
     from kpo.train.config import parse_args
 
     return len(load_split("test", n=limit, task=parse_args(list(cfg.train_args)).task_config()))
 
 
+def _data_errors(cfg: CompareConfig) -> list[str]:
+    """Files the comparison reads that are not there or not what they should be: each ``--eval-data`` benchmark
+    (read as kpo eval reads it), ``--verl-config`` (only with --engine verl)."""
+    from kpo.data.math import load_problems
+
+    errors = []
+    for path in cfg.eval_data:
+        try:
+            load_problems(path)
+        except (ValueError, OSError) as e:  # OSError: FileNotFoundError, a folder, no permission
+            errors.append(f"--eval-data {path}: {e}; give a benchmark file in a format kpo eval reads")
+    if len({Path(p).stem for p in cfg.eval_data}) < len(cfg.eval_data):
+        errors.append("--eval-data: two files share a name (kpo eval names a benchmark by its file name); rename one")
+    if cfg.verl_config is not None and cfg.engine != "verl":
+        errors.append(f"--verl-config {cfg.verl_config}: a verl configuration needs --engine verl")
+    return errors
+
+
 def _eval_limit_errors(cfg: CompareConfig) -> list[str]:
+    if cfg.eval_data:  # kpo eval's --limit: the first N problems of each file, any N >= 1
+        return []
     try:
         size = held_out_problems(cfg, None)
     except ValueError as err:  # a task too small for any test split
@@ -408,6 +447,9 @@ def train_argv(cfg: CompareConfig, run: Run, out: Path) -> list[str]:
     ]
     if cfg.curve_every:  # every curve checkpoint kept, and the final one
         argv += ["--save-steps", str(cfg.curve_every), "--save-total-limit", str(cfg.steps // cfg.curve_every + 1)]
+    for flag, value in (("--model", cfg.model), ("--dataset", cfg.dataset)):
+        if value is not None:
+            argv += [flag, value]
     if run.loss_kwargs:
         argv += [
             "--loss-kwargs",

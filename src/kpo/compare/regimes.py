@@ -31,9 +31,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kpo._files import replacing
+from kpo.compare.outcome import load_outcome
 from kpo.compare.plan import (
     ABLATIONS,
-    EXPECTED_FILE,
     MATCHED_KWARGS,
     RUN_SECONDS,
     SAMPLE_SECONDS,
@@ -276,8 +276,9 @@ def format_regime_plan(cfg: RegimeConfig, est: dict) -> str:
 
 # ------------------------------------------------------------------ decisions
 def _expected(folder: Path) -> float | None:
-    path = folder / EXPECTED_FILE
-    return json.loads(path.read_text())["mean"] if path.exists() else None
+    """The mean outcome of the model in ``folder`` (kpo.compare.outcome), None when it is not scored yet."""
+    found = load_outcome(folder)
+    return None if found is None else found["mean"]
 
 
 def cell_runs(cfg: RegimeConfig, cell: Cell, clip_band: bool) -> list[Run]:
@@ -333,8 +334,9 @@ def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, pilot: Path | Non
     """Print the plan and the claim rules, then run every missing run of every cell (the clip-band arm of a cell
     as soon as its key arms call for it) and rewrite the map as each cell finishes; returns report.md (None with
     ``plan_only``)."""
+    from kpo.compare.engines import engine_of
     from kpo.compare.plan import pilot_sd
-    from kpo.compare.run import Job, _done, _exact_applies, _stale_run_errors, train_jobs
+    from kpo.compare.run import Job, _done, _stale_run_errors, train_jobs
 
     cfg.validate()
     est = estimate_regimes(cfg, pilot_sd(pilot) if pilot is not None else DIFF_SD)
@@ -351,7 +353,6 @@ def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, pilot: Path | Non
     out.mkdir(parents=True, exist_ok=True)
     _write_plan(out / "plan.json", est)
     _share_warm_starts(cfg)
-    exact = _exact_applies(cfg.cell_config(cfg.cells[0]))
 
     def jobs_of(cell: Cell, clip_band: bool) -> list[Job]:
         cell_cfg = cfg.cell_config(cell, clip_band)
@@ -361,7 +362,7 @@ def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, pilot: Path | Non
         return [
             Job(cell_cfg, r, Path(cell_cfg.out) / "runs" / r.name, f"{cell.name}/{r.name}")
             for r in runs
-            if not _done(cell_cfg, Path(cell_cfg.out) / "runs" / r.name, exact)
+            if not _done(cell_cfg, Path(cell_cfg.out) / "runs" / r.name)
         ]
 
     clip_cells = {cell for cell in cfg.cells if needs_clip_band(cfg, cell)}
@@ -376,15 +377,16 @@ def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, pilot: Path | Non
         if cell not in clip_cells and needs_clip_band(cfg, cell):
             clip_cells.add(cell)
             new = jobs_of(cell, clip_band=True)
-        if not new and cell_done(cfg, cell, exact):
+        if not new and cell_done(cfg, cell):
             write_cell_report(cfg, cell)
             write_regime_report(cfg)
         return new
 
     if todo:
-        train_jobs(todo, cfg.jobs, on_done)
+        first = cfg.cell_config(cfg.cells[0])
+        train_jobs(todo, cfg.jobs if cfg.jobs is not None else engine_of(first).workers(first), on_done)
     for cell in cfg.cells:
-        if cell_done(cfg, cell, exact) and not (Path(cfg.out) / cell.name / "report.md").exists():
+        if cell_done(cfg, cell) and not (Path(cfg.out) / cell.name / "report.md").exists():
             write_cell_report(cfg, cell)
     return write_regime_report(cfg)
 
@@ -402,12 +404,12 @@ def _write_plan(path: Path, est: dict) -> None:
         partial.write_text(json.dumps(est, indent=2) + "\n")
 
 
-def cell_done(cfg: RegimeConfig, cell: Cell, exact: bool) -> bool:
+def cell_done(cfg: RegimeConfig, cell: Cell) -> bool:
     """Whether every run the cell calls for (its key arms, and its clip-band arm where they call for it) is done."""
     from kpo.compare.run import _done
 
     cell_cfg = cfg.cell_config(cell, needs_clip_band(cfg, cell))
-    return all(_done(cell_cfg, Path(cell_cfg.out) / "runs" / r.name, exact) for r in plan_runs(cell_cfg))
+    return all(_done(cell_cfg, Path(cell_cfg.out) / "runs" / r.name) for r in plan_runs(cell_cfg))
 
 
 def write_cell_report(cfg: RegimeConfig, cell: Cell) -> Path:
@@ -462,9 +464,7 @@ def _paired(cfg: RegimeConfig, cell: Cell, a: list[Run], b: list[Run]) -> dict |
     seeds = [s for s in range(cfg.seeds) if all(_expected(folder / r.name) is not None for r in (a[s], b[s]))]
     if len(seeds) < 2:
         return None
-    found = _contrast(
-        [_load_eval(folder / a[s].name) for s in seeds], [_load_eval(folder / b[s].name) for s in seeds], True
-    )
+    found = _contrast([_load_eval(folder / a[s].name) for s in seeds], [_load_eval(folder / b[s].name) for s in seeds])
     return {k: found[k] for k in ("seeds", "mean", "low", "high", "half_width", "per_seed", "sd", "verdict")}
 
 
