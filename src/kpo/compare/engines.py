@@ -60,7 +60,7 @@ class Engine(Protocol):
 
     def eval_settings(self, cfg) -> dict:
         """``kpo eval`` settings that make its prompts the ones the runs trained on (``prompt_template``,
-        ``max_new_tokens``)."""
+        ``max_new_tokens``) and its ``backend``."""
 
 
 class KpoEngine:
@@ -86,7 +86,9 @@ class KpoEngine:
         from kpo.train.config import parse_args
         from kpo.train.run import model_path
 
-        return model_path(parse_args(["--seed", str(seed), "--progress", "false", *_model_args(cfg), *cfg.train_args]))
+        return model_path(
+            parse_args(["--seed", str(seed), "--progress", "false", *_model_args(cfg), *cfg.train_args])
+        )
 
     def train(self, cfg, run, out: Path, resume: bool) -> Path:
         from kpo.compare.plan import train_argv
@@ -134,8 +136,8 @@ class KpoEngine:
         return sum(1 for _ in path.open()) if path.exists() else 0
 
     def eval_settings(self, cfg) -> dict:
-        """The prompt kpo train built (:func:`kpo.data.math.format_prompt` with its instruction) and its response
-        budget where one was given."""
+        """The prompt kpo train built (:func:`kpo.data.math.format_prompt` with its instruction), its response
+        budget where one was given, and the transformers backend."""
         from kpo.data.math import format_prompt
         from kpo.train.config import parse_args
 
@@ -143,6 +145,9 @@ class KpoEngine:
         return {
             "prompt_template": format_prompt("{problem}", config.instruction),
             "max_new_tokens": config.max_completion_length,
+            # transformers, not "auto": on a GPU machine with vLLM installed, "auto" would start one vLLM engine
+            # per parallel worker, each claiming most of the GPU's memory
+            "backend": "transformers",
         }
 
 

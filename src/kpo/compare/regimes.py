@@ -115,7 +115,13 @@ class Cell:
     def name(self) -> str:
         return f"{self.mismatch}-depth{self.depth}-lr{self.lr:g}"
 
-    def train_args(self) -> tuple[str, ...]:
+    def train_args(self, engine: str = "kpo") -> tuple[str, ...]:
+        """The cell's settings as the engine's `--` flags: kpo train's, or verl's overrides (rollout dtype and bypass
+        mode, learning rate: :func:`kpo.compare.verl_engine.cell_overrides`)."""
+        if engine == "verl":
+            from kpo.compare.verl_engine import cell_overrides
+
+            return cell_overrides(self.mismatch, self.lr)
         return ("--learning-rate", repr(self.lr), *MISMATCH[self.mismatch])
 
 
@@ -144,6 +150,12 @@ class RegimeConfig:
     eval_limit: int | None = None
     jobs: int | None = None
     train_args: tuple[str, ...] = ()
+    # the user's setup, as kpo compare's (kpo.compare.CompareConfig documents each)
+    engine: str = "kpo"
+    model: str | None = None
+    dataset: str | None = None
+    eval_data: tuple[str, ...] = ()
+    verl_config: str | None = None
     cells: list[Cell] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -179,6 +191,8 @@ class RegimeConfig:
         self.cells = cells or [Cell(m, d, lr) for m in self.mismatch for d in self.depth for lr in self.lr]
         if any(c.mismatch not in MISMATCH for c in self.cells):
             raise CompareError([f"--cells: mismatch must be one of {', '.join(MISMATCH)}"])
+        if self.engine == "verl":
+            _verl_cell_errors(self)
         first_error = {}
         for cell in self.cells:
             for clip_band in (False, True):
@@ -210,9 +224,31 @@ class RegimeConfig:
             # 16 ratio dumps a run whatever the depth (steps 5k at depth 4: off-policy for k not = 1 mod 4)
             dump_every=max(1, steps // 16),
             jobs=self.jobs,
-            train_args=(*cell.train_args(), *self.train_args),
+            train_args=(*cell.train_args(self.engine), *self.train_args),
             curve_every=self.curve_every * cell.depth,
+            engine=self.engine,
+            model=self.model,
+            dataset=self.dataset,
+            eval_data=self.eval_data,
+            verl_config=self.verl_config,
         )
+
+
+def _verl_cell_errors(cfg: RegimeConfig) -> None:
+    """CompareError for what verl cannot run of the grid, or a `--` override of what each cell sets."""
+    from kpo.compare.verl_engine import CELL_MISMATCH, cell_overrides, override_key
+
+    errors = [
+        f"--mismatch {m}: not mapped to verl; use {', '.join(CELL_MISMATCH)}"
+        for m in sorted({c.mismatch for c in cfg.cells} - set(CELL_MISMATCH))
+    ]
+    owned = {override_key(o) for m in CELL_MISMATCH for o in cell_overrides(m, 1.0)}
+    errors += [
+        f"-- {key}=...: each cell sets it (--mismatch, --lr); drop it"
+        for key in sorted({override_key(o) for o in cfg.train_args} & owned)
+    ]
+    if errors:
+        raise CompareError(errors)
 
 
 # ------------------------------------------------------------------ plan

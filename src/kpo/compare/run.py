@@ -84,14 +84,16 @@ def _evaluate(cfg: CompareConfig, model: Path, output: Path) -> dict:
     from kpo.evaluation import evaluate
     from kpo.train.config import parse_args
 
+    settings = engine_of(cfg).eval_settings(cfg)
     if cfg.eval_data:
-        data, extra = list(cfg.eval_data), engine_of(cfg).eval_settings(cfg)
-    else:
+        data = list(cfg.eval_data)
+    else:  # the embedded task's test split, its prompts fed raw
         task = parse_args(list(cfg.train_args)).task_config()
         data = "synthetic"
-        extra = {"synthetic_kw": {"kind": task.kind, "n_terms": task.n_terms, "max_value": task.max_value}}
-    # transformers, not "auto": on a GPU machine with vLLM installed, "auto" would start one vLLM engine per
-    # parallel worker, each claiming most of the GPU's memory, for a tiny model.
+        settings = {
+            "backend": settings["backend"],
+            "synthetic_kw": {"kind": task.kind, "n_terms": task.n_terms, "max_value": task.max_value},
+        }
     return evaluate(
         model,
         data,
@@ -100,9 +102,8 @@ def _evaluate(cfg: CompareConfig, model: Path, output: Path) -> dict:
         limit=cfg.eval_limit,
         output=output,
         show_progress=False,
-        backend="transformers",
         batch_size=64,
-        **extra,
+        **settings,
     )
 
 

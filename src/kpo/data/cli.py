@@ -16,9 +16,15 @@ def build_parser() -> argparse.ArgumentParser:
         "warm start, built and cached on first use, as a Hugging Face directory). Prints the settings to train "
         "and evaluate them with.",
     )
-    p.add_argument("--out", type=Path, required=True, help="Folder to write (its three entries are replaced).")
-    p.add_argument("--n-train", type=int, default=None, help="Training problems (default: the split's default).")
-    p.add_argument("--n-test", type=int, default=None, help="Held-out problems (default: the split's default).")
+    p.add_argument(
+        "--out", type=Path, required=True, help="Folder to write (its three entries are replaced)."
+    )
+    p.add_argument(
+        "--n-train", type=int, default=None, help="Training problems (default: the split's default)."
+    )
+    p.add_argument(
+        "--n-test", type=int, default=None, help="Held-out problems (default: the split's default)."
+    )
     p.add_argument(
         "task_args",
         nargs=argparse.REMAINDER,
@@ -30,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     from kpo.data.task_files import write_task_files
-    from kpo.train.config import ConfigError, parse_args
+    from kpo.train.config import parse_args
     from kpo.train.run import model_path
     from kpo.train.tiny import context_length
 
@@ -40,13 +46,12 @@ def main(argv: list[str]) -> int:
     sizes = (("train", args.n_train), ("test", args.n_test))
     errors = [f"--n-{name}={n}: must be >= 1" for name, n in sizes if n is not None and n < 1]
     try:
-        config.validate()
-    except ConfigError as e:
-        errors += e.errors
+        task = config.task_config()
+    except ValueError as e:
+        errors.append(str(e))
     if errors:
         print("kpo task:\n" + "\n".join(f"  - {e}" for e in errors), file=sys.stderr)
         return 2
-    task = config.task_config()
     try:
         paths = write_task_files(
             args.out, task, model_path(config), n_train=args.n_train, n_test=args.n_test, seed=config.seed

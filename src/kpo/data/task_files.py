@@ -82,7 +82,13 @@ def _rows(task: TaskConfig, split: str, n: int | None, seed: int) -> list[dict]:
 
 
 def write_task_files(
-    out: Path, task: TaskConfig, model: Path, *, n_train: int | None = None, n_test: int | None = None, seed: int = 0
+    out: Path,
+    task: TaskConfig,
+    model: Path,
+    *,
+    n_train: int | None = None,
+    n_test: int | None = None,
+    seed: int = 0,
 ) -> dict[str, Path]:
     """Write ``out/train.parquet`` and ``out/test.parquet`` (``n_train`` / ``n_test`` problems of the task's
     splits, None: their default sizes; the train rows drawn with ``seed``) and ``out/model``, a copy of the
@@ -98,9 +104,11 @@ def write_task_files(
 
     out = Path(out)
     paths = {"train": out / "train.parquet", "test": out / "test.parquet", "model": out / "model"}
-    for split, path, n, draw in (("train", paths["train"], n_train, seed), ("test", paths["test"], n_test, 0)):
-        with replacing(path) as partial:
-            pq.write_table(pa.Table.from_pylist(_rows(task, split, n, draw)), partial)
+    # both splits drawn before anything is written: a split too small for its size leaves nothing behind
+    rows = {"train": _rows(task, "train", n_train, seed), "test": _rows(task, "test", n_test, 0)}
+    for split, found in rows.items():
+        with replacing(paths[split]) as partial:
+            pq.write_table(pa.Table.from_pylist(found), partial)
     with replacing(paths["model"]) as partial:
         shutil.copytree(model, partial)
         tokenizer = AutoTokenizer.from_pretrained(partial)
