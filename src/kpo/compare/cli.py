@@ -131,7 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.dump_every,
         help="Ratio dump period in optimizer steps (default: %(default)s).",
     )
-    p.add_argument("--jobs", type=int, default=None, help="Parallel runs (default: one per CPU).")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="Parallel runs (default: one per CPU; --engine verl: 1, as each run takes the cluster).",
+    )
     p.add_argument(
         "--plan",
         action="store_true",
@@ -169,7 +174,7 @@ def _setup_options(p: argparse.ArgumentParser) -> None:
         choices=ENGINES,
         default="kpo",
         help="What trains each run: kpo (kpo train: TRL, one node) or verl (verl's main_ppo on your verl "
-        "configuration, one run at a time by default) (default: %(default)s).",
+        "configuration) (default: %(default)s).",
     )
     p.add_argument(
         "--model",
@@ -301,7 +306,9 @@ def build_regimes_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--eval-n", type=int, default=d.eval_n, help="Samples per held-out problem (default: %(default)s).")
     p.add_argument("--eval-limit", type=int, default=None, help="Held-out problems (default: the test split).")
-    p.add_argument("--jobs", type=int, default=None, help="Parallel runs (default: one per CPU).")
+    p.add_argument(
+        "--jobs", type=int, default=None, help="Parallel runs (default: one per CPU; --engine verl: 1)."
+    )
     p.add_argument("--plan", action="store_true", help="Print the plan and the rules, and stop.")
     p.add_argument(
         "--pilot",

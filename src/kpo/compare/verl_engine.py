@@ -168,8 +168,6 @@ class VerlEngine:
     def flag_errors(self, cfg) -> list[str]:
         import importlib.util
 
-        if importlib.util.find_spec("verl") is None:
-            return ["--engine verl: verl is not installed here; pip install 'kpo[verl]' (verl 0.9.1)"]
         errors = []
         given = {override_key(o) for o in self._user(cfg)}
         errors += [
@@ -198,6 +196,8 @@ class VerlEngine:
             errors.append(f"--model {cfg.model}: no config.json there; give a Hugging Face model directory")
         if cfg.dataset is not None and not Path(cfg.dataset).is_file():
             errors.append(f"--dataset {cfg.dataset}: no such file; give verl's training parquet")
+        if importlib.util.find_spec("verl") is None:
+            errors.append("--engine verl: verl is not installed here; pip install 'kpo[verl]' (verl 0.9.1)")
         if not cfg.eval_data:
             errors.append(
                 "--engine verl: give the held-out benchmarks with --eval-data FILE... (kpo eval scores each run)"
@@ -305,12 +305,10 @@ class VerlEngine:
         """Run main_ppo for ``run`` into ``out``; an interrupt (KeyboardInterrupt: kpo compare passes its SIGINT
         on) stops it, and with it every process it started."""
         out.mkdir(parents=True, exist_ok=True)
-        if not resume:  # what an earlier attempt left would be resumed or read as this run's
-            for name in ("checkpoints", "ratios", "hydra", RUN_FILE, "metrics.jsonl", "config.yaml"):
-                path = out / name
-                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-            for path in out.glob("verl_metrics-*.jsonl"):
-                path.unlink()
+        if not resume:  # the run starts over: what an earlier attempt left would be resumed or read as its own
+            for path in out.iterdir():
+                if path.name != "log.txt":  # the log keeps every attempt
+                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
         per_batch = self._steps_per_batch(cfg)
         done = _checkpointed_step(out) * per_batch if resume else 0
         overrides = self.overrides(cfg, run, out, start_step=done)
