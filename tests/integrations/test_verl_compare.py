@@ -154,12 +154,13 @@ def compare(task, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("verl-compare") / CELL
     runs = out / "runs"
     first, second = runs / "vanilla-seed0", runs / "kpo-memorymatched-seed0"
-    proc = subprocess.Popen(compare_argv(task, out), env=ENV, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+    log = out.parent / "killed.log"
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(compare_argv(task, out), env=ENV, start_new_session=True, stdout=sink, stderr=sink)
     try:
         deadline = time.time() + RUN_TIMEOUT_S
         while not (second / "run.json").exists():  # written just before the second run's main_ppo starts
-            assert proc.poll() is None and time.time() < deadline, "the compare ended before its second run"
+            assert proc.poll() is None and time.time() < deadline, log.read_text()[-6000:]
             time.sleep(1)
         time.sleep(15)  # main_ppo and Ray are up
         os.kill(proc.pid, signal.SIGTERM)
@@ -179,7 +180,7 @@ def compare(task, tmp_path_factory) -> dict:
 def test_a_kill_during_the_second_run_keeps_the_first(compare):
     out = compare["out"]
     assert compare["killed"] == 130  # kpo's status for an interrupt
-    assert "4 runs, 1 already done" in compare["rerun"]
+    assert "4 runs, 1 already done" in compare["rerun"], compare["rerun"][-3000:]
     first = out / "runs" / "vanilla-seed0"
     assert {p.name: p.stat().st_mtime_ns for p in first.iterdir() if p.is_file()} == compare["stamps"]
     # the interrupted main_ppo took every process of its run with it

@@ -34,6 +34,7 @@ REPLICA_SEED = (
 QUICK = {"steps": 40, "eval_n": 4, "seeds": 2, "ablation_seeds": 1, "aa_seeds": 1}
 WARM_START = "warm_start"  # the Table 1 row of the models every run starts from
 CURVE_FILE = "curve.json"  # a run's learning curve: its outcome (kpo.compare.outcome) at its checkpoints (--curve-every)
+TIMING_FILE = "timing.json"  # a finished run's wall-clock seconds, training and evaluation (the next plan's time)
 ENGINES = ("kpo", "verl")  # what trains a run: kpo train (TRL), or verl's main_ppo (kpo.compare.engines)
 # `kpo train` fields that kpo compare sets from its own options (or its run plan); a `--` flag for one of them
 # would override compare's value after compare.json recorded it.
@@ -514,24 +515,52 @@ def contrasts(cfg: CompareConfig) -> list[Contrast]:
     return out
 
 
-def estimate(cfg: CompareConfig, diff_sd: float = DIFF_SD, done: int = 0) -> dict:
-    """What the comparison costs and can resolve, before anything trains: ``runs``, ``seconds`` (wall clock on
-    ``cfg.jobs`` workers, runs already ``done`` left out) and per contrast the expected half-width of its 95%
-    paired interval, t_{S-1} x diff_sd / sqrt(S) in points (S seeds)."""
+def embedded(cfg: CompareConfig) -> bool:
+    """Whether ``cfg`` runs the embedded task and model on kpo's trainer, the setup the cost constants above were
+    measured on; on any other the plan's time comes from runs of that setup (:func:`measured_run_seconds`)."""
+    return cfg.engine == "kpo" and cfg.model is None and cfg.dataset is None and not cfg.eval_data
+
+
+def measured_run_seconds(folders) -> float | None:
+    """Mean wall-clock seconds (training and evaluation) of the finished runs in ``folders`` (their
+    :data:`TIMING_FILE`), None when none has one."""
+    import json
+
+    found = [json.loads((f / TIMING_FILE).read_text())["seconds"] for f in folders if (f / TIMING_FILE).exists()]
+    return sum(found) / len(found) if found else None
+
+
+def parallel_runs(cfg: CompareConfig) -> int:
+    """Runs side by side: --jobs, else the engine's default (kpo: one per CPU; verl: 1)."""
     import os
 
+    from kpo.compare.engines import engine_of
+
+    return cfg.jobs or engine_of(cfg).workers(cfg) or os.cpu_count() or 1
+
+
+def estimate(cfg: CompareConfig, diff_sd: float = DIFF_SD, done: int = 0, run_seconds: float | None = None) -> dict:
+    """What the comparison costs and can resolve, before anything trains: ``runs``, ``seconds`` (wall clock on
+    :func:`workers` workers, runs already ``done`` left out; from ``run_seconds`` per run, measured, else on the
+    embedded setup from the constants above; None when neither applies: ``seconds_per_run`` None) and per
+    contrast the expected half-width of its 95% paired interval, t_{S-1} x diff_sd / sqrt(S) in points (S
+    seeds)."""
     from kpo.evaluation.metrics import t_quantile
 
     runs = plan_runs(cfg)
-    problems = held_out_problems(cfg, cfg.eval_limit)
-    per_run = cfg.steps * STEP_SECONDS + problems * cfg.eval_n * SAMPLE_SECONDS + RUN_SECONDS
-    jobs = cfg.jobs if cfg.jobs is not None else os.cpu_count() or 1
-    seconds = (len(runs) - done) * per_run / jobs + (
-        cfg.seeds * WARM_START_SECONDS / jobs if len(runs) > done else 0
-    )
+    jobs = parallel_runs(cfg)
+    per_run, seconds = run_seconds, None
+    if per_run is None and embedded(cfg):
+        problems = held_out_problems(cfg, cfg.eval_limit)
+        per_run = cfg.steps * STEP_SECONDS + problems * cfg.eval_n * SAMPLE_SECONDS + RUN_SECONDS
+    if per_run is not None:
+        warm = cfg.seeds * WARM_START_SECONDS / jobs if embedded(cfg) and len(runs) > done else 0
+        seconds = (len(runs) - done) * per_run / jobs + warm
     return {
         "runs": len(runs),
         "seconds": seconds,
+        "seconds_per_run": per_run,
+        "jobs": jobs,
         "diff_sd": diff_sd,
         "contrasts": {
             c.name: {
@@ -548,10 +577,16 @@ def estimate(cfg: CompareConfig, diff_sd: float = DIFF_SD, done: int = 0) -> dic
 
 def format_plan(cfg: CompareConfig, est: dict) -> str:
     """The plan as kpo compare prints it before anything trains."""
+    time = (
+        f"about {est['seconds'] / 60:.0f} min on {est['jobs']} worker(s)"
+        if est["seconds"] is not None
+        else "time not estimated: no run of this setup has been measured yet (the first one is; or plan with "
+        "--pilot and a finished compare of this setup)"
+    )
     lines = [
         f"plan: {est['runs']} runs of {cfg.steps} steps ("
         + ", ".join(f"{a.label} x {a.seeds}" for a in arms(cfg))
-        + f"), about {est['seconds'] / 60:.0f} min on {cfg.jobs or 'all'} worker(s)",
+        + f"), {time}",
         f"expected 95% half-widths (points), from a paired-difference sd of {est['diff_sd']:.1f} points:",
     ]
     for name, c in est["contrasts"].items():

@@ -218,7 +218,7 @@ def _plot_curves(entries: list[dict], labels: dict, path: Path) -> Path:
         ax.axvline(20, color="0.6", ls=":", lw=1)
         ax.set_title(f"{e['cell']}: KPO {curve['pace'] or '-'}", fontsize=9)
         ax.set_xlabel("generation batches (dotted: the map's length)")
-        ax.set_ylabel("exact expected held-out accuracy (%)")
+        ax.set_ylabel("held-out accuracy (%)")
         ax.legend(fontsize=8)
     fig.tight_layout()
     with replacing(path) as partial:
@@ -256,7 +256,8 @@ def render_map(out: Path, entries: list[dict], plan: dict, labels: dict) -> Path
         "",
         f"{len(entries)} cells ({done} finished): vanilla (GRPO), GSPO and KPO at the length-matched memory, "
         f"{plan.get('seeds', '?')} paired seeds each, {plan.get('batches', '?')} generation batches a run (16 prompts "
-        "x 8 responses), exact expected held-out accuracy on 256 problems. Each cell links its own kpo compare "
+        f"x 8 responses), {next((e['metric'] for e in entries if e.get('metric')), 'held-out accuracy')}. Each cell "
+        "links its own kpo compare "
         "report (Table 1, Figure 3, Table 2). The rules below were printed and written to plan.json before the "
         "runs.",
         "",

@@ -370,8 +370,7 @@ def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, pilot: Path | Non
     """Print the plan and the claim rules, then run every missing run of every cell (the clip-band arm of a cell
     as soon as its key arms call for it) and rewrite the map as each cell finishes; returns report.md (None with
     ``plan_only``)."""
-    from kpo.compare.engines import engine_of
-    from kpo.compare.plan import pilot_sd
+    from kpo.compare.plan import parallel_runs, pilot_sd
     from kpo.compare.run import Job, _done, _stale_run_errors, train_jobs
 
     cfg.validate()
@@ -419,8 +418,7 @@ def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, pilot: Path | Non
         return new
 
     if todo:
-        first = cfg.cell_config(cfg.cells[0])
-        train_jobs(todo, cfg.jobs if cfg.jobs is not None else engine_of(first).workers(first), on_done)
+        train_jobs(todo, parallel_runs(cfg.cell_config(cfg.cells[0])), on_done)
     for cell in cfg.cells:
         if cell_done(cfg, cell) and not (Path(cfg.out) / cell.name / "report.md").exists():
             write_cell_report(cfg, cell)
@@ -537,6 +535,8 @@ def cell_entry(cfg: RegimeConfig, cell: Cell) -> dict:
         "clip_band_ran": clip,
     }
     entry["done"] = all(v is not None for a in arms.values() for v in a["accuracy"])
+    scored = [load_outcome(Path(cfg.out) / cell.name / "runs" / r.name) for r in runs]
+    entry["metric"] = next((o["metric"] for o in scored if o is not None), None)  # what "accuracy" is
     entry["conclusion"] = _conclude(entry)
     if cfg.curve_every and entry["done"]:
         entry["curve"] = _curve(cfg, cell, by_arm)

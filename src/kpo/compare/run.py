@@ -24,12 +24,15 @@ from kpo.compare.outcome import EVAL_FILE, EXPECTED_FILE, exact_applies, load_ou
 from kpo.compare.plan import (
     CURVE_FILE,
     DIFF_SD,
+    TIMING_FILE,
     CompareConfig,
     CompareError,
     Run,
     estimate,
     format_plan,
     held_out_problems,
+    measured_run_seconds,
+    parallel_runs,
     pilot_sd,
     plan_runs,
     warm_start_dir,
@@ -54,10 +57,19 @@ def _log_to(out: Path) -> None:
     torch.set_num_threads(1)
 
 
+# In a worker: an interrupt stopped one of its runs. The pool had already handed it the next run (it queues one
+# run ahead of its workers), which must not start: kpo compare is waiting for its workers to stop.
+_interrupted = False
+
+
 def _execute(cfg: CompareConfig, run: Run, out: Path, resume: bool = False) -> dict:
     """Worker: train one run through its engine (``resume``: from what an interrupt left, else afresh), then
     evaluate its final model. Output goes to ``out/log.txt``, and so does the traceback of an error (SystemExit
-    included) before it reaches kpo compare, which prints one line of it."""
+    included) before it reaches kpo compare, which prints one line of it. After an interrupt the worker starts
+    no other run."""
+    global _interrupted
+    if _interrupted:
+        raise KeyboardInterrupt(f"{run.name} not started: kpo compare was interrupted")
     _log_to(out)
     start = time.time()
     engine = engine_of(cfg)
@@ -68,7 +80,10 @@ def _execute(cfg: CompareConfig, run: Run, out: Path, resume: bool = False) -> d
             _evaluate_exact(cfg, final, out / EXPECTED_FILE)
         if cfg.curve_every:
             _evaluate_curve(cfg, out)
-    except BaseException:
+        with replacing(out / TIMING_FILE) as partial:  # what the next plan of this setup reads
+            partial.write_text(json.dumps({"seconds": time.time() - start}) + "\n")
+    except BaseException as e:
+        _interrupted = isinstance(e, KeyboardInterrupt)
         sys.stdout.flush()
         sys.stderr.flush()
         with open(out / "log.txt", "a") as log:
@@ -386,7 +401,15 @@ def run_compare(cfg: CompareConfig, *, pilot: Path | None = None, plan_only: boo
     if stale:
         raise CompareError(stale)
     todo = [r for r in runs if not _done(cfg, out / "runs" / r.name)]
-    est = estimate(cfg, pilot_sd(pilot) if pilot is not None else DIFF_SD, done=len(runs) - len(todo))
+    # the time per run: measured on this compare's finished runs, else on the pilot's
+    pilots = [out / "runs" / r.name for r in runs if r not in todo]
+    pilots += [] if pilot is None else sorted(Path(pilot).parent.glob("runs/*"))
+    est = estimate(
+        cfg,
+        pilot_sd(pilot) if pilot is not None else DIFF_SD,
+        done=len(runs) - len(todo),
+        run_seconds=measured_run_seconds(pilots),
+    )
     print(format_plan(cfg, est), flush=True)
     if plan_only:
         return None
@@ -396,6 +419,5 @@ def run_compare(cfg: CompareConfig, *, pilot: Path | None = None, plan_only: boo
     _write_plan(out / "plan.json", est)
     print(f"kpo compare: {len(runs)} runs, {len(runs) - len(todo)} already done; report in {out}", flush=True)
     if todo:
-        workers = cfg.jobs if cfg.jobs is not None else engine_of(cfg).workers(cfg)
-        train_jobs([Job(cfg, r, out / "runs" / r.name, r.name) for r in todo], workers)
+        train_jobs([Job(cfg, r, out / "runs" / r.name, r.name) for r in todo], parallel_runs(cfg))
     return write_report(cfg, runs, out)

@@ -36,6 +36,9 @@ Select a loss with ``actor_rollout_ref.actor.policy_loss.loss_mode=kpo`` and, to
 ``actor_rollout_ref.actor._target_=kpo.integrations.verl.KPOActorConfig`` plus ``+actor_rollout_ref.actor.q=...``
 (the ``+`` because verl's composed config does not have the key); examples/verl/README.md has the full map.
 
+With ``dump_ratios_every``/``dump_ratios_dir`` in the actor config, every rank dumps KPO's raw and filtered token
+ratios in ``kpo analyze``'s format (:class:`RatioDumps`).
+
 It also lets verl's FSDP engine build models when trl 1.x is installed beside it (kpo's ``train`` extra pins
 trl 1.16): see :func:`tolerate_trl_1`.
 
