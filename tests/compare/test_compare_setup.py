@@ -189,6 +189,7 @@ def test_a_regime_map_on_the_chain_task_finishes(tmp_path, capsys):
 
     out = tmp_path / "map"
     argv = ["regimes", "--out", str(out), "--cells", "none-depth2-lr0.01", "--seeds", "2", "--batches", "2"]
+    argv += ["--curve-every", "1"]  # learning curves read the checkpoints' avg@n too (they wanted expected.json)
     argv += [
         "--eval-n",
         "2",
@@ -204,5 +205,5 @@ def test_a_regime_map_on_the_chain_task_finishes(tmp_path, capsys):
     assert main(argv) == 0
     (cell,) = json.loads((out / "report.json").read_text())["cells"]
     assert cell["done"] and cell["conclusion"]["kpo"] != "pending"
-    assert cell["contrasts"]["KPO - GRPO"]["seeds"] == 2
+    assert cell["contrasts"]["KPO - GRPO"]["seeds"] == 2 and cell["curve"]["batches"] == [1, 2]
     assert (out / cell["cell"] / "report.md").exists()

@@ -26,7 +26,6 @@ import torch
 
 pytest.importorskip("verl", reason="verl not installed: `make test` runs this file in .venv-verl")
 
-from tests.integrations.verl_cpu_rollout import NAME as ROLLOUT  # noqa: E402
 from tests.integrations.verl_loss_capture import CAPTURE_DIR_ENV, load_calls  # noqa: E402
 
 from kpo.cli import main as kpo_main  # noqa: E402
@@ -58,7 +57,7 @@ TASK_FLAGS = (
     "--sft-epochs",
     "300",
 )
-PROMPTS, SAMPLES, MINIBATCHES, STEPS, RESPONSE = 6, 8, 2, 4, 12  # RESPONSE: what kpo task prints for the toy
+MINIBATCHES, STEPS, RESPONSE = 2, 4, 12  # RESPONSE: cpu_tiny.yaml's data.max_response_length, kpo task's for the toy
 CELL = (
     "none-depth2-lr0.001"  # the regime cell the compare's runs belong to: what the compare sets as the user
 )
@@ -68,44 +67,13 @@ CELL_SETTINGS = (
     "actor_rollout_ref.actor.optim.lr=0.001",
 )
 RUN_TIMEOUT_S = 1500
+CPU_YAML = ROOT / "examples" / "verl" / "cpu_tiny.yaml"
 
 
 def cpu_config(task: dict[str, Path]) -> list[str]:
-    """A user's verl configuration for the CPU, as Hydra overrides: test_verl_e2e.py's, less what kpo compare sets."""
-    return [
-        "algorithm.adv_estimator=grpo",
-        f"data.val_files={task['test']}",
-        f"data.train_batch_size={PROMPTS}",
-        "data.max_prompt_length=4",
-        f"data.max_response_length={RESPONSE}",
-        "data.dataloader_num_workers=0",
-        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-        "actor_rollout_ref.model.use_remove_padding=False",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-        "actor_rollout_ref.actor.strategy=fsdp2",
-        "actor_rollout_ref.actor.use_torch_compile=False",
-        # one micro-batch per mini-batch: each recorded call is one optimizer step
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={PROMPTS // MINIBATCHES * SAMPLES}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={PROMPTS * SAMPLES}",
-        f"actor_rollout_ref.rollout.name={ROLLOUT}",
-        f"actor_rollout_ref.rollout.n={SAMPLES}",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        "actor_rollout_ref.rollout.agent.num_workers=1",
-        "reward.num_workers=1",
-        "reward.custom_reward_function.path=pkg://kpo.data.task_files",
-        "reward.custom_reward_function.name=compute_score",
-        "trainer.device=cpu",
-        "trainer.nnodes=1",
-        "trainer.n_gpus_per_node=1",
-        "trainer.logger=[console]",
-        "trainer.val_before_train=False",
-        "trainer.test_freq=-1",
-        "trainer.project_name=kpo",
-        "transfer_queue.backend.SimpleStorage.num_data_storage_units=2",
-        "ray_kwargs.ray_init.num_cpus=16",
-        "+ray_kwargs.ray_init.num_gpus=1",
-        "+ray_kwargs.ray_init.include_dashboard=False",
-    ]
+    """A user's verl configuration for the CPU: examples/verl/cpu_tiny.yaml (test_verl_e2e.py's settings, less
+    what kpo compare sets) and the validation file verl opens."""
+    return ["--verl-config", str(CPU_YAML), "--", f"data.val_files={task['test']}"]
 
 
 def kpo_command(*args: str) -> list[str]:
@@ -143,7 +111,7 @@ def compare_argv(task: dict[str, Path], out: Path) -> list[str]:
         "compare", "--engine", "verl", "--model", str(task["model"]), "--dataset", str(task["train"]),
         "--eval-data", str(task["test"]), "--methods", "vanilla", "--no-ablations", "--aa-seeds", "0",
         "--seeds", "2", "--steps", str(STEPS), "--minibatches", str(MINIBATCHES), "--dump-every", "1",
-        "--eval-n", "2", "--out", str(out), "--", *cpu_config(task), *CELL_SETTINGS,
+        "--eval-n", "2", "--out", str(out), *cpu_config(task), *CELL_SETTINGS,
     )  # fmt: skip
 
 
@@ -260,7 +228,7 @@ def test_a_one_cell_regime_map_on_verl_reuses_the_compare_s_runs(compare, task, 
     argv = kpo_command(
         "compare", "regimes", "--engine", "verl", "--model", str(task["model"]), "--dataset", str(task["train"]),
         "--eval-data", str(task["test"]), "--cells", CELL, "--seeds", "2", "--batches", str(STEPS // MINIBATCHES),
-        "--eval-n", "2", "--out", str(out), "--", *cpu_config(task),
+        "--eval-n", "2", "--out", str(out), *cpu_config(task),
     )  # fmt: skip
     done = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]

@@ -16,7 +16,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["Engine", "KpoEngine", "engine_of"]
+__all__ = ["COMPARE_OWNED", "Engine", "KpoEngine", "engine_of", "train_argv"]
+
+# `kpo train` fields that kpo compare sets from its own options (or its run plan); a `--` flag for one of them
+# would override compare's value after compare.json recorded it.
+COMPARE_OWNED = {
+    "loss": "--methods",
+    "seed": "--seeds",
+    "warm_start_seed": "--seeds (each seed's runs share its warm start)",
+    "output_dir": "--out",
+    "max_steps": "--steps",
+    "minibatches": "--minibatches",
+    "dump_ratios_every": "--dump-every",
+    "loss_kwargs": "nothing (each method runs its paper hyperparameters; --sweep-memory sets KPO's memory)",
+    "resume": "nothing (finished runs are reused)",
+    "save_steps": "--curve-every (or nothing: an interrupt checkpoints every running run)",
+    "save_total_limit": "--curve-every",
+    "overwrite": "nothing (unfinished runs restart)",
+    "model": "--model",
+    "dataset": "--dataset",
+}
 
 
 class Engine(Protocol):
@@ -27,8 +46,9 @@ class Engine(Protocol):
         """What is wrong with the settings alone (the ``--`` flags setting what the comparison owns, files the
         engine needs): checked before :meth:`config_errors`."""
 
-    def config_errors(self, cfg) -> list[str]:
-        """What the trainer would reject in each distinct run's configuration, before anything trains."""
+    def config_errors(self, cfg, runs) -> list[str]:
+        """What the trainer would reject in the configuration of each distinct run of ``runs`` (the plan's),
+        before anything trains."""
 
     def workers(self, cfg) -> int | None:
         """Parallel runs when ``--jobs`` is not given; None = one per CPU."""
@@ -67,14 +87,10 @@ class KpoEngine:
     """``kpo train`` in the worker process (TRL), one torch thread per run; see :mod:`kpo.compare.run`."""
 
     def flag_errors(self, cfg) -> list[str]:
-        from kpo.compare.plan import _owned_flag_errors
-
         return _owned_flag_errors(cfg.train_args)
 
-    def config_errors(self, cfg) -> list[str]:
-        from kpo.compare.plan import _train_config_errors
-
-        return _train_config_errors(cfg)
+    def config_errors(self, cfg, runs) -> list[str]:
+        return _train_config_errors(cfg, runs)
 
     def workers(self, cfg) -> int | None:
         return None
@@ -91,7 +107,6 @@ class KpoEngine:
         )
 
     def train(self, cfg, run, out: Path, resume: bool) -> Path:
-        from kpo.compare.plan import train_argv
         from kpo.train.config import parse_args
         from kpo.train.run import run_training
 
@@ -118,7 +133,6 @@ class KpoEngine:
     def changed(self, cfg, run, out: Path) -> list[str]:
         """Against the run's ``config.yaml``: every setting that shapes its trajectory, its length and the period
         of its ratio dumps."""
-        from kpo.compare.plan import train_argv
         from kpo.train.config import TRAJECTORY_FIELDS, TrainConfig, parse_args
 
         saved, now = TrainConfig.from_yaml(out / "config.yaml"), parse_args(train_argv(cfg, run, out))
@@ -149,6 +163,87 @@ class KpoEngine:
             # per parallel worker, each claiming most of the GPU's memory
             "backend": "transformers",
         }
+
+
+def _owned_flag_errors(train_args: tuple[str, ...]) -> list[str]:
+    """`--` flags that would override a setting kpo compare makes itself."""
+    from kpo.train.config import build_parser
+
+    # kpo train's parser leaves unset fields out of the namespace, so its keys are exactly the flags given
+    # (and --config, None when not given).
+    given = vars(build_parser("kpo compare -- (kpo train flags)").parse_args(list(train_args)))
+    errors = [
+        f"-- --{key.replace('_', '-')}: kpo compare sets it for every run; use {COMPARE_OWNED[key]} instead"
+        for key in given
+        if key in COMPARE_OWNED
+    ]
+    if given.get("config") is not None:
+        errors.append(
+            "-- --config: a YAML file could set what kpo compare sets itself (loss_kwargs, max_steps, resume, "
+            "...) unseen; give its settings as -- flags"
+        )
+    return errors
+
+
+def _train_config_errors(cfg, runs) -> list[str]:
+    """What `kpo train` would reject in each distinct run config (a method, or a sweep point) of ``runs``."""
+    from kpo.train.config import ConfigError, parse_args
+
+    # (method, loss overrides) -> its first run: a seed never makes a config invalid
+    distinct: dict[tuple, object] = {}
+    for run in runs:
+        distinct.setdefault((run.method, run.loss_kwargs), run)
+    first_run: dict[str, str] = {}  # error -> the first run with it (a bad `--` flag fails every run alike)
+    for run in distinct.values():
+        try:
+            parse_args(train_argv(cfg, run, Path(cfg.out) / "runs" / run.name)).validate()
+        except ConfigError as e:
+            for err in e.errors:
+                first_run.setdefault(err, run.name)
+    return [f"run {name}: {err}" for err, name in first_run.items()]
+
+
+def train_argv(cfg, run, out: Path) -> list[str]:
+    """The `kpo train` command line of ``run`` (a :class:`kpo.compare.Run`) of comparison ``cfg``, into ``out``."""
+    argv = [
+        "--loss",
+        run.method,
+        "--seed",
+        str(run.rl_seed),
+        "--warm-start-seed",
+        str(run.seed),
+        "--output-dir",
+        str(out),
+        "--minibatches",
+        str(cfg.minibatches),
+        "--dump-ratios-every",
+        str(cfg.dump_every),
+        "--report-to",
+        "none",
+        "--progress",
+        "false",
+        "--num-threads",
+        "1",
+        "--overwrite",
+        "--max-steps",
+        str(cfg.steps),
+    ]
+    if cfg.curve_every:  # every curve checkpoint kept, and the final one
+        argv += [
+            "--save-steps",
+            str(cfg.curve_every),
+            "--save-total-limit",
+            str(cfg.steps // cfg.curve_every + 1),
+        ]
+    for flag, value in (("--model", cfg.model), ("--dataset", cfg.dataset)):
+        if value is not None:
+            argv += [flag, value]
+    if run.loss_kwargs:
+        argv += [
+            "--loss-kwargs",
+            *(f"{k}={v!r}" if isinstance(v, float) else f"{k}={v}" for k, v in run.loss_kwargs),
+        ]
+    return argv + list(cfg.train_args)
 
 
 def _model_args(cfg) -> list[str]:

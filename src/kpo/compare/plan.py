@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+# kpo train's side of the plan, kept with kpo's engine (re-exported: the run commands are part of the plan)
+from kpo.compare.engines import COMPARE_OWNED, engine_of, train_argv  # noqa: F401
+
 DEFAULT_METHODS = ("vanilla", "gspo")  # the baselines, at their paper hyperparameters, every seed
 PAPER, MATCHED = "paper", "matched"  # KPO at the paper's Q/V; at the length-matched memory
 MATCHED_KWARGS = (("memory", MATCHED),)
@@ -34,26 +37,8 @@ REPLICA_SEED = (
 QUICK = {"steps": 40, "eval_n": 4, "seeds": 2, "ablation_seeds": 1, "aa_seeds": 1}
 WARM_START = "warm_start"  # the Table 1 row of the models every run starts from
 CURVE_FILE = "curve.json"  # a run's learning curve: its outcome (kpo.compare.outcome) at its checkpoints (--curve-every)
-TIMING_FILE = "timing.json"  # a finished run's wall-clock seconds, training and evaluation (the next plan's time)
+TIMING_FILE = "timing.json"  # a finished run's wall-clock seconds, training and evaluation (for the plan)
 ENGINES = ("kpo", "verl")  # what trains a run: kpo train (TRL), or verl's main_ppo (kpo.compare.engines)
-# `kpo train` fields that kpo compare sets from its own options (or its run plan); a `--` flag for one of them
-# would override compare's value after compare.json recorded it.
-COMPARE_OWNED = {
-    "loss": "--methods",
-    "seed": "--seeds",
-    "warm_start_seed": "--seeds (each seed's runs share its warm start)",
-    "output_dir": "--out",
-    "max_steps": "--steps",
-    "minibatches": "--minibatches",
-    "dump_ratios_every": "--dump-every",
-    "loss_kwargs": "nothing (each method runs its paper hyperparameters; --sweep-memory sets KPO's memory)",
-    "resume": "nothing (finished runs are reused)",
-    "save_steps": "--curve-every (or nothing: an interrupt checkpoints every running run)",
-    "save_total_limit": "--curve-every",
-    "overwrite": "nothing (unfinished runs restart)",
-    "model": "--model",
-    "dataset": "--dataset",
-}
 
 
 class CompareError(ValueError):
@@ -93,7 +78,7 @@ class CompareConfig:
     quick: bool = False
     engine: str = "kpo"  # what trains each run: "kpo" (kpo train) or "verl" (verl's main_ppo); ENGINES
     model: str | None = None  # Hugging Face causal LM every run starts from; None = the embedded warm start
-    dataset: str | None = None  # training problems (the formats kpo train --dataset reads); None = the embedded task
+    dataset: str | None = None  # training problems (kpo train --dataset's formats); None = the embedded task
     # held-out benchmark files (the formats kpo eval reads), scored by avg@eval_n; () = the embedded task's test
     # split (the running task: by its exact expected accuracy)
     eval_data: tuple[str, ...] = ()
@@ -115,8 +100,6 @@ class CompareConfig:
     def validate(self) -> CompareConfig:
         """Check every setting before anything trains, and name each loss by its canonical name (``grpo`` ->
         ``vanilla``). Raises :class:`CompareError` listing the problems found. Returns self."""
-        from kpo.compare.engines import engine_of
-
         methods, errors = _canonical_methods(self.methods)
         if self.engine not in ENGINES:
             raise CompareError([f"--engine={self.engine!r}: unknown; use one of {', '.join(ENGINES)}"])
@@ -126,7 +109,7 @@ class CompareConfig:
             raise CompareError(errors)
         self.methods = methods
         # The run configs and the task are only built from settings that passed the checks above.
-        errors = engine_of(self).config_errors(self) or _eval_limit_errors(self)
+        errors = engine_of(self).config_errors(self, plan_runs(self)) or _eval_limit_errors(self)
         if errors:
             raise CompareError(errors)
         return self
@@ -333,44 +316,6 @@ def _dump_period_errors(cfg: CompareConfig) -> list[str]:
     return [f"--dump-every={every} {problem}: use --dump-every={fix} (or more --steps)"]
 
 
-def _owned_flag_errors(train_args: tuple[str, ...]) -> list[str]:
-    """`--` flags that would override a setting kpo compare makes itself."""
-    from kpo.train.config import build_parser
-
-    # kpo train's parser leaves unset fields out of the namespace, so its keys are exactly the flags given
-    # (and --config, None when not given).
-    given = vars(build_parser("kpo compare -- (kpo train flags)").parse_args(list(train_args)))
-    errors = [
-        f"-- --{key.replace('_', '-')}: kpo compare sets it for every run; use {COMPARE_OWNED[key]} instead"
-        for key in given
-        if key in COMPARE_OWNED
-    ]
-    if given.get("config") is not None:
-        errors.append(
-            "-- --config: a YAML file could set what kpo compare sets itself (loss_kwargs, max_steps, resume, "
-            "...) unseen; give its settings as -- flags"
-        )
-    return errors
-
-
-def _train_config_errors(cfg: CompareConfig) -> list[str]:
-    """What `kpo train` would reject in each distinct run config (a method, or a sweep point)."""
-    from kpo.train.config import ConfigError, parse_args
-
-    # (method, loss overrides) -> its first run: a seed never makes a config invalid
-    distinct: dict[tuple, Run] = {}
-    for run in plan_runs(cfg):
-        distinct.setdefault((run.method, run.loss_kwargs), run)
-    first_run: dict[str, str] = {}  # error -> the first run with it (a bad `--` flag fails every run alike)
-    for run in distinct.values():
-        try:
-            parse_args(train_argv(cfg, run, Path(cfg.out) / "runs" / run.name)).validate()
-        except ConfigError as e:
-            for err in e.errors:
-                first_run.setdefault(err, run.name)
-    return [f"run {name}: {err}" for err, name in first_run.items()]
-
-
 def held_out_problems(cfg: CompareConfig, limit: int | None) -> int:
     """Held-out problems evaluation uses: the first ``limit`` (None: all) of each ``--eval-data`` file, or of the
     embedded task's test split (``limit`` or its default size); ValueError when the split cannot supply
@@ -397,7 +342,9 @@ def _data_errors(cfg: CompareConfig) -> list[str]:
         except (ValueError, OSError) as e:  # OSError: FileNotFoundError, a folder, no permission
             errors.append(f"--eval-data {path}: {e}; give a benchmark file in a format kpo eval reads")
     if len({Path(p).stem for p in cfg.eval_data}) < len(cfg.eval_data):
-        errors.append("--eval-data: two files share a name (kpo eval names a benchmark by its file name); rename one")
+        errors.append(
+            "--eval-data: two files share a name (kpo eval names a benchmark by its file name); rename one"
+        )
     if cfg.verl_config is not None and cfg.engine != "verl":
         errors.append(f"--verl-config {cfg.verl_config}: a verl configuration needs --engine verl")
     return errors
@@ -420,43 +367,6 @@ def _eval_limit_errors(cfg: CompareConfig) -> list[str]:
             f"1..{size} (the default split) or omit it"
         ]
     return []
-
-
-def train_argv(cfg: CompareConfig, run: Run, out: Path) -> list[str]:
-    argv = [
-        "--loss",
-        run.method,
-        "--seed",
-        str(run.rl_seed),
-        "--warm-start-seed",
-        str(run.seed),
-        "--output-dir",
-        str(out),
-        "--minibatches",
-        str(cfg.minibatches),
-        "--dump-ratios-every",
-        str(cfg.dump_every),
-        "--report-to",
-        "none",
-        "--progress",
-        "false",
-        "--num-threads",
-        "1",
-        "--overwrite",
-        "--max-steps",
-        str(cfg.steps),
-    ]
-    if cfg.curve_every:  # every curve checkpoint kept, and the final one
-        argv += ["--save-steps", str(cfg.curve_every), "--save-total-limit", str(cfg.steps // cfg.curve_every + 1)]
-    for flag, value in (("--model", cfg.model), ("--dataset", cfg.dataset)):
-        if value is not None:
-            argv += [flag, value]
-    if run.loss_kwargs:
-        argv += [
-            "--loss-kwargs",
-            *(f"{k}={v!r}" if isinstance(v, float) else f"{k}={v}" for k, v in run.loss_kwargs),
-        ]
-    return argv + list(cfg.train_args)
 
 
 def warm_start_dir(out: Path, seed: int) -> Path:
@@ -526,7 +436,9 @@ def measured_run_seconds(folders) -> float | None:
     :data:`TIMING_FILE`), None when none has one."""
     import json
 
-    found = [json.loads((f / TIMING_FILE).read_text())["seconds"] for f in folders if (f / TIMING_FILE).exists()]
+    found = [
+        json.loads((f / TIMING_FILE).read_text())["seconds"] for f in folders if (f / TIMING_FILE).exists()
+    ]
     return sum(found) / len(found) if found else None
 
 
@@ -534,12 +446,12 @@ def parallel_runs(cfg: CompareConfig) -> int:
     """Runs side by side: --jobs, else the engine's default (kpo: one per CPU; verl: 1)."""
     import os
 
-    from kpo.compare.engines import engine_of
-
     return cfg.jobs or engine_of(cfg).workers(cfg) or os.cpu_count() or 1
 
 
-def estimate(cfg: CompareConfig, diff_sd: float = DIFF_SD, done: int = 0, run_seconds: float | None = None) -> dict:
+def estimate(
+    cfg: CompareConfig, diff_sd: float = DIFF_SD, done: int = 0, run_seconds: float | None = None
+) -> dict:
     """What the comparison costs and can resolve, before anything trains: ``runs``, ``seconds`` (wall clock on
     :func:`workers` workers, runs already ``done`` left out; from ``run_seconds`` per run, measured, else on the
     embedded setup from the constants above; None when neither applies: ``seconds_per_run`` None) and per

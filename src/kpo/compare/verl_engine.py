@@ -204,11 +204,9 @@ class VerlEngine:
             )
         return errors
 
-    def config_errors(self, cfg) -> list[str]:
+    def config_errors(self, cfg, runs) -> list[str]:
         """verl's own checks (main_ppo's ``validate_config``, kpo's actor config) on every distinct arm's
         composed configuration, and what the comparison needs of it."""
-        from kpo.compare.plan import plan_runs
-
         try:
             composed = self._composed(cfg)
         except Exception as e:  # noqa: BLE001 - Hydra's and OmegaConf's many errors: one line each
@@ -231,7 +229,7 @@ class VerlEngine:
         if errors:
             return errors
         distinct = {}
-        for run in plan_runs(cfg):
+        for run in runs:
             distinct.setdefault((run.method, run.loss_kwargs), run)
         first_run: dict[str, str] = {}
         for run in distinct.values():
