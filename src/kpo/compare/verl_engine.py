@@ -8,7 +8,8 @@ comparison owns per run (:data:`OWNED`; an override of one of those is an error 
   ``data.max_response_length``) and the ratio dumps (``--dump-every``, :class:`kpo.integrations.verl.RatioDumps`);
 - the seed: ``data.seed`` (data order), ``actor_rollout_ref.rollout.seed`` (sampling),
   ``actor_rollout_ref.actor.data_loader_seed`` (mini-batches);
-- the run's length and depth: ``trainer.total_training_steps`` = ``--steps`` / (``--minibatches`` x ppo_epochs),
+- the run's length and depth: ``trainer.total_training_steps`` = ``--steps`` / (``--minibatches`` x ppo_epochs)
+  (and as many ``trainer.total_epochs``, so that the step count ends the run),
   ``actor_rollout_ref.actor.ppo_mini_batch_size`` = ``data.train_batch_size`` / ``--minibatches``;
 - where it writes: ``trainer.default_local_dir`` (the run's ``checkpoints/``), ``trainer.experiment_name`` (the
   user's, then the run's name), Hydra's own output folder; and what it writes: verl's ``file`` logger added to
@@ -18,9 +19,10 @@ comparison owns per run (:data:`OWNED`; an override of one of those is an error 
 - ``--model`` / ``--dataset``, where given: ``actor_rollout_ref.model.path`` / ``data.train_files`` (else the
   configuration's are used, and ``--model`` defaults to its model: the "start" row).
 
-A run's folder: ``run.json`` (the overrides kpo composed, written before training: what a rerun compares),
-``config.yaml`` (verl's composed configuration), ``checkpoints/`` (verl's), ``verl_metrics-K.jsonl`` (verl's file
-logger, one file per attempt K), ``metrics.jsonl`` (kpo's rows), ``ratios/``, ``log.txt``. A run with its final
+A run's folder: ``run.json`` (the overrides kpo composed and the YAML's text, written before training: what a
+rerun compares), ``config.yaml`` (verl's composed configuration), ``checkpoints/`` (verl's),
+``verl_metrics-K.jsonl`` (verl's file logger, one file per attempt K), ``metrics.jsonl`` (kpo's rows),
+``ratios/``, ``log.txt``. A run with its final
 checkpoint and metrics is done and reused; an unfinished run with verl checkpoints and unchanged settings
 resumes from them (verl's own resume), else starts over.
 """
@@ -45,7 +47,7 @@ ACTOR = "actor_rollout_ref.actor"
 # plugin; vanilla and GSPO are verl's own, the same methods: kpo.integrations.verl.VERL_EQUIVALENTS)
 VERL_LOSS = {"vanilla": "vanilla", "gspo": "gspo", "kpo": "kpo", "kpo_unclipped": "kpo_unclipped"}
 # Each method's paper clip range (clip_ratio_low, clip_ratio_high), which kpo.losses defaults to; verl's actor
-# config defaults every loss to 0.2/0.2, so kpo sets them (tests/compare/test_verl_engine.py checks them against
+# config defaults every loss to 0.2/0.2, so kpo sets them (tests/compare/test_compare_setup.py checks them against
 # kpo.losses). kpo_unclipped has none.
 PAPER_CLIP = {"vanilla": (0.2, 0.2), "gspo": (3e-4, 4e-4), "kpo": (3e-4, 4e-4)}
 # Hydra keys kpo compare sets for every run -> what sets them instead (module docstring).
@@ -65,7 +67,7 @@ OWNED = {
     "actor_rollout_ref.rollout.seed": "--seeds",
     f"{ACTOR}.data_loader_seed": "--seeds",
     "trainer.total_training_steps": "--steps (optimizer steps; verl's training steps = steps / minibatches)",
-    "trainer.total_epochs": "--steps",
+    "trainer.total_epochs": "--steps (a run ends at its step count)",
     f"{ACTOR}.ppo_mini_batch_size": "--minibatches (data.train_batch_size / minibatches)",
     "trainer.default_local_dir": "--out",
     "trainer.experiment_name": "nothing (each run's is the configuration's plus the run's name)",
@@ -215,12 +217,12 @@ class VerlEngine:
         batch, epochs = int(composed.data.train_batch_size), int(composed.actor_rollout_ref.actor.ppo_epochs)
         if batch % cfg.minibatches:
             errors.append(
-                f"--minibatches={cfg.minibatches}: must divide data.train_batch_size={batch} (mini-batches of equal size)"
+                f"--minibatches={cfg.minibatches}: must divide data.train_batch_size={batch} (equal mini-batches)"
             )
         if cfg.steps % (cfg.minibatches * epochs):
             errors.append(
-                f"--steps={cfg.steps}: must be a multiple of --minibatches x ppo_epochs = {cfg.minibatches * epochs} "
-                "(a verl training step is one generation batch)"
+                f"--steps={cfg.steps}: must be a multiple of --minibatches x ppo_epochs = "
+                f"{cfg.minibatches * epochs} (a verl training step is one generation batch)"
             )
         for key in (MODEL_KEY, DATA_KEY):
             value = str(_select(composed, key))
@@ -257,6 +259,8 @@ class VerlEngine:
             f"actor_rollout_ref.rollout.seed={seed}",
             f"{ACTOR}.data_loader_seed={seed}",
             f"trainer.total_training_steps={cfg.steps // per_batch}",
+            # as many epochs as steps: the run ends at its step count, never at the end of its epochs
+            f"trainer.total_epochs={cfg.steps // per_batch}",
             f"{ACTOR}.ppo_mini_batch_size={int(composed.data.train_batch_size) // cfg.minibatches}",
             f"trainer.default_local_dir={out / 'checkpoints'}",
             f"trainer.experiment_name={trainer.experiment_name}-{run.name}",
@@ -265,9 +269,8 @@ class VerlEngine:
             "trainer.resume_mode=auto",
             f"hydra.run.dir={out / 'hydra'}",
         ]
-        if (
-            int(trainer.save_freq) <= 0
-        ):  # verl saves nothing by default; a positive period also saves the last step
+        # verl saves nothing by default; any positive period also saves the last step
+        if int(trainer.save_freq) <= 0:
             owned.append(f"trainer.save_freq={cfg.steps // per_batch}")
         kwargs = dict(run.loss_kwargs)
         low, high = PAPER_CLIP.get(run.method, (None, None))
@@ -275,9 +278,7 @@ class VerlEngine:
         if low is not None:
             owned += [f"{ACTOR}.clip_ratio_low={low!r}", f"{ACTOR}.clip_ratio_high={high!r}"]
         if run.method in ("kpo", "kpo_unclipped"):
-            if (
-                kwargs.get("memory") == "matched"
-            ):  # the paper's memory-to-length ratio at this response budget
+            if kwargs.get("memory") == "matched":  # the paper's memory-to-length ratio at this budget
                 kwargs["memory"] = matched_memory(int(composed.data.max_response_length))
             kwargs |= {"dump_ratios_every": cfg.dump_every, "dump_ratios_dir": str(out / "ratios")}
             if start_step:
@@ -297,7 +298,7 @@ class VerlEngine:
         return True
 
     def start_model(self, cfg, seed: int) -> Path:
-        return Path(_select(self._composed(cfg), MODEL_KEY))
+        return Path(os.path.expanduser(str(_select(self._composed(cfg), MODEL_KEY))))
 
     def train(self, cfg, run, out: Path, resume: bool) -> Path:
         """Run main_ppo for ``run`` into ``out``; an interrupt (KeyboardInterrupt: kpo compare passes its SIGINT
@@ -311,9 +312,7 @@ class VerlEngine:
         done = _checkpointed_step(out) * per_batch if resume else 0
         overrides = self.overrides(cfg, run, out, start_step=done)
         with replacing(out / RUN_FILE) as partial:  # what a rerun compares (and resumes with)
-            partial.write_text(
-                json.dumps({"verl_config": cfg.verl_config, "overrides": overrides}, indent=1) + "\n"
-            )
+            partial.write_text(json.dumps({"verl_config": _yaml(cfg), "overrides": overrides}, indent=1) + "\n")
         from omegaconf import OmegaConf
 
         with replacing(out / "config.yaml") as partial:
@@ -361,13 +360,8 @@ class VerlEngine:
         return final
 
     def checkpoint(self, cfg, out: Path, step: int) -> Path:
-        return (
-            out
-            / "checkpoints"
-            / f"global_step_{step // self._steps_per_batch(cfg)}"
-            / "actor"
-            / "huggingface"
-        )
+        batch = step // self._steps_per_batch(cfg)
+        return out / "checkpoints" / f"global_step_{batch}" / "actor" / "huggingface"
 
     def trained(self, cfg, out: Path) -> bool:
         return (out / RUN_FILE).exists() and (out / "metrics.jsonl").exists()
@@ -379,12 +373,7 @@ class VerlEngine:
         """The overrides of the run in ``out`` (``run.json``) against now's, by key, leaving out where it writes and
         where a resumed run's dumps start."""
         saved = json.loads((out / RUN_FILE).read_text())
-        mine = (
-            "trainer.default_local_dir",
-            "hydra.run.dir",
-            f"{ACTOR}.dump_ratios_dir",
-            f"{ACTOR}.dump_ratios_start",
-        )
+        mine = ("trainer.default_local_dir", "hydra.run.dir", f"{ACTOR}.dump_ratios_dir", f"{ACTOR}.dump_ratios_start")
 
         def keyed(overrides) -> dict[str, str]:
             pairs = (o.split("=", 1) if "=" in o else (o, "") for o in overrides)
@@ -396,8 +385,8 @@ class VerlEngine:
             for k in sorted(set(was) | set(now))
             if was.get(k) != now.get(k)
         ]
-        if saved["verl_config"] != cfg.verl_config:
-            changed.append(f"--verl-config: {saved['verl_config']} -> {cfg.verl_config}")
+        if saved["verl_config"] != _yaml(cfg):
+            changed.append(f"--verl-config {cfg.verl_config}: its text (or the file given) differs")
         return changed
 
     def steps_done(self, cfg, out: Path) -> int:
@@ -412,6 +401,11 @@ class VerlEngine:
         examples/verl/prepare_data.py writes it), so kpo eval adds none; runs go one at a time, so kpo eval may
         take vLLM where it is installed (on a GPU)."""
         return {"prompt_template": "{problem}", "max_new_tokens": None, "backend": "auto"}
+
+
+def _yaml(cfg) -> str | None:
+    """The text of the user's verl YAML (what a rerun compares: the file may have been edited), None without one."""
+    return None if cfg.verl_config is None else Path(cfg.verl_config).read_text()
 
 
 def _select(composed, key: str):
