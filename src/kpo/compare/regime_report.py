@@ -251,13 +251,13 @@ def render_map(out: Path, entries: list[dict], plan: dict, labels: dict) -> Path
         for k, c in e["contrasts"].items()
         if c and k != "KPO - clip band"
     ]
+    metric = next((e["metric"] for e in entries if e.get("metric")), "held-out accuracy")  # kpo.compare.outcome
     md = [
         "# kpo compare regimes: where does KPO help?",
         "",
         f"{len(entries)} cells ({done} finished): vanilla (GRPO), GSPO and KPO at the length-matched memory, "
         f"{plan.get('seeds', '?')} paired seeds each, {plan.get('batches', '?')} generation batches a run (16 prompts "
-        f"x 8 responses), {next((e['metric'] for e in entries if e.get('metric')), 'held-out accuracy')}. Each cell "
-        "links its own kpo compare "
+        f"x 8 responses), {metric}. Each cell links its own kpo compare "
         "report (Table 1, Figure 3, Table 2). The rules below were printed and written to plan.json before the "
         "runs.",
         "",

@@ -498,7 +498,9 @@ def _paired(cfg: RegimeConfig, cell: Cell, a: list[Run], b: list[Run]) -> dict |
     seeds = [s for s in range(cfg.seeds) if all(_expected(folder / r.name) is not None for r in (a[s], b[s]))]
     if len(seeds) < 2:
         return None
-    found = _contrast([_load_eval(folder / a[s].name) for s in seeds], [_load_eval(folder / b[s].name) for s in seeds])
+    found = _contrast(
+        [_load_eval(folder / a[s].name) for s in seeds], [_load_eval(folder / b[s].name) for s in seeds]
+    )
     return {k: found[k] for k in ("seeds", "mean", "low", "high", "half_width", "per_seed", "sd", "verdict")}
 
 
