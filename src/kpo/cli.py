@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("kpo.bench", "benchmarks printed as side-by-side ratios (e.g. `kpo bench filter`)"),
     "summary": ("kpo.train.summary", "one run's summary.json: warm start vs final avg@k with 95% intervals"),
     "compare": ("kpo.compare.cli", "train, evaluate and analyze several methods and seeds into one report"),
+    "task": ("kpo.data.cli", "write the embedded task (train and held-out files) and its warm start as files"),
     "launch": (
         "kpo.launch",
         "run `kpo train` or `kpo eval` as N data-parallel processes (gloo on CPU, NCCL on GPUs)",

@@ -204,3 +204,30 @@ def test_a_rerun_keeps_the_plan_fixed_before_the_runs(compare_config, fake_worke
     assert plan.read_text() == first
     run_compare(compare_config(sweep_memory=(), seeds=2))
     assert '"diff_sd": 99.0' in plan.read_text()
+
+
+def test_an_interrupt_starts_none_of_the_runs_queued_behind_it(compare_config, monkeypatch):
+    # the pool hands a worker its next run before the current one ends; after kpo compare is interrupted that run
+    # must not start (on verl it would train for hours while kpo compare waits for its workers)
+    from kpo.compare.engines import KpoEngine
+
+    def train(self, cfg, run, out, resume):
+        (out / "started").write_text(run.name)
+        time.sleep(120)  # until the interrupt
+
+    monkeypatch.setattr(kpo.compare.run, "get_context", lambda method: multiprocessing.get_context("fork"))
+    monkeypatch.setattr(kpo.compare.run, "_warm_start", no_warm_start)
+    monkeypatch.setattr(kpo.compare.run, "_log_to", lambda out: out.mkdir(parents=True, exist_ok=True))
+    monkeypatch.setattr(KpoEngine, "train", train)
+    cfg = compare_config(methods=("vanilla", "gspo"), seeds=1, sweep_memory=(), jobs=1)
+    runs = Path(cfg.out) / "runs"
+
+    def interrupted_wait(*args, **kwargs):
+        while not (runs / "vanilla-seed0" / "started").exists():
+            time.sleep(0.05)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kpo.compare.run, "wait", interrupted_wait)
+    with pytest.raises(KeyboardInterrupt):
+        run_compare(cfg)
+    assert not (runs / "gspo-seed0" / "started").exists()

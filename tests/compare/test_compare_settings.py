@@ -217,7 +217,7 @@ def _groups(methods, right: dict[str, int] | None = None) -> dict:
                 "summary": summary,
                 "n": 4,
                 "counts": [4] * right.get(m, 100) + [0] * (200 - right.get(m, 100)),
-                "expected": None,
+                "outcome": {"per_problem": [1.0] * right.get(m, 100) + [0.0] * (200 - right.get(m, 100))},
             }
         ]
         for m in methods
@@ -229,7 +229,7 @@ def _claim_lines(methods, right=None, sweep=None) -> list[str]:
     groups = _groups(methods, right)
     baselines = [m for m in methods if m not in KALMAN_LOSSES]
     results = (
-        {f"kpo - {b}": {"kind": "key", **_contrast(groups["kpo"], groups[b], False, {})} for b in baselines}
+        {f"kpo - {b}": {"kind": "key", **_contrast(groups["kpo"], groups[b], {})} for b in baselines}
         if "kpo" in methods
         else {}
     )

@@ -51,8 +51,8 @@ def test_cells_and_their_compares(tmp_path):
     "kw, message",
     [
         ({"mismatch": ("bf32",)}, "--mismatch \\['bf32'\\]: unknown"),
-        ({"seeds": 5}, "--seeds=5 --max-seeds=8: each must be a look of the sequential design \\(4, 6, 8"),
-        ({"seeds": 8, "max_seeds": 6}, "--max-seeds at least --seeds"),
+        ({"seeds": 0}, "--seeds=0 --max-seeds=8: give --seeds >= 1 and --max-seeds >= --seeds"),
+        ({"seeds": 8, "max_seeds": 6}, "--max-seeds >= --seeds \\(the questions are answered at 4, 6, 8 seeds"),
         ({"batches": 20, "curve_every": 3}, "--curve-every=3 must divide --batches=20"),
         ({"cells_only": ("none-d4",)}, "write MISMATCH-depthN-lrX"),
         ({"cells_only": ()}, "--cells: no cell named"),

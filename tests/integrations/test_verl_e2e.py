@@ -5,7 +5,6 @@ tiny model for 2 GRPO steps on the embedded task, four times (:data:`RUNS`):
   sampler that returns its own log-probs, and verl's rollout correction with token-level IcePop weights;
 - ``kpo-2-bypass``: loss_mode=kpo on 2 workers, v1, the bfloat16 sampler's log-probs as the PPO anchor (verl's
   bypass mode, so KPO filters log pi_theta / pi_rollout);
-- ``vanilla-1``: verl's own vanilla loss on 1 worker, v1;
 - ``kpo-1-legacy``: loss_mode=kpo on 1 worker, verl's legacy trainer (``trainer.use_v1=False``), kept while
   verl ships it.
 
@@ -101,9 +100,9 @@ KPO_ICEPOP = Config(
     correction=(("rollout_is", "token"), ("rollout_is_threshold", "'{}_{}'".format(*ICEPOP))),
 )
 KPO_BYPASS = Config("kpo-2-bypass", "kpo", 2, rollout_dtype="bfloat16", correction=(("bypass_mode", "true"),))
-VANILLA_V1 = Config("vanilla-1", "vanilla", 1)
 KPO_LEGACY = Config("kpo-1-legacy", "kpo", 1, legacy=True)
-RUNS = [KPO_ICEPOP, KPO_BYPASS, VANILLA_V1, KPO_LEGACY]
+# verl's own vanilla loss on 1 worker, v1, runs in tests/integrations/test_verl_compare.py (kpo compare's GRPO arm)
+RUNS = [KPO_ICEPOP, KPO_BYPASS, KPO_LEGACY]
 
 
 @dataclass

@@ -292,6 +292,39 @@ def test_config_rejects_bad_or_unused_settings():
     assert actor_config("kpo_unclipped").q is None
 
 
+def test_ratio_dumps_count_each_rank_s_optimizer_steps(tmp_path, monkeypatch):
+    # verl's loss call does not say which optimizer step it is in: a rank's micro-batches of one mini-batch hold
+    # global_batch_size / dp_size rows together. 4 steps of 2 micro-batches (3 + 1 rows), a dump every 2 steps:
+    # steps 2 and 4, each the step's 4 rows (padded to the widest), read back by kpo analyze's reader.
+    import kpo.integrations.verl as plugin
+    from kpo.analysis.dumps import load_dump
+    from kpo.filter import kalman_filter
+
+    monkeypatch.setattr(plugin, "_DUMPS", plugin.RatioDumps())
+    config = actor_config("kpo", dump_ratios_every=2, dump_ratios_dir=str(tmp_path), memory=4.0)
+    config.global_batch_info.update(dp_size=2, batch_num_tokens=40, global_batch_size=8, loss_scale_factor=None)
+    new, old, adv, mask, _ = make_batch(B=4, empty_row=False)
+    fn = get_policy_loss_fn("kpo")
+    micro_batches = ((slice(0, 3), 9), (slice(3, 4), 4))  # v1 pads each to its own longest response
+    for _ in range(4):
+        for rows, width in micro_batches:
+            part = (new[rows, :width], old[rows, :width], adv[rows, :width], mask[rows, :width])
+            verl_call(fn, *part, "token-mean", config, None)
+    dumps = sorted(p.name for p in tmp_path.iterdir())
+    assert dumps == ["step_000002-rank0.safetensors", "step_000004-rank0.safetensors"]
+    dump = load_dump(tmp_path / "step_000004-rank0.safetensors")
+    z = (new - old).detach().double() * mask
+    assert dump.meta["step"] == "4" and dump.meta["loss"] == "kpo" and dump.mask.tolist() == mask.tolist()
+    torch.testing.assert_close(torch.as_tensor(dump.log_ratio), z, atol=1e-6, rtol=0)
+    settings = {k: dump.meta_float(k) for k in ("q", "v", "p0", "x0")}
+    filtered = kalman_filter(z, mask, **settings, mask_mode=dump.meta["mask_mode"])
+    torch.testing.assert_close(torch.as_tensor(dump.filtered), filtered, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="is verl's own loss"):
+        actor_config("vanilla", dump_ratios_every=2, dump_ratios_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="dump_ratios_every to an integer >= 1"):
+        actor_config("kpo", dump_ratios_every=0, dump_ratios_dir=str(tmp_path))
+
+
 def _compose(*overrides: str, micro_batch: bool = True):
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     base = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"] if micro_batch else []

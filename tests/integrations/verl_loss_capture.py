@@ -2,7 +2,8 @@
 returns (test-only), so a test can recompute the loss itself on exactly the batch verl trained on.
 
 Loaded in every worker through ``VERL_USE_EXTERNAL_MODULES`` (after :mod:`tests.integrations.verl_cpu_platform`),
-with ``KPO_VERL_CAPTURE_DIR`` naming a directory. It imports kpo's plugin (which registers kpo's losses) and then
+with ``KPO_VERL_CAPTURE_DIR`` naming a directory (it may name environment variables: ``{KPO_COMPARE_RUN}/capture``
+is the folder of the kpo compare run being trained). It imports kpo's plugin (which registers kpo's losses) and then
 wraps every entry of verl's ``POLICY_LOSS_REGISTRY``: the wrapper calls the registered function unchanged and
 writes one file per call, ``<dir>/rank<R>-<pid>-<N>.pt`` (R: the worker's torch.distributed rank, N: the call's
 number in that process), with:
@@ -30,7 +31,7 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
 
 import kpo.integrations.verl  # noqa: F401  (registers kpo's losses before they are wrapped)
 
-__all__ = ["CAPTURE_DIR_ENV", "CONFIG_FIELDS", "load_calls", "load_samples", "record_sample"]
+__all__ = ["CAPTURE_DIR_ENV", "CONFIG_FIELDS", "capture_dir", "load_calls", "load_samples", "record_sample"]
 
 CAPTURE_DIR_ENV = "KPO_VERL_CAPTURE_DIR"
 CONFIG_FIELDS = ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "q", "memory")
@@ -60,17 +61,25 @@ def _recorded(name: str, fn):
             "metrics": {k: _number(v) for k, v in metrics.items()},
         }
         rank = os.environ.get("RANK", "0")
-        out = Path(os.environ[CAPTURE_DIR_ENV])
+        out = capture_dir()
         torch.save(record, out / f"rank{rank}-{os.getpid()}-{next(_calls):04d}.pt")
         return loss, metrics
 
     return call
 
 
+def capture_dir() -> Path:
+    """``KPO_VERL_CAPTURE_DIR`` with the environment's variables filled in (``{KPO_COMPARE_RUN}/capture``: the folder
+    of the kpo compare run this main_ppo trains), created if missing."""
+    out = Path(os.environ[CAPTURE_DIR_ENV].format_map(os.environ))
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def record_sample(token_ids: list[int], log_probs: list[float] | None) -> None:
     """Save one response the sampler returned to verl (a no-op unless ``KPO_VERL_CAPTURE_DIR`` is set)."""
     if os.environ.get(CAPTURE_DIR_ENV):
-        out = Path(os.environ[CAPTURE_DIR_ENV]) / f"sample-{os.getpid()}-{next(_samples):05d}.pt"
+        out = capture_dir() / f"sample-{os.getpid()}-{next(_samples):05d}.pt"
         torch.save({"token_ids": token_ids, "log_probs": log_probs}, out)
 
 

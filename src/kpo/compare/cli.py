@@ -11,6 +11,7 @@ from kpo.compare.plan import (
     AA_SEEDS,
     ABLATION_SEEDS,
     ABLATIONS,
+    ENGINES,
     EVAL_N,
     MATCHED,
     PAPER,
@@ -49,9 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     d = CompareConfig()
     p = argparse.ArgumentParser(
         prog="kpo compare",
-        description="Train every arm with every seed on the embedded task under the paper's off-policy "
-        "protocol (KPO at the matched memory against the baselines, the ablations that isolate the filter, an A/A "
-        "arm), evaluate, analyze, and write one report whose differences are paired by seed. It prints the plan "
+        description="Train every arm with every seed (on the embedded task, or on --model/--dataset scored on "
+        "--eval-data; with kpo's trainer or verl's) under the paper's off-policy protocol (KPO at the matched "
+        "memory against the baselines, the ablations that isolate the filter, an A/A arm), evaluate, analyze, and write one report whose differences are paired by seed. It prints the plan "
         "(runs, time, expected half-widths) before anything trains. Finished runs are reused. `kpo compare regimes "
         "--help`: the map of regimes (train-inference mismatch x off-policy depth x learning rate).",
     )
@@ -138,7 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.dump_every,
         help="Ratio dump period in optimizer steps (default: %(default)s).",
     )
-    p.add_argument("--jobs", type=int, default=None, help="Parallel runs (default: one per CPU).")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="Parallel runs (default: one per CPU; --engine verl: 1, as each run takes the cluster).",
+    )
     p.add_argument(
         "--plan",
         action="store_true",
@@ -158,12 +164,62 @@ def build_parser() -> argparse.ArgumentParser:
         "and the A/A arm), where those options are not given: a smoke test instead of the comparison in 90 "
         "minutes.",
     )
+    _setup_options(p)
     p.add_argument(
         "train_args",
         nargs=argparse.REMAINDER,
-        help="After `--`: extra `kpo train` flags for every run (e.g. -- --task chain --learning-rate 1e-4).",
+        help="After `--`: the engine's own settings for every run: `kpo train` flags with --engine kpo (e.g. -- "
+        "--task chain --learning-rate 1e-4), verl's Hydra overrides with --engine verl (e.g. -- "
+        "data.train_batch_size=32 actor_rollout_ref.actor.optim.lr=1e-6).",
     )
     return p
+
+
+def _setup_options(p: argparse.ArgumentParser) -> None:
+    """The options of the user's own setup, shared by kpo compare and kpo compare regimes."""
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="kpo",
+        help="What trains each run: kpo (kpo train: TRL, one node) or verl (verl's main_ppo on your verl "
+        "configuration) (default: %(default)s).",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="A Hugging Face causal LM every run starts from; its held-out score is the start row and the collapse "
+        "threshold (default: the embedded warm start of each seed; --engine verl: your configuration's model).",
+    )
+    p.add_argument(
+        "--dataset",
+        default=None,
+        help="Training problems, in the formats kpo train --dataset reads (verl: its parquet) (default: the embedded "
+        "task; --engine verl: your configuration's data.train_files).",
+    )
+    p.add_argument(
+        "--eval-data",
+        nargs="+",
+        default=(),
+        metavar="FILE",
+        help="Held-out benchmarks in the formats kpo eval reads, scored by avg@--eval-n with the same problems and "
+        "sample seeds for every run (default: the embedded task's test split; required with --engine verl).",
+    )
+    p.add_argument(
+        "--verl-config",
+        default=None,
+        help="--engine verl: your verl YAML (as main_ppo's --config-path/--config-name); its overrides go after "
+        "`--` (default: verl's ppo_trainer).",
+    )
+
+
+def _setup(args) -> dict:
+    return {
+        "engine": args.engine,
+        "model": args.model,
+        "dataset": args.dataset,
+        "eval_data": tuple(args.eval_data),
+        "verl_config": args.verl_config,
+    }
 
 
 def config_from_args(argv: list[str] | None = None) -> CompareConfig:
@@ -192,6 +248,7 @@ def _config(args) -> CompareConfig:
         jobs=args.jobs,
         train_args=tuple(extra),
         quick=args.quick,
+        **_setup(args),
     )
 
 
@@ -272,7 +329,9 @@ def build_regimes_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--eval-n", type=int, default=d.eval_n, help="Samples per held-out problem (default: %(default)s).")
     p.add_argument("--eval-limit", type=int, default=None, help="Held-out problems (default: the test split).")
-    p.add_argument("--jobs", type=int, default=None, help="Parallel runs (default: one per CPU).")
+    p.add_argument(
+        "--jobs", type=int, default=None, help="Parallel runs (default: one per CPU; --engine verl: 1)."
+    )
     p.add_argument("--plan", action="store_true", help="Print the plan and the rules, and stop.")
     p.add_argument(
         "--pilot",
@@ -280,7 +339,12 @@ def build_regimes_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"A finished compare's report.json: plan with the sd it measured (default: {DIFF_SD} points).",
     )
-    p.add_argument("train_args", nargs=argparse.REMAINDER, help="After `--`: extra `kpo train` flags for every run.")
+    _setup_options(p)
+    p.add_argument(
+        "train_args",
+        nargs=argparse.REMAINDER,
+        help="After `--`: kpo train flags (--engine kpo) or verl's Hydra overrides (--engine verl) for every run.",
+    )
     return p
 
 
@@ -301,6 +365,7 @@ def regimes_main(argv: list[str]) -> int:
         eval_limit=args.eval_limit,
         jobs=args.jobs,
         train_args=tuple(extra),
+        **_setup(args),
     )
     try:
         report = run_regimes(cfg, plan_only=args.plan, pilot=args.pilot)

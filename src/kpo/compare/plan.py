@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+# kpo train's side of the plan, kept with kpo's engine (re-exported: the run commands are part of the plan)
+from kpo.compare.engines import COMPARE_OWNED, engine_of, train_argv  # noqa: F401
+
 DEFAULT_METHODS = ("vanilla", "gspo")  # the baselines, at their paper hyperparameters, every seed
 PAPER, MATCHED = "paper", "matched"  # KPO at the paper's Q/V; at the length-matched memory
 MATCHED_KWARGS = (("memory", MATCHED),)
@@ -36,24 +39,9 @@ REPLICA_SEED = (
 # what --quick sets where the option is not given: a smoke test in minutes
 QUICK = {"steps": 40, "eval_n": 4, "seeds": 2, "ablation_seeds": 1, "aa_seeds": 1}
 WARM_START = "warm_start"  # the Table 1 row of the models every run starts from
-EXPECTED_FILE = "expected.json"  # a model's exact expected held-out accuracy (the running task only)
-CURVE_FILE = "curve.json"  # a run's learning curve: EXPECTED_FILE's numbers at its checkpoints (--curve-every)
-# `kpo train` fields that kpo compare sets from its own options (or its run plan); a `--` flag for one of them
-# would override compare's value after compare.json recorded it.
-COMPARE_OWNED = {
-    "loss": "--methods",
-    "seed": "--seeds",
-    "warm_start_seed": "--seeds (each seed's runs share its warm start)",
-    "output_dir": "--out",
-    "max_steps": "--steps",
-    "minibatches": "--minibatches",
-    "dump_ratios_every": "--dump-every",
-    "loss_kwargs": "nothing (each method runs its paper hyperparameters; --sweep-memory sets KPO's memory)",
-    "resume": "nothing (finished runs are reused)",
-    "save_steps": "--curve-every (or nothing: an interrupt checkpoints every running run)",
-    "save_total_limit": "--curve-every",
-    "overwrite": "nothing (unfinished runs restart)",
-}
+CURVE_FILE = "curve.json"  # a run's learning curve: its outcome (kpo.compare.outcome) at its checkpoints (--curve-every)
+TIMING_FILE = "timing.json"  # a finished run's wall-clock seconds, training and evaluation (for the plan)
+ENGINES = ("kpo", "verl")  # what trains a run: kpo train (TRL), or verl's main_ppo (kpo.compare.engines)
 
 
 class CompareError(ValueError):
@@ -91,6 +79,13 @@ class CompareConfig:
     # (curve.json; a multiple of minibatches); 0 = none
     curve_every: int = 0
     quick: bool = False
+    engine: str = "kpo"  # what trains each run: "kpo" (kpo train) or "verl" (verl's main_ppo); ENGINES
+    model: str | None = None  # Hugging Face causal LM every run starts from; None = the embedded warm start
+    dataset: str | None = None  # training problems (kpo train --dataset's formats); None = the embedded task
+    # held-out benchmark files (the formats kpo eval reads), scored by avg@eval_n; () = the embedded task's test
+    # split (the running task: by its exact expected accuracy)
+    eval_data: tuple[str, ...] = ()
+    verl_config: str | None = None  # --engine verl: the user's verl YAML (its overrides go after `--`)
 
     def __post_init__(self) -> None:
         if self.quick:
@@ -109,12 +104,15 @@ class CompareConfig:
         """Check every setting before anything trains, and name each loss by its canonical name (``grpo`` ->
         ``vanilla``). Raises :class:`CompareError` listing the problems found. Returns self."""
         methods, errors = _canonical_methods(self.methods)
-        errors = _range_errors(self) + errors + _sweep_name_errors(self) + _owned_flag_errors(self.train_args)
+        if self.engine not in ENGINES:
+            raise CompareError([f"--engine={self.engine!r}: unknown; use one of {', '.join(ENGINES)}"])
+        errors = _range_errors(self) + errors + _sweep_name_errors(self) + _data_errors(self)
+        errors += engine_of(self).flag_errors(self)
         if errors:
             raise CompareError(errors)
         self.methods = methods
         # The run configs and the task are only built from settings that passed the checks above.
-        errors = _train_config_errors(self) or _eval_limit_errors(self)
+        errors = engine_of(self).config_errors(self, plan_runs(self)) or _eval_limit_errors(self)
         if errors:
             raise CompareError(errors)
         return self
@@ -321,55 +319,43 @@ def _dump_period_errors(cfg: CompareConfig) -> list[str]:
     return [f"--dump-every={every} {problem}: use --dump-every={fix} (or more --steps)"]
 
 
-def _owned_flag_errors(train_args: tuple[str, ...]) -> list[str]:
-    """`--` flags that would override a setting kpo compare makes itself."""
-    from kpo.train.config import build_parser
-
-    # kpo train's parser leaves unset fields out of the namespace, so its keys are exactly the flags given
-    # (and --config, None when not given).
-    given = vars(build_parser("kpo compare -- (kpo train flags)").parse_args(list(train_args)))
-    errors = [
-        f"-- --{key.replace('_', '-')}: kpo compare sets it for every run; use {COMPARE_OWNED[key]} instead"
-        for key in given
-        if key in COMPARE_OWNED
-    ]
-    if given.get("config") is not None:
-        errors.append(
-            "-- --config: a YAML file could set what kpo compare sets itself (loss_kwargs, max_steps, resume, "
-            "...) unseen; give its settings as -- flags"
-        )
-    return errors
-
-
-def _train_config_errors(cfg: CompareConfig) -> list[str]:
-    """What `kpo train` would reject in each distinct run config (a method, or a sweep point)."""
-    from kpo.train.config import ConfigError, parse_args
-
-    # (method, loss overrides) -> its first run: a seed never makes a config invalid
-    distinct: dict[tuple, Run] = {}
-    for run in plan_runs(cfg):
-        distinct.setdefault((run.method, run.loss_kwargs), run)
-    first_run: dict[str, str] = {}  # error -> the first run with it (a bad `--` flag fails every run alike)
-    for run in distinct.values():
-        try:
-            parse_args(train_argv(cfg, run, Path(cfg.out) / "runs" / run.name)).validate()
-        except ConfigError as e:
-            for err in e.errors:
-                # kpo train's advice names its own flag; kpo compare puts every run under --out
-                first_run.setdefault(err.replace("another --output-dir", "another --out"), run.name)
-    return [f"run {name}: {err}" for err, name in first_run.items()]
-
-
 def held_out_problems(cfg: CompareConfig, limit: int | None) -> int:
-    """Problems of the task's test split that evaluation uses (``limit`` or the default split); ValueError
-    when the split cannot supply ``limit``."""
+    """Held-out problems evaluation uses: the first ``limit`` (None: all) of each ``--eval-data`` file, or of the
+    embedded task's test split (``limit`` or its default size); ValueError when the split cannot supply
+    ``limit``."""
+    if cfg.eval_data:
+        from kpo.data.math import load_problems
+
+        return sum(len(load_problems(path)[:limit]) for path in cfg.eval_data)
     from kpo.data.synthetic import load_split
     from kpo.train.config import parse_args
 
     return len(load_split("test", n=limit, task=parse_args(list(cfg.train_args)).task_config()))
 
 
+def _data_errors(cfg: CompareConfig) -> list[str]:
+    """Files the comparison reads that are not there or not what they should be: each ``--eval-data`` benchmark
+    (read as kpo eval reads it), ``--verl-config`` (only with --engine verl)."""
+    from kpo.data.math import load_problems
+
+    errors = []
+    for path in cfg.eval_data:
+        try:
+            load_problems(path)
+        except (ValueError, OSError) as e:  # OSError: FileNotFoundError, a folder, no permission
+            errors.append(f"--eval-data {path}: {e}; give a benchmark file in a format kpo eval reads")
+    if len({Path(p).stem for p in cfg.eval_data}) < len(cfg.eval_data):
+        errors.append(
+            "--eval-data: two files share a name (kpo eval names a benchmark by its file name); rename one"
+        )
+    if cfg.verl_config is not None and cfg.engine != "verl":
+        errors.append(f"--verl-config {cfg.verl_config}: a verl configuration needs --engine verl")
+    return errors
+
+
 def _eval_limit_errors(cfg: CompareConfig) -> list[str]:
+    if cfg.eval_data:  # kpo eval's --limit: the first N problems of each file, any N >= 1
+        return []
     try:
         held_out_problems(cfg, None)
     except ValueError as err:  # a task too small for any test split
@@ -381,40 +367,6 @@ def _eval_limit_errors(cfg: CompareConfig) -> list[str]:
     except ValueError as err:  # the data module's own words: the most problems it can supply, and the fix
         return [f"--eval-limit={cfg.eval_limit}: {err}"]
     return []
-
-
-def train_argv(cfg: CompareConfig, run: Run, out: Path) -> list[str]:
-    argv = [
-        "--loss",
-        run.method,
-        "--seed",
-        str(run.rl_seed),
-        "--warm-start-seed",
-        str(run.seed),
-        "--output-dir",
-        str(out),
-        "--minibatches",
-        str(cfg.minibatches),
-        "--dump-ratios-every",
-        str(cfg.dump_every),
-        "--report-to",
-        "none",
-        "--progress",
-        "false",
-        "--num-threads",
-        "1",
-        "--overwrite",
-        "--max-steps",
-        str(cfg.steps),
-    ]
-    if cfg.curve_every:  # every curve checkpoint kept, and the final one
-        argv += ["--save-steps", str(cfg.curve_every), "--save-total-limit", str(cfg.steps // cfg.curve_every + 1)]
-    if run.loss_kwargs:
-        argv += [
-            "--loss-kwargs",
-            *(f"{k}={v!r}" if isinstance(v, float) else f"{k}={v}" for k, v in run.loss_kwargs),
-        ]
-    return argv + list(cfg.train_args)
 
 
 def warm_start_dir(out: Path, seed: int) -> Path:
@@ -473,24 +425,54 @@ def contrasts(cfg: CompareConfig) -> list[Contrast]:
     return out
 
 
-def estimate(cfg: CompareConfig, diff_sd: float = DIFF_SD, done: int = 0) -> dict:
-    """What the comparison costs and can resolve, before anything trains: ``runs``, ``seconds`` (wall clock on
-    ``cfg.jobs`` workers, runs already ``done`` left out) and per contrast the expected half-width of its 95%
-    paired interval, t_{S-1} x diff_sd / sqrt(S) in points (S seeds)."""
+def embedded(cfg: CompareConfig) -> bool:
+    """Whether ``cfg`` runs the embedded task and model on kpo's trainer, the setup the cost constants above were
+    measured on; on any other the plan's time comes from runs of that setup (:func:`measured_run_seconds`)."""
+    return cfg.engine == "kpo" and cfg.model is None and cfg.dataset is None and not cfg.eval_data
+
+
+def measured_run_seconds(folders) -> float | None:
+    """Mean wall-clock seconds (training and evaluation) of the finished runs in ``folders`` (their
+    :data:`TIMING_FILE`), None when none has one."""
+    import json
+
+    found = [
+        json.loads((f / TIMING_FILE).read_text())["seconds"] for f in folders if (f / TIMING_FILE).exists()
+    ]
+    return sum(found) / len(found) if found else None
+
+
+def parallel_runs(cfg: CompareConfig) -> int:
+    """Runs side by side: --jobs, else the engine's default (kpo: one per CPU; verl: 1)."""
     import os
 
+    return cfg.jobs or engine_of(cfg).workers(cfg) or os.cpu_count() or 1
+
+
+def estimate(
+    cfg: CompareConfig, diff_sd: float = DIFF_SD, done: int = 0, run_seconds: float | None = None
+) -> dict:
+    """What the comparison costs and can resolve, before anything trains: ``runs``, ``seconds`` (wall clock on
+    :func:`workers` workers, runs already ``done`` left out; from ``run_seconds`` per run, measured, else on the
+    embedded setup from the constants above; None when neither applies: ``seconds_per_run`` None) and per
+    contrast the expected half-width of its 95% paired interval, t_{S-1} x diff_sd / sqrt(S) in points (S
+    seeds)."""
     from kpo.evaluation.metrics import t_quantile
 
     runs = plan_runs(cfg)
-    problems = held_out_problems(cfg, cfg.eval_limit)
-    per_run = cfg.steps * STEP_SECONDS + problems * cfg.eval_n * SAMPLE_SECONDS + RUN_SECONDS
-    jobs = cfg.jobs if cfg.jobs is not None else os.cpu_count() or 1
-    seconds = (len(runs) - done) * per_run / jobs + (
-        cfg.seeds * WARM_START_SECONDS / jobs if len(runs) > done else 0
-    )
+    jobs = parallel_runs(cfg)
+    per_run, seconds = run_seconds, None
+    if per_run is None and embedded(cfg):
+        problems = held_out_problems(cfg, cfg.eval_limit)
+        per_run = cfg.steps * STEP_SECONDS + problems * cfg.eval_n * SAMPLE_SECONDS + RUN_SECONDS
+    if per_run is not None:
+        warm = cfg.seeds * WARM_START_SECONDS / jobs if embedded(cfg) and len(runs) > done else 0
+        seconds = (len(runs) - done) * per_run / jobs + warm
     return {
         "runs": len(runs),
         "seconds": seconds,
+        "seconds_per_run": per_run,
+        "jobs": jobs,
         "diff_sd": diff_sd,
         "contrasts": {
             c.name: {
@@ -507,10 +489,16 @@ def estimate(cfg: CompareConfig, diff_sd: float = DIFF_SD, done: int = 0) -> dic
 
 def format_plan(cfg: CompareConfig, est: dict) -> str:
     """The plan as kpo compare prints it before anything trains."""
+    time = (
+        f"about {est['seconds'] / 60:.0f} min on {est['jobs']} worker(s)"
+        if est["seconds"] is not None
+        else "time not estimated: no run of this setup has been measured yet (the first one is; or plan with "
+        "--pilot and a finished compare of this setup)"
+    )
     lines = [
         f"plan: {est['runs']} runs of {cfg.steps} steps ("
         + ", ".join(f"{a.label} x {a.seeds}" for a in arms(cfg))
-        + f"), about {est['seconds'] / 60:.0f} min on {cfg.jobs or 'all'} worker(s)",
+        + f"), {time}",
         f"expected 95% half-widths (points), from a paired-difference sd of {est['diff_sd']:.1f} points:",
     ]
     for name, c in est["contrasts"].items():

@@ -239,7 +239,7 @@ def _plot_curves(entries: list[dict], path: Path) -> Path:
         ax.axvline(20, color="0.6", ls=":", lw=1)
         ax.set_title(f"{e['cell']}: KPO {curve['pace'] or '-'}", fontsize=9)
         ax.set_xlabel("generation batches (dotted: the map's length)")
-        ax.set_ylabel("exact expected held-out accuracy (%)")
+        ax.set_ylabel("held-out accuracy (%)")
         ax.legend(fontsize=8)
     return _save(fig, path)
 
@@ -269,16 +269,16 @@ def render_map(out: Path, entries: list[dict], answers: list[dict], looks: list[
     ]
     batches = plan.get("batches", "?")
     settings = plan.get("settings", {})
-    problems = settings.get("eval_limit") or "the test split's"
+    metric = next((e["metric"] for e in entries if e.get("metric")), "held-out accuracy")  # kpo.compare.outcome
     md = [
         "# kpo compare regimes: where does KPO help?",
         "",
         f"{len(entries)} cells ({done} finished at their current seeds), {runs} finished runs: GRPO, GSPO, KPO at "
         "the length-matched memory and KPO with its memory fitted by maximum likelihood (auto) in every cell, the "
         "clip band without the filter in the stress cells; paired by seed, "
-        f"{batches} generation batches a run, exact expected held-out accuracy on {problems} problems. The "
-        "questions, their tests and the sequential design were printed and written to plan.json before the runs. "
-        "Each cell links its own kpo compare report (Table 1, Figure 3, Table 2).",
+        f"{batches} generation batches a run ({settings.get('engine', 'kpo')} engine), {metric}. The questions, "
+        "their tests and the sequential design were printed and written to plan.json before the runs. Each cell "
+        "links its own kpo compare report (Table 1, Figure 3, Table 2).",
         "",
         "## The questions (the map's claims)",
         "",

@@ -37,9 +37,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kpo._files import replacing
+from kpo.compare.outcome import load_outcome
 from kpo.compare.plan import (
     ABLATIONS,
-    EXPECTED_FILE,
     MATCHED_KWARGS,
     RUN_SECONDS,
     SAMPLE_SECONDS,
@@ -158,7 +158,13 @@ class Cell:
     def name(self) -> str:
         return f"{self.mismatch}-depth{self.depth}-lr{self.lr:g}"
 
-    def train_args(self) -> tuple[str, ...]:
+    def train_args(self, engine: str = "kpo") -> tuple[str, ...]:
+        """The cell's settings as the engine's `--` flags: kpo train's, or verl's overrides (rollout dtype and bypass
+        mode, learning rate: :func:`kpo.compare.verl_engine.cell_overrides`)."""
+        if engine == "verl":
+            from kpo.compare.verl_engine import cell_overrides
+
+            return cell_overrides(self.mismatch, self.lr)
         return ("--learning-rate", repr(self.lr), *MISMATCH[self.mismatch])
 
 
@@ -188,6 +194,12 @@ class RegimeConfig:
     eval_limit: int | None = None
     jobs: int | None = None
     train_args: tuple[str, ...] = ()
+    # the user's setup, as kpo compare's (kpo.compare.CompareConfig documents each)
+    engine: str = "kpo"
+    model: str | None = None
+    dataset: str | None = None
+    eval_data: tuple[str, ...] = ()
+    verl_config: str | None = None
     cells: list[Cell] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -201,18 +213,18 @@ class RegimeConfig:
             errors.append(f"--mismatch {unknown}: unknown; use {', '.join(MISMATCH)}")
         if any(d < 1 for d in self.depth) or any(not (lr > 0 and math.isfinite(lr)) for lr in self.lr):
             errors.append("--depth must be integers >= 1 and --lr finite numbers > 0")
-        looks = ", ".join(map(str, LOOKS))
-        if self.seeds not in LOOKS or self.max_seeds not in LOOKS or self.max_seeds < self.seeds:
+        if self.seeds < 1 or self.max_seeds < self.seeds:
             errors.append(
-                f"--seeds={self.seeds} --max-seeds={self.max_seeds}: each must be a look of the sequential design "
-                f"({looks} seeds a cell), --max-seeds at least --seeds"
+                f"--seeds={self.seeds} --max-seeds={self.max_seeds}: give --seeds >= 1 and --max-seeds >= --seeds (the "
+                f"questions are answered at {', '.join(map(str, LOOKS))} seeds a cell: a map of fewer has its cells "
+                "only)"
             )
         for name, value, low in (("batches", self.batches, 1), ("curve-every", self.curve_every, 0)):
             if value < low:
                 errors.append(f"--{name}={value}: must be >= {low}")
         if self.curve_every and self.batches % self.curve_every:
             errors.append(f"--curve-every={self.curve_every} must divide --batches={self.batches}")
-        errors += _owned_by_cells(self.train_args)
+        errors += _owned_by_cells(self.train_args) if self.engine == "kpo" else []
         cells = []
         if self.cells_only is not None:
             if not self.cells_only:
@@ -236,6 +248,8 @@ class RegimeConfig:
                     for c in bad
                 ]
             )
+        if self.engine == "verl":
+            _verl_cell_errors(self)
         first_error = {}
         for cell in self.cells:
             try:
@@ -273,8 +287,13 @@ class RegimeConfig:
             # 16 ratio dumps a run whatever the depth (steps 5k at depth 4: off-policy for k not = 1 mod 4)
             dump_every=max(1, steps // 16),
             jobs=self.jobs,
-            train_args=(*cell.train_args(), *self.train_args),
+            train_args=(*cell.train_args(self.engine), *self.train_args),
             curve_every=self.curve_every * cell.depth,
+            engine=self.engine,
+            model=self.model,
+            dataset=self.dataset,
+            eval_data=self.eval_data,
+            verl_config=self.verl_config,
         )
 
 
@@ -297,38 +316,62 @@ def cell_runs(cfg: RegimeConfig, cell: Cell, seeds: int) -> list[Run]:
     return plan_runs(cfg.cell_config(cell, seeds))
 
 
-# ------------------------------------------------------------------ plan
-def estimate_regimes(cfg: RegimeConfig, diff_sd: float = DIFF_SD) -> dict:
-    """The plan: per cell its runs and minutes at the first look and at the cap (wall clock on ``cfg.jobs``
-    workers), the expected half-width of a cell's contrast at the first look, t_{S-1} x diff_sd / sqrt(S) points,
-    the seeds a pooled accuracy question needs to decide a 5-point difference at the family's final-look level;
-    the questions and the rules."""
-    import os
+def _verl_cell_errors(cfg: RegimeConfig) -> None:
+    """CompareError for what verl cannot run of the grid, or a `--` override of what each cell sets."""
+    from kpo.compare.verl_engine import CELL_MISMATCH, cell_overrides, override_key
 
-    from kpo.compare.plan import held_out_problems
+    errors = [
+        f"--mismatch {m}: not mapped to verl; use {', '.join(CELL_MISMATCH)}"
+        for m in sorted({c.mismatch for c in cfg.cells} - set(CELL_MISMATCH))
+    ]
+    owned = {override_key(o) for m in CELL_MISMATCH for o in cell_overrides(m, 1.0)}
+    errors += [
+        f"-- {key}=...: each cell sets it (--mismatch, --lr); drop it"
+        for key in sorted({override_key(o) for o in cfg.train_args} & owned)
+    ]
+    if errors:
+        raise CompareError(errors)
+
+
+# ------------------------------------------------------------------ plan
+def estimate_regimes(cfg: RegimeConfig, diff_sd: float = DIFF_SD, pilot: Path | None = None) -> dict:
+    """The plan: per cell its runs and minutes at the first look and at the cap (wall clock on the engine's
+    parallel runs; the time per run from the embedded setup's constants, else measured on the map's finished runs
+    or ``pilot``'s, else not estimated: None), the expected half-width of a cell's contrast at the first look,
+    t_{S-1} x diff_sd / sqrt(S) points, the seeds a pooled accuracy question needs to decide a 5-point difference
+    at the family's final-look level; the questions and the rules."""
+    from kpo.compare.plan import embedded, held_out_problems, measured_run_seconds, parallel_runs
     from kpo.compare.questions import LOOK_SHARES
     from kpo.compare.stats import ALPHA, seeds_for_effect
     from kpo.evaluation.metrics import t_quantile
 
-    jobs = cfg.jobs if cfg.jobs is not None else os.cpu_count() or 1
-    problems = held_out_problems(cfg.cell_config(cfg.cells[0], cfg.seeds), cfg.eval_limit)
-    half = t_quantile(0.975, cfg.seeds - 1) * diff_sd / cfg.seeds**0.5
+    first_cfg = cfg.cell_config(cfg.cells[0], cfg.seeds)
+    jobs = parallel_runs(first_cfg)
+    problems = held_out_problems(first_cfg, cfg.eval_limit)
+    half = t_quantile(0.975, cfg.seeds - 1) * diff_sd / cfg.seeds**0.5 if cfg.seeds > 1 else None
+    folders = [Path(cfg.out) / cell.name / "runs" / r.name for cell in cfg.cells for r in cell_runs(cfg, cell, cfg.seeds)]
+    folders += [] if pilot is None else sorted(Path(pilot).parent.glob("*/runs/*"))
+    measured = measured_run_seconds(folders)
     cells = []
     for cell in cfg.cells:
-        per_run = (
-            cfg.batches * cell.depth * STEP_SECONDS * 4 / cell.depth * SAMPLER_COST[cell.mismatch]
-            + problems * cfg.eval_n * SAMPLE_SECONDS
-            + RUN_SECONDS
-        )
+        if embedded(first_cfg):
+            per_run = (
+                cfg.batches * cell.depth * STEP_SECONDS * 4 / cell.depth * SAMPLER_COST[cell.mismatch]
+                + problems * cfg.eval_n * SAMPLE_SECONDS
+                + RUN_SECONDS
+            )
+        else:
+            per_run = measured
         first, cap = len(cell_runs(cfg, cell, cfg.seeds)), len(cell_runs(cfg, cell, cfg.max_seeds))
+        minutes = lambda runs, per=per_run: None if per is None else runs * per / jobs / 60  # noqa: E731
         cells.append(
             {
                 "cell": cell.name,
                 "group": cfg.group(cell),
                 "runs": first,
                 "runs_at_cap": cap,
-                "minutes": first * per_run / jobs / 60,
-                "minutes_at_cap": cap * per_run / jobs / 60,
+                "minutes": minutes(first),
+                "minutes_at_cap": minutes(cap),
                 "half_width": half,
             }
         )
@@ -340,13 +383,15 @@ def estimate_regimes(cfg: RegimeConfig, diff_sd: float = DIFF_SD) -> dict:
         g: seeds_for_effect(diff_sd / 100 / n**0.5, 0.05, ALPHA * LOOK_SHARES[-1] / hypotheses)
         for g, n in per_group.items()
     }
-    warm = cfg.max_seeds * WARM_START_SECONDS / jobs / 60
+    warm = cfg.max_seeds * WARM_START_SECONDS / jobs / 60 if embedded(first_cfg) else 0.0
+    timed = all(c["minutes"] is not None for c in cells)
     return {
         "cells": cells,
         "runs": sum(c["runs"] for c in cells),
         "runs_at_cap": sum(c["runs_at_cap"] for c in cells),
-        "minutes": warm * cfg.seeds / cfg.max_seeds + sum(c["minutes"] for c in cells),
-        "minutes_at_cap": warm + sum(c["minutes_at_cap"] for c in cells),
+        "minutes": warm * cfg.seeds / cfg.max_seeds + sum(c["minutes"] for c in cells) if timed else None,
+        "minutes_at_cap": warm + sum(c["minutes_at_cap"] for c in cells) if timed else None,
+        "jobs": jobs,
         "diff_sd": diff_sd,
         "seeds": cfg.seeds,
         "max_seeds": cfg.max_seeds,
@@ -361,17 +406,26 @@ def estimate_regimes(cfg: RegimeConfig, diff_sd: float = DIFF_SD) -> dict:
 
 def format_regime_plan(cfg: RegimeConfig, est: dict) -> str:
     arms = ", ".join(LABELS[a] for a in (GRPO, GSPO, KPO, AUTO))
+    if est["minutes"] is None:
+        time, cap_time = "time not estimated: no run of this setup has been measured yet (or give --pilot)", ""
+    else:
+        time = f"about {est['minutes']:.0f} min on {est['jobs']} worker(s)"
+        cap_time = f" ({est['minutes_at_cap']:.0f} min)"
+    half = est["cells"][0]["half_width"]
     lines = [
         f"regime map: {len(cfg.cells)} cells x ({arms}; the stress cells also the clip band) x {cfg.seeds} seeds "
-        f"= {est['runs']} runs of {cfg.batches} generation batches, about {est['minutes']:.0f} min on "
-        f"{cfg.jobs or 'all'} worker(s) (warm starts included); up to {est['runs_at_cap']} runs "
-        f"({est['minutes_at_cap']:.0f} min) if every question stays undecided to {cfg.max_seeds} seeds",
-        f"expected 95% half-width of a cell's contrast at {cfg.seeds} seeds: +-{est['cells'][0]['half_width']:.1f} "
-        f"points (prior sd {est['diff_sd']:.1f} points)",
+        f"= {est['runs']} runs of {cfg.batches} generation batches, {time}; up to {est['runs_at_cap']} runs"
+        f"{cap_time} if every question stays undecided to {cfg.max_seeds} seeds",
+        f"expected 95% half-width of a cell's contrast at {cfg.seeds} seeds: "
+        + (f"+-{half:.1f} points" if half is not None else "none (one seed)")
+        + f" (prior sd {est['diff_sd']:.1f} points)",
         "seeds a pooled accuracy question needs to decide a 5-point difference (80% power): "
         + ", ".join(f"{g} {n if n else 'more than the cap'}" for g, n in est["seeds_for_5_points"].items()),
     ]
-    lines += [f"  {c['cell']} ({c['group']}): {c['runs']} runs, ~{c['minutes']:.0f} min" for c in est["cells"]]
+    lines += [
+        f"  {c['cell']} ({c['group']}): {c['runs']} runs" + ("" if c["minutes"] is None else f", ~{c['minutes']:.0f} min")
+        for c in est["cells"]
+    ]
     lines.append("questions (fixed before the runs):")
     lines += [f"  {q['name']}: {q['question']} [{q['kind']}, {q['group']} cells]" for q in est["questions"]]
     lines.append("rules (fixed before the runs):")
@@ -381,8 +435,9 @@ def format_regime_plan(cfg: RegimeConfig, est: dict) -> str:
 
 # ------------------------------------------------------------------ outcomes
 def _expected(folder: Path) -> float | None:
-    path = folder / EXPECTED_FILE
-    return json.loads(path.read_text())["mean"] if path.exists() else None
+    """The mean outcome of the model in ``folder`` (kpo.compare.outcome), None when it is not scored yet."""
+    found = load_outcome(folder)
+    return None if found is None else found["mean"]
 
 
 def _warm(cfg: RegimeConfig, seed: int) -> float | None:
@@ -419,11 +474,11 @@ def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, pilot: Path | Non
     its group's seeds (rewriting the map as each cell finishes), answer the questions, and give the cells of the
     undecided ones the next block of seeds, until every question is decided or at the cap. Returns report.md
     (None with ``plan_only``)."""
-    from kpo.compare.plan import pilot_sd
-    from kpo.compare.run import Job, _done, _exact_applies, _stale_run_errors, train_jobs
+    from kpo.compare.plan import parallel_runs, pilot_sd
+    from kpo.compare.run import Job, _done, _stale_run_errors, train_jobs
 
     cfg.validate()
-    est = estimate_regimes(cfg, pilot_sd(pilot) if pilot is not None else DIFF_SD)
+    est = estimate_regimes(cfg, pilot_sd(pilot) if pilot is not None else DIFF_SD, pilot)
     print(format_regime_plan(cfg, est), flush=True)
     if plan_only:
         return None
@@ -436,7 +491,6 @@ def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, pilot: Path | Non
         raise CompareError(errors)
     out.mkdir(parents=True, exist_ok=True)
     _write_plan(out / "plan.json", est)
-    exact = _exact_applies(cfg.cell_config(cfg.cells[0], cfg.seeds))
     seeds_of = {g: cfg.seeds for g, members in groups(cfg.cells).items() if members}
     looks: list[dict] = []
 
@@ -449,7 +503,7 @@ def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, pilot: Path | Non
         return [
             Job(cell_cfg, r, folder / r.name, f"{cell.name}/{r.name}")
             for r in plan_runs(cell_cfg)
-            if not _done(cell_cfg, folder / r.name, exact)
+            if not _done(cell_cfg, folder / r.name)
         ]
 
     by_name = {cell.name: cell for cell in cfg.cells}
@@ -470,7 +524,7 @@ def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, pilot: Path | Non
             flush=True,
         )
         if todo:
-            train_jobs(todo, cfg.jobs, on_done)
+            train_jobs(todo, parallel_runs(cfg.cell_config(cfg.cells[0], cfg.seeds)), on_done)
         for cell in cfg.cells:
             if not (out / cell.name / "report.md").exists() or todo:
                 write_cell_report(cfg, cell, cell_seeds(cell))
@@ -508,14 +562,13 @@ def write_cell_report(cfg: RegimeConfig, cell: Cell, seeds: int) -> Path | None:
     """The cell's own ``kpo compare`` report (its Table 1, contrasts, Figure 3, Table 2) in ``OUT/CELL/``, over
     the seeds every run of it finished; None before two seeds have."""
     from kpo.compare.report import write_report
-    from kpo.compare.run import _done, _exact_applies
+    from kpo.compare.run import _done
 
-    exact = _exact_applies(cfg.cell_config(cell, seeds))
     finished = 0
     while finished < seeds:
         cell_cfg = cfg.cell_config(cell, finished + 1)
         folder = Path(cell_cfg.out) / "runs"
-        if not all(_done(cell_cfg, folder / r.name, exact) for r in plan_runs(cell_cfg) if r.seed == finished):
+        if not all(_done(cell_cfg, folder / r.name) for r in plan_runs(cell_cfg) if r.seed == finished):
             break
         finished += 1
     if finished < 2:
@@ -624,6 +677,8 @@ def cell_entry(cfg: RegimeConfig, cell: Cell, seeds: int) -> dict:
         "contrasts": contrasts,
         "done": len(finished) == seeds,
     }
+    scored = [load_outcome(Path(cfg.out) / cell.name / "runs" / r.name) for r in runs]
+    entry["metric"] = next((o["metric"] for o in scored if o is not None), None)  # what "accuracy" is
     if len(finished) >= 2:
         per_arm = {arm: [found[arm][s][0] for s in finished] for arm in found}
         flags = {arm: [found[arm][s][1] for s in finished] for arm in found}

@@ -3,9 +3,9 @@ Figure 4 and Table 2 on the runs of one comparison, and a "claims" section that 
 paper's claims holds here.
 
 The claim rules (``CLAIM_RULES``) were committed before the default compare ran:
-- Metric: each model's exact expected held-out accuracy (``expected.json``, :mod:`kpo.evaluation.expected`: the
-  probability that a sample is right, with no sampling noise) where the task has one right response (the
-  running-sum task), else the sampled avg@n.
+- Metric: each model's outcome (:mod:`kpo.compare.outcome`): its exact expected held-out accuracy
+  (``expected.json``, :mod:`kpo.evaluation.expected`: the probability that a sample is right, with no sampling
+  noise) where the task has one right response (the running-sum task), else the sampled avg@n per problem.
 - A run **collapsed** when its final held-out accuracy is below its seed's warm start's; Table 1 gives each arm's
   collapses with their exact 95% bound, and each contrast the exact McNemar test of the two arms' collapses.
 - Every difference is paired by seed (the arms of a seed share its warm start, its prompt stream and its
@@ -106,17 +106,16 @@ def reward_summary(rows: list[dict]) -> dict[str, float]:
 
 def _load_eval(folder: Path) -> dict:
     """A model's held-out evaluation in ``folder``: macro metrics, problem count, per-problem correct counts
-    (``eval.json``), and the exact expected accuracy (``expected.json``) where it was written."""
-    from kpo.compare.plan import EXPECTED_FILE
+    (``eval.json``), and its outcome (:func:`kpo.compare.outcome.load_outcome`: what the claims read)."""
+    from kpo.compare.outcome import EVAL_FILE, load_outcome
 
-    results = json.loads((folder / "eval.json").read_text())
-    exact = folder / EXPECTED_FILE
+    results = json.loads((folder / EVAL_FILE).read_text())
     return {
         "eval": results["macro"],
         "n": results["params"]["n"],
         "problems": sum(b["problems"] for b in results["benchmarks"].values()),
         "counts": [p["correct"] for b in results["benchmarks"].values() for p in b["per_problem"]],
-        "expected": json.loads(exact.read_text()) if exact.exists() else None,
+        "outcome": load_outcome(folder),
     }
 
 
@@ -127,9 +126,9 @@ def _load_run(run, out: Path) -> dict:
     return {"run": run, "dir": folder, "rows": rows, "summary": reward_summary(rows), **_load_eval(folder)}
 
 
-def _scores(entry: dict, exact: bool) -> tuple[list[float], float]:
-    """(per-problem scores, out of) of the claims' metric: expected accuracies out of 1, or counts out of n."""
-    return (entry["expected"]["per_problem"], 1.0) if exact else (entry["counts"], entry["n"])
+def _scores(entry: dict) -> tuple[list[float], float]:
+    """(per-problem scores, out of) of the claims' metric: the model's outcome (kpo.compare.outcome), out of 1."""
+    return entry["outcome"]["per_problem"], 1.0
 
 
 def _table1(labels, groups, warm_by_seed: dict[int, dict], exact: bool) -> tuple[str, dict]:
@@ -157,13 +156,13 @@ def _table1(labels, groups, warm_by_seed: dict[int, dict], exact: bool) -> tuple
     for label, entries in [*rows, *((m, groups[m]) for m in labels)]:
         row = {k: _mean_std([e["eval"][k] for e in entries]) for k in [*eval_keys, "mean_response_tokens"]}
         if exact:
-            row["expected"] = _mean_std([e["expected"]["mean"] for e in entries])
+            row["expected"] = _mean_std([e["outcome"]["mean"] for e in entries])
         trained = label != WARM_START_LABEL
         row["first"] = _mean_std([e["summary"]["first"] for e in entries]) if trained else (np.nan, np.nan)
         row["final"] = _mean_std([e["summary"]["final"] for e in entries]) if trained else (np.nan, np.nan)
         row["ci95"] = bootstrap_avg_ci([e["counts"] for e in entries], entries[0]["n"])
         row["seeds"] = len(entries)
-        fell = [_collapsed(e, warm_by_seed.get(s), exact) for s, e in enumerate(entries)] if trained else []
+        fell = [_collapsed(e, warm_by_seed.get(s)) for s, e in enumerate(entries)] if trained else []
         row["collapse"] = collapse_count(fell) if trained and None not in fell else None
         stats[label] = row
         cells = [
@@ -196,24 +195,24 @@ def verdict(low: float | None, high: float | None) -> str:
     return "undecided"
 
 
-def _collapsed(entry: dict, warm: dict | None, exact: bool) -> bool | None:
+def _collapsed(entry: dict, warm: dict | None) -> bool | None:
     """Whether a run ended below its seed's warm start (None: the warm start is not evaluated)."""
     if warm is None:
         return None
-    return float(np.mean(_scores(entry, exact)[0])) < float(np.mean(_scores(warm, exact)[0]))
+    return float(np.mean(_scores(entry)[0])) < float(np.mean(_scores(warm)[0]))
 
 
-def _contrast(a: list[dict], b: list[dict], exact: bool, warm: dict[int, dict]) -> dict:
+def _contrast(a: list[dict], b: list[dict], warm: dict[int, dict]) -> dict:
     """The paired difference of arms ``a`` and ``b`` (entries by seed) over the seeds both have, by
     :func:`kpo.compare.stats.paired_accuracy` (t where no run of a pair collapsed, else the sign test; one seed:
     the t-interval over problems), with the McNemar test of their collapses (``warm``: seed -> its warm start's
     evaluation). Fractions; ``sd`` in points."""
     seeds = min(len(a), len(b))
-    sa, sb = [_scores(e, exact) for e in a[:seeds]], [_scores(e, exact) for e in b[:seeds]]
+    sa, sb = [_scores(e) for e in a[:seeds]], [_scores(e) for e in b[:seeds]]
     n = sa[0][1]
     per_seed = [float(np.mean(np.subtract(x, y)) / n) for (x, _), (y, _) in zip(sa, sb)]
-    fell_a = [_collapsed(e, warm.get(s), exact) for s, e in enumerate(a[:seeds])]
-    fell_b = [_collapsed(e, warm.get(s), exact) for s, e in enumerate(b[:seeds])]
+    fell_a = [_collapsed(e, warm.get(s)) for s, e in enumerate(a[:seeds])]
+    fell_b = [_collapsed(e, warm.get(s)) for s, e in enumerate(b[:seeds])]
     known = None not in fell_a + fell_b
     if seeds == 1:
         mean, low, high = paired_diff_ci([sa[0][0]], [sb[0][0]], n, level=CLAIM_RULES["ci_level"])
@@ -584,7 +583,7 @@ def write_report(cfg, runs, out: Path) -> Path:
         if (warm_start_dir(out, s) / "eval.json").exists()
     }
     warm = list(warm_by_seed.values())
-    exact = all(e["expected"] is not None for e in [*loaded.values(), *warm])
+    exact = all(e["outcome"]["exact"] for e in [*loaded.values(), *warm])
     method, kwargs = subject(cfg)
     subject_label = Run(method, 0, kwargs).arm
     baselines = [a.label for a in plan if a.role == "key" and a.method not in KALMAN_LOSSES]
@@ -592,13 +591,13 @@ def write_report(cfg, runs, out: Path) -> Path:
     for c in contrasts(cfg):
         results[c.name] = {
             "kind": c.kind,
-            **_contrast(groups[c.a][: c.seeds], groups[c.b][: c.seeds], exact, warm_by_seed),
+            **_contrast(groups[c.a][: c.seeds], groups[c.b][: c.seeds], warm_by_seed),
         }
     _decide(results)
     if len(warm) == cfg.seeds:
         for a in plan:
             if a.role == "key":
-                results[f"{a.label} - warm start"] = {"kind": "warm", **_contrast(groups[a.label], warm, exact, {})}
+                results[f"{a.label} - warm start"] = {"kind": "warm", **_contrast(groups[a.label], warm, {})}
     planned = json.loads((out / "plan.json").read_text()) if (out / "plan.json").exists() else {}
     fig3 = plot_training_dynamics(
         {label: [e["rows"] for e in groups[label]] for label in labels},
@@ -626,7 +625,7 @@ def write_report(cfg, runs, out: Path) -> Path:
         "exact expected held-out accuracy (the probability that a sample is right: one teacher-forced forward, "
         "no sampling noise)"
         if exact
-        else f"sampled held-out avg@{cfg.eval_n}"
+        else first["outcome"]["metric"]
     )
     md = [
         "# kpo compare report",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -18,19 +19,22 @@ from pathlib import Path
 
 from kpo._files import replacing
 from kpo._progress import progress_bar
+from kpo.compare.engines import engine_of
+from kpo.compare.outcome import EVAL_FILE, EXPECTED_FILE, exact_applies, load_outcome, outcome_file
 from kpo.compare.plan import (
     CURVE_FILE,
     DIFF_SD,
-    EXPECTED_FILE,
+    TIMING_FILE,
     CompareConfig,
     CompareError,
     Run,
     estimate,
     format_plan,
     held_out_problems,
+    measured_run_seconds,
+    parallel_runs,
     pilot_sd,
     plan_runs,
-    train_argv,
     warm_start_dir,
 )
 from kpo.compare.report import write_report
@@ -53,28 +57,33 @@ def _log_to(out: Path) -> None:
     torch.set_num_threads(1)
 
 
-def _execute(cfg: CompareConfig, run: Run, out: Path, resume: bool = False) -> dict:
-    """Worker: train one run (``resume``: from the checkpoint an interrupt left, else afresh), then evaluate its
-    final model. Output goes to ``out/log.txt``, and so does the traceback of an error (SystemExit included)
-    before it reaches kpo compare, which prints one line of it."""
-    from kpo.train.config import parse_args
-    from kpo.train.run import run_training
+# In a worker: an interrupt stopped one of its runs. The pool had already handed it the next run (it queues one
+# run ahead of its workers), which must not start: kpo compare is waiting for its workers to stop.
+_interrupted = False
 
+
+def _execute(cfg: CompareConfig, run: Run, out: Path, resume: bool = False) -> dict:
+    """Worker: train one run through its engine (``resume``: from what an interrupt left, else afresh), then
+    evaluate its final model. Output goes to ``out/log.txt``, and so does the traceback of an error (SystemExit
+    included) before it reaches kpo compare, which prints one line of it. After an interrupt the worker starts
+    no other run."""
+    global _interrupted
+    if _interrupted:
+        raise KeyboardInterrupt(f"{run.name} not started: kpo compare was interrupted")
     _log_to(out)
     start = time.time()
+    engine = engine_of(cfg)
     try:
-        argv = train_argv(cfg, run, out)
-        if resume:  # the argv's --overwrite would delete the checkpoint
-            argv = ["--resume" if arg == "--overwrite" else arg for arg in argv]
-        config = parse_args(argv)
-        run_training(config)
-        # transformers, not "auto": on a GPU machine with vLLM installed, "auto" would start one vLLM engine per
-        # parallel worker, each claiming most of the GPU's memory, for a tiny model.
-        results = _evaluate(cfg, config, out / "final", out / "eval.json")
-        _evaluate_exact(cfg, config, out / "final", out / EXPECTED_FILE)
+        final = engine.train(cfg, run, out, resume)
+        results = _evaluate(cfg, final, out / EVAL_FILE)
+        if exact_applies(cfg):
+            _evaluate_exact(cfg, final, out / EXPECTED_FILE)
         if cfg.curve_every:
-            _evaluate_curve(cfg, config, out)
-    except BaseException:
+            _evaluate_curve(cfg, out)
+        with replacing(out / TIMING_FILE) as partial:  # what the next plan of this setup reads
+            partial.write_text(json.dumps({"seconds": time.time() - start}) + "\n")
+    except BaseException as e:
+        _interrupted = isinstance(e, KeyboardInterrupt)
         sys.stdout.flush()
         sys.stderr.flush()
         with open(out / "log.txt", "a") as log:
@@ -83,42 +92,48 @@ def _execute(cfg: CompareConfig, run: Run, out: Path, resume: bool = False) -> d
     return {"run": run.name, "seconds": time.time() - start, "macro": results["macro"]}
 
 
-def _evaluate(cfg: CompareConfig, config, model: Path, output: Path) -> dict:
-    """Held-out avg@n / pass@k of ``model`` on the run config's task; the sample seeds depend on the problem and
-    sample only, so every model of the comparison answers the same problems with the same seeds."""
+def _evaluate(cfg: CompareConfig, model: Path, output: Path) -> dict:
+    """Held-out avg@n / pass@k of ``model`` on ``--eval-data`` or the embedded task's test split, with the prompts
+    the runs trained on; the sample seeds depend on the problem and sample only, so every model of the comparison
+    answers the same problems with the same seeds."""
     from kpo.evaluation import evaluate
+    from kpo.train.config import parse_args
 
-    task = config.task_config()
-    # transformers, not "auto": on a GPU machine with vLLM installed, "auto" would start one vLLM engine per
-    # parallel worker, each claiming most of the GPU's memory, for a tiny model.
+    settings = engine_of(cfg).eval_settings(cfg)
+    if cfg.eval_data:
+        data = list(cfg.eval_data)
+    else:  # the embedded task's test split, its prompts fed raw
+        task = parse_args(list(cfg.train_args)).task_config()
+        data = "synthetic"
+        settings = {
+            "backend": settings["backend"],
+            "synthetic_kw": {"kind": task.kind, "n_terms": task.n_terms, "max_value": task.max_value},
+        }
     return evaluate(
         model,
-        "synthetic",
+        data,
         n=cfg.eval_n,
         ks=sorted({1, cfg.eval_n}),
         limit=cfg.eval_limit,
         output=output,
         show_progress=False,
-        backend="transformers",
         batch_size=64,
-        synthetic_kw={"kind": task.kind, "n_terms": task.n_terms, "max_value": task.max_value},
+        **settings,
     )
 
 
-def _evaluate_exact(cfg: CompareConfig, config, model: Path, output: Path) -> None:
-    """Write ``output``: the exact expected accuracy of ``model`` on the held-out problems the sampled
-    evaluation uses (:mod:`kpo.evaluation.expected`; one teacher-forced forward), per problem and per
-    position. Only the running task has one right response per problem; on another task nothing is written."""
+def _evaluate_exact(cfg: CompareConfig, model: Path, output: Path) -> None:
+    """Write ``output``: the exact expected accuracy of ``model`` on the held-out problems the sampled evaluation
+    uses (:mod:`kpo.evaluation.expected`; one teacher-forced forward), per problem and per position. Only the
+    running task has one right response per problem (:func:`kpo.compare.outcome.exact_applies`)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from kpo.data.synthetic import load_split
     from kpo.evaluation.expected import expected_on_rows
+    from kpo.train.config import parse_args
 
-    task = config.task_config()
-    if task.kind != "running":
-        return
-    rows = load_split("test", n=cfg.eval_limit, task=task)
+    rows = load_split("test", n=cfg.eval_limit, task=parse_args(list(cfg.train_args)).task_config())
     net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(model)
     stats = expected_on_rows(net, tokenizer, rows)
@@ -127,78 +142,50 @@ def _evaluate_exact(cfg: CompareConfig, config, model: Path, output: Path) -> No
         partial.write_text(json.dumps(stats) + "\n")
 
 
-def _evaluate_curve(cfg: CompareConfig, config, out: Path) -> None:
-    """Write ``out/curve.json``: the exact expected held-out accuracy (per problem, and its mean) of the run's
-    checkpoints every ``cfg.curve_every`` optimizer steps, its learning curve."""
-    steps = range(cfg.curve_every, cfg.steps + 1, cfg.curve_every)
+def _evaluate_curve(cfg: CompareConfig, out: Path) -> None:
+    """Write ``out/curve.json``: the outcome (:func:`kpo.compare.outcome.load_outcome`: per problem, and its mean)
+    of the run's checkpoints every ``cfg.curve_every`` optimizer steps, its learning curve."""
+    engine = engine_of(cfg)
     curve = {}
-    for step in steps:
-        folder = out / f"checkpoint-{step}"
-        _evaluate_exact(cfg, config, folder, folder / EXPECTED_FILE)
-        found = json.loads((folder / EXPECTED_FILE).read_text())
+    for step in range(cfg.curve_every, cfg.steps + 1, cfg.curve_every):
+        model = engine.checkpoint(cfg, out, step)
+        folder = out / "curve" / f"step-{step}"
+        if exact_applies(cfg):
+            _evaluate_exact(cfg, model, folder / EXPECTED_FILE)
+        else:
+            _evaluate(cfg, model, folder / EVAL_FILE)
+        found = load_outcome(folder)
         curve[str(step)] = {"mean": found["mean"], "per_problem": found["per_problem"]}
     with replacing(out / CURVE_FILE) as partial:
         partial.write_text(json.dumps({"every": cfg.curve_every, "steps": curve}) + "\n")
 
 
-def _exact_applies(cfg: CompareConfig) -> bool:
-    from kpo.train.config import parse_args
-
-    return parse_args(list(cfg.train_args)).task_config().kind == "running"
-
-
-def _done(cfg: CompareConfig, out: Path, exact: bool) -> bool:
-    """Whether the run in ``out`` is finished: trained, evaluated (exactly, where the task allows), and its
+def _done(cfg: CompareConfig, out: Path) -> bool:
+    """Whether the run in ``out`` is finished: trained, scored (its outcome file: kpo.compare.outcome), and its
     learning curve written when ``cfg`` asks for one."""
-    names = ("config.yaml", "metrics.jsonl", "eval.json") + ((EXPECTED_FILE,) if exact else ())
-    names += (CURVE_FILE,) if cfg.curve_every and exact else ()
-    return all((out / name).exists() for name in names)
-
-
-def _changed_training(cfg: CompareConfig, run: Run, out: Path) -> list[str]:
-    """``"field: was -> now"`` for every training setting of the run in ``out`` (its ``config.yaml``) that
-    differs from what this compare would use."""
-    from kpo.train.config import TRAJECTORY_FIELDS, TrainConfig, parse_args
-
-    saved, now = TrainConfig.from_yaml(out / "config.yaml"), parse_args(train_argv(cfg, run, out))
-    # output_dir says where the run is (spelled as --out was), not how it ran; max_steps ends its trajectory.
-    # dump_ratios_every changes no trajectory, but the report analyzes the dumps at the period it records.
-    fields = [k for k in TRAJECTORY_FIELDS if k != "output_dir"] + ["max_steps", "dump_ratios_every"]
-    return [
-        f"{k}: {getattr(saved, k)!r} -> {getattr(now, k)!r}"
-        for k in fields
-        if getattr(saved, k) != getattr(now, k)
-    ]
-
-
-def _resumable(cfg: CompareConfig, run: Run, out: Path) -> bool:
-    """Whether the unfinished run in ``out`` left a checkpoint (an interrupt writes one) made with this compare's
-    settings, which ``kpo train --resume`` continues; otherwise the run starts over."""
-    from kpo.train.run import last_checkpoint  # the checkpoint kpo train --resume would take
-
-    has_checkpoint = last_checkpoint(out) is not None
-    return has_checkpoint and (out / "config.yaml").exists() and not _changed_training(cfg, run, out)
+    names = (EVAL_FILE, outcome_file(cfg)) + ((CURVE_FILE,) if cfg.curve_every else ())
+    return engine_of(cfg).trained(cfg, out) and all((out / name).exists() for name in names)
 
 
 def _changed_settings(cfg: CompareConfig, run: Run, out: Path, problems: int) -> list[str]:
     """``"field: was -> now"`` for every setting of a done run that differs from what this compare would use."""
-    changed = _changed_training(cfg, run, out)
-    results = json.loads((out / "eval.json").read_text())
+    changed = engine_of(cfg).changed(cfg, run, out)
+    results = json.loads((out / EVAL_FILE).read_text())
     evaluated = sum(b["problems"] for b in results["benchmarks"].values())
     if results["params"]["n"] != cfg.eval_n:
         changed.append(f"eval_n: {results['params']['n']} -> {cfg.eval_n}")
     if evaluated != problems:
-        changed.append(f"held-out problems: {evaluated} -> {problems} (--eval-limit)")
+        changed.append(f"held-out problems: {evaluated} -> {problems} (--eval-limit, --eval-data)")
     return changed
 
 
 def _stale_run_errors(cfg: CompareConfig, runs: list[Run], out: Path) -> list[str]:
     """One error per done run whose settings differ from this compare's, then how to proceed."""
-    problems, exact = held_out_problems(cfg, cfg.eval_limit), _exact_applies(cfg)
+    problems = held_out_problems(cfg, cfg.eval_limit)
     errors = []
     for run in runs:
         folder = out / "runs" / run.name
-        if _done(cfg, folder, exact) and (changed := _changed_settings(cfg, run, folder, problems)):
+        if _done(cfg, folder) and (changed := _changed_settings(cfg, run, folder, problems)):
             errors.append(f"run {run.name} ({folder}) was made with other settings: {'; '.join(changed)}")
     if errors:
         errors.append(
@@ -208,36 +195,36 @@ def _stale_run_errors(cfg: CompareConfig, runs: list[Run], out: Path) -> list[st
     return errors
 
 
-def _steps_logged(out: Path) -> int:
-    path = out / "metrics.jsonl"
-    return sum(1 for _ in path.open()) if path.exists() else 0
-
-
 def _warm_start(cfg: CompareConfig, seed: int) -> None:
-    """Worker: build one seed's cached warm start, before that seed's parallel runs could race to build it, and
-    evaluate it (the Table 1 row every run starts from) unless that is done."""
+    """Worker: build one seed's start model (the cached warm start), before that seed's parallel runs could race
+    to build it, and evaluate it (the Table 1 row every run starts from) unless that is done."""
     import torch
 
-    from kpo.train.config import parse_args
-    from kpo.train.run import model_path
-
     torch.set_num_threads(1)
-    config = parse_args(["--seed", str(seed), "--progress", "false", *cfg.train_args])
-    path = model_path(config)
+    path = engine_of(cfg).start_model(cfg, seed)
     folder = warm_start_dir(Path(cfg.out), seed)
     folder.mkdir(parents=True, exist_ok=True)
-    if not (folder / "eval.json").exists():
-        _evaluate(cfg, config, path, folder / "eval.json")
-    if not (folder / EXPECTED_FILE).exists():
-        _evaluate_exact(cfg, config, path, folder / EXPECTED_FILE)
+    if not (folder / EVAL_FILE).exists():
+        _evaluate(cfg, path, folder / EVAL_FILE)
+    if exact_applies(cfg) and not (folder / EXPECTED_FILE).exists():
+        _evaluate_exact(cfg, path, folder / EXPECTED_FILE)
+
+
+def _share_start(cfg: CompareConfig, seed: int, first: int) -> None:
+    """Seed ``seed`` starts from the model seed ``first`` started from: its start row is that evaluation."""
+    source, folder = warm_start_dir(Path(cfg.out), first), warm_start_dir(Path(cfg.out), seed)
+    for name in (EVAL_FILE, EXPECTED_FILE):
+        if (source / name).exists() and not (folder / name).exists():
+            with replacing(folder / name) as partial:
+                shutil.copyfile(source / name, partial)
 
 
 def _clear_unfinished(folder: Path, resume: bool) -> None:
-    """Remove what an unfinished run left that would outlive its training: an eval.json of an older model (with
+    """Remove what an unfinished run left that would outlive its training: an evaluation of an older model (with
     the new run's metrics it would make a run that fails after training look done) and, unless it resumes, its
     partial metrics.jsonl (the progress bar would count its steps until the worker's --overwrite removed it; a
     resumed run keeps the rows up to its checkpoint)."""
-    for name in ("eval.json", EXPECTED_FILE) if resume else ("metrics.jsonl", "eval.json", EXPECTED_FILE):
+    for name in (EVAL_FILE, EXPECTED_FILE) if resume else ("metrics.jsonl", EVAL_FILE, EXPECTED_FILE):
         (folder / name).unlink(missing_ok=True)
 
 
@@ -303,15 +290,20 @@ def _await_runs(
     warm = {}  # seed -> the settings of its first job (every job of a seed starts from one warm start)
     for job in jobs:
         warm.setdefault(job.run.seed, job.cfg)
-    print(f"warm starts of seeds {sorted(warm)} (cached after the first compare) and their evaluation", flush=True)
-    for fut in [pool.submit(_warm_start, cfg, seed) for seed, cfg in sorted(warm.items())]:
+    first = min(warm, default=0)
+    # with a start model every seed shares (--model), it is evaluated once, for the first seed
+    own = [seed for seed, cfg in sorted(warm.items()) if seed == first or not engine_of(cfg).shared_start(cfg)]
+    print(f"start models of seeds {sorted(warm)} (warm starts: cached once built) and their evaluation", flush=True)
+    for fut in [pool.submit(_warm_start, warm[seed], seed) for seed in own]:
         fut.result()
+    for seed in sorted(set(warm) - set(own)):
+        _share_start(warm[seed], seed, first)
     failures, broken = [], []
     with progress_bar(sum(j.cfg.steps for j in jobs), "compare", "optimizer steps") as bar:
         pending = {submit(j): j for j in jobs}
         while pending:
             finished, _ = wait(pending, timeout=5, return_when=FIRST_COMPLETED)
-            bar.n = sum(min(_steps_logged(j.folder), j.cfg.steps) for j in jobs)
+            bar.n = sum(min(engine_of(j.cfg).steps_done(j.cfg, j.folder), j.cfg.steps) for j in jobs)
             bar.refresh()
             for fut in finished:
                 job = pending.pop(fut)
@@ -360,7 +352,7 @@ def train_jobs(jobs: list[Job], workers: int | None, on_done: OnDone | None = No
     pool = ProcessPoolExecutor(max_workers=size, mp_context=get_context("spawn"), initializer=_worker_start)
 
     def submit(job: Job):
-        resume = _resumable(job.cfg, job.run, job.folder)
+        resume = engine_of(job.cfg).resumable(job.cfg, job.run, job.folder)
         if resume:
             print(f"resuming {job.label} from its checkpoint", flush=True)
         _clear_unfinished(job.folder, resume)
@@ -408,9 +400,16 @@ def run_compare(cfg: CompareConfig, *, pilot: Path | None = None, plan_only: boo
     stale = _stale_run_errors(cfg, runs, out)
     if stale:
         raise CompareError(stale)
-    exact = _exact_applies(cfg)
-    todo = [r for r in runs if not _done(cfg, out / "runs" / r.name, exact)]
-    est = estimate(cfg, pilot_sd(pilot) if pilot is not None else DIFF_SD, done=len(runs) - len(todo))
+    todo = [r for r in runs if not _done(cfg, out / "runs" / r.name)]
+    # the time per run: measured on this compare's finished runs, else on the pilot's
+    pilots = [out / "runs" / r.name for r in runs if r not in todo]
+    pilots += [] if pilot is None else sorted(Path(pilot).parent.glob("runs/*"))
+    est = estimate(
+        cfg,
+        pilot_sd(pilot) if pilot is not None else DIFF_SD,
+        done=len(runs) - len(todo),
+        run_seconds=measured_run_seconds(pilots),
+    )
     print(format_plan(cfg, est), flush=True)
     if plan_only:
         return None
@@ -420,5 +419,5 @@ def run_compare(cfg: CompareConfig, *, pilot: Path | None = None, plan_only: boo
     _write_plan(out / "plan.json", est)
     print(f"kpo compare: {len(runs)} runs, {len(runs) - len(todo)} already done; report in {out}", flush=True)
     if todo:
-        train_jobs([Job(cfg, r, out / "runs" / r.name, r.name) for r in todo], cfg.jobs)
+        train_jobs([Job(cfg, r, out / "runs" / r.name, r.name) for r in todo], parallel_runs(cfg))
     return write_report(cfg, runs, out)

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kpo.data.task_files import task_of
 from kpo.rewards import UNESCAPED_DOLLAR, answer_text, last_boxed
 
 __all__ = ["DEFAULT_INSTRUCTION", "FORMATS", "format_prompt", "load_problems"]
@@ -243,7 +244,8 @@ def _read_rows(path: Path) -> list[tuple[str, Any]]:
 def load_problems(
     path: str | Path, problem_key: str | None = None, answer_key: str | None = None
 ) -> list[dict[str, Any]]:
-    """Rows ``{"id": str, "problem": str, "answer": str | list[str]}`` from a .jsonl, .json or .parquet file.
+    """Rows ``{"id": str, "problem": str, "answer": str | list[str]}`` from a .jsonl, .json or .parquet file; the
+    embedded task's rows (:mod:`kpo.data.task_files`) also keep their ``data_source``, which names their grader.
 
     problem_key/answer_key: read these fields instead of auto-detecting (give both or neither).
     Raises ValueError naming the file and row for a malformed row or an undetectable format.
@@ -293,6 +295,8 @@ def load_problems(
             )
         seen[pid] = (label, len(out))
         out.append({"id": pid, "problem": problem, "answer": answer})
+        if fmt == "verl" and task_of(row.get("data_source")) is not None:  # the embedded task: its own grader
+            out[-1]["data_source"] = row["data_source"]
     if repaired:
         shown = ", ".join(repaired[:10]) + (f" and {len(repaired) - 10} more" if len(repaired) > 10 else "")
         warnings.warn(

@@ -246,10 +246,14 @@ def _load_benchmarks(
             name, rows, grader = SYNTHETIC, load_split("test", n=limit, task=task), task.grade
         else:
             from kpo.data.math import load_problems
+            from kpo.data.task_files import task_of_rows
 
             path = Path(spec)
             name = path.stem
             rows, grader = load_problems(path, problem_key, answer_key)[:limit], math_reward
+            task = task_of_rows(rows, str(path))
+            if task is not None:  # the embedded task as a file (kpo.data.task_files): fed raw, its own grader
+                rows, grader = [{**r, "prompt": r["problem"]} for r in rows], task.grade
         if name in out:
             raise ValueError(f"data: two benchmarks named {name!r} ({spec}); evaluate them in separate runs")
         out[name] = (rows, grader)

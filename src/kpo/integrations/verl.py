@@ -36,6 +36,9 @@ Select a loss with ``actor_rollout_ref.actor.policy_loss.loss_mode=kpo`` and, to
 ``actor_rollout_ref.actor._target_=kpo.integrations.verl.KPOActorConfig`` plus ``+actor_rollout_ref.actor.q=...``
 (the ``+`` because verl's composed config does not have the key); examples/verl/README.md has the full map.
 
+With ``dump_ratios_every``/``dump_ratios_dir`` in the actor config, every rank dumps KPO's raw and filtered token
+ratios in ``kpo analyze``'s format (:class:`RatioDumps`).
+
 It also lets verl's FSDP engine build models when trl 1.x is installed beside it (kpo's ``train`` extra pins
 trl 1.16): see :func:`tolerate_trl_1`.
 
@@ -60,11 +63,13 @@ from kpo.losses import get_loss_spec, policy_loss
 from kpo.losses._core import resolve_clip
 
 __all__ = [
+    "DUMP_FIELDS",
     "GLOBAL_BATCH_INFO_KEYS",
     "KPOActorConfig",
     "REGISTERED",
     "VERL_EQUIVALENTS",
     "VERL_LOSSES",
+    "RatioDumps",
     "loss_hparams",
     "register_with_verl",
     "tolerate_trl_1",
@@ -102,6 +107,8 @@ GLOBAL_BATCH_INFO_KEYS = {
 }
 # kpo hyperparameter -> actor-config field, where the bare name would be ambiguous in verl's actor config.
 _CONFIG_FIELD = {"p": "holder_p"}
+# KPOActorConfig fields that are no loss hyperparameter: the ratio dumps (RatioDumps).
+DUMP_FIELDS = ("dump_ratios_every", "dump_ratios_dir", "dump_ratios_start")
 # Hyperparameters verl's loss call cannot supply (tensors the actor does not pass to the loss, and the entropy
 # mask that needs one).
 _NOT_FROM_CONFIG = frozenset({"token_entropy", "top_entropy_quantile"})
@@ -181,12 +188,75 @@ def verl_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, f
             loss_agg_mode=_agg_mode(name, loss_agg_mode),
             **kwargs,
         )
+        if config.get("dump_ratios_every", None):
+            _DUMPS.observe(name, config, log_prob, old_log_prob, response_mask)
         return loss, {f"actor/{key}": value for key, value in metrics.items() if key != "pg_loss"}
 
     fn.__name__ = fn.__qualname__ = f"kpo_{name}"
     fn.__doc__ = f"kpo loss {name!r} in verl's policy-loss signature (kpo.integrations.verl)."
     fn.kpo_loss = name  # marks kpo's own registrations, so a second registration is a no-op
     return fn
+
+
+class RatioDumps:
+    """This worker's ratio dumps (``kpo analyze``'s format, :func:`kpo.analysis.dumps.write_dump`): every
+    ``dump_ratios_every``-th optimizer step of this rank, its raw token log-ratios (log pi_theta - log pi_old, as
+    the loss received them) and their Kalman filter at the loss's settings, as
+    ``<dump_ratios_dir>/step_{step:06d}-rank{rank}.safetensors``.
+
+    verl's loss call does not say which optimizer step it belongs to, so the steps are counted here: a rank's
+    micro-batches of one mini-batch (one optimizer step) hold ``global_batch_size / dp_size`` rows together
+    (``config.global_batch_info``, set by verl's v1 trainer); ``dump_ratios_start`` is the count a resumed run
+    starts from. ``on_policy`` is left unknown: ``kpo analyze --off-policy-only`` then leaves out the rows whose
+    log-ratios are all exactly 0 (the first mini-batch of a batch in verl's default, decoupled mode).
+    """
+
+    def __init__(self):
+        self.steps: int | None = None  # optimizer steps this rank finished
+        self.rows = 0  # rows of the current mini-batch seen so far
+        self.parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (log-ratio, mask) [B_i, T_i] of a dumped step
+
+    def observe(self, name: str, config, log_prob, old_log_prob, response_mask) -> None:
+        import os
+        from pathlib import Path
+
+        from kpo.analysis.dumps import write_dump
+        from kpo.losses.kpo import dump_settings
+
+        info = config.get("global_batch_info", None) or {}
+        if not info.get("global_batch_size"):
+            raise ValueError(
+                "actor_rollout_ref.actor.dump_ratios_every: ratio dumps count optimizer steps from verl's "
+                "global_batch_info, which only the v1 trainer sets: use trainer.use_v1=True or drop the dumps"
+            )
+        if self.steps is None:
+            self.steps = int(config.get("dump_ratios_start", None) or 0)
+        step = self.steps + 1
+        if step % int(config.get("dump_ratios_every")) == 0:
+            self.parts.append((log_prob.detach().float() - old_log_prob.detach().float(), response_mask.detach()))
+        self.rows += log_prob.shape[0]
+        if self.rows < info["global_batch_size"] // info["dp_size"]:
+            return  # more micro-batches of this mini-batch to come
+        self.steps, self.rows, parts, self.parts = step, 0, self.parts, []
+        if not parts:
+            return
+        width = max(z.shape[1] for z, _ in parts)  # v1 pads each micro-batch to its own longest response
+        pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
+        mask = torch.cat([pad(m.to(torch.uint8)) for _, m in parts]).cpu()
+        log_ratio = torch.cat([pad(z) for z, _ in parts]).cpu() * mask
+        rank = int(os.environ.get("RANK", "0"))
+        write_dump(
+            Path(config.get("dump_ratios_dir")) / f"step_{step:06d}-rank{rank}.safetensors",
+            log_ratio,
+            mask,
+            step=step,
+            settings=dump_settings(name, loss_hparams(name, config), log_ratio, mask.bool()),
+            loss=name,
+            source=f"verl rank {rank}",
+        )
+
+
+_DUMPS = RatioDumps()  # one per worker process: its rank's steps
 
 
 def register_with_verl(names: tuple[str, ...] = VERL_LOSSES) -> tuple[str, ...]:
@@ -253,6 +323,10 @@ class KPOActorConfig(FSDPActorConfig):
         cppo_w_min: position-weight floor w_min (0.8).
         cppo_delta_b: prefix-average budget delta_b (0.015).
         cppo_budget_quantile: q of the per-row budget clamp(quantile_q(D), delta_b, 2 delta_b) (None: fixed).
+    Ratio dumps (any of kpo's losses; :class:`RatioDumps`, read by ``kpo analyze``):
+        dump_ratios_every: every N optimizer steps, each rank writes the step's raw and filtered token ratios.
+        dump_ratios_dir: the folder they go to (``step_{N:06d}-rank{R}.safetensors``).
+        dump_ratios_start: optimizer steps done before this process started (a resumed run's), 0 by default.
     ASPO (``aspo``; docs/methods.md section 6):
         high_entropy_clip_ratio_low, high_entropy_clip_ratio_high: clip range of the high-entropy tokens (0.4,
             0.4). verl does not pass token entropy to the loss, so in verl every token uses the low-entropy
@@ -288,11 +362,15 @@ class KPOActorConfig(FSDPActorConfig):
     cppo_w_min: float | None = None
     cppo_delta_b: float | None = None
     cppo_budget_quantile: float | None = None
+    dump_ratios_every: int | None = None
+    dump_ratios_dir: str | None = None
+    dump_ratios_start: int | None = None
 
     def __post_init__(self):
         super().__post_init__()
         loss_mode = self.policy_loss.get("loss_mode", "vanilla")
-        own = {f.name for f in fields(KPOActorConfig)} - {f.name for f in fields(FSDPActorConfig)}
+        self._check_dumps(loss_mode)
+        own = {f.name for f in fields(KPOActorConfig)} - {f.name for f in fields(FSDPActorConfig)} - set(DUMP_FIELDS)
         set_fields = sorted(k for k in own if getattr(self, k) is not None)
         if loss_mode not in VERL_LOSSES:
             if set_fields:
@@ -335,6 +413,28 @@ class KPOActorConfig(FSDPActorConfig):
                 "and clip_ratio_high=4e-4, or keep 0.2 on purpose)",
                 stacklevel=2,
             )
+
+
+    def _check_dumps(self, loss_mode: str) -> None:
+        """The ratio-dump fields: a period >= 1 with a folder, for one of kpo's losses (verl's own losses do not
+        run kpo's code, so nothing would be dumped)."""
+        given = [k for k in DUMP_FIELDS if getattr(self, k) is not None]
+        if not given:
+            return
+        where = "actor_rollout_ref.actor"
+        if loss_mode not in VERL_LOSSES:
+            raise ValueError(
+                f"{where}: {', '.join(given)} dump kpo's loss inputs, but policy_loss.loss_mode={loss_mode!r} is "
+                f"verl's own loss; use one of {', '.join(VERL_LOSSES)} or drop them"
+            )
+        every, start = self.dump_ratios_every, self.dump_ratios_start
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1 or not self.dump_ratios_dir:
+            raise ValueError(
+                f"{where}: set dump_ratios_every to an integer >= 1 (optimizer steps) and dump_ratios_dir to a "
+                f"folder, together (got {every!r} and {self.dump_ratios_dir!r})"
+            )
+        if start is not None and (not isinstance(start, int) or isinstance(start, bool) or start < 0):
+            raise ValueError(f"{where}: dump_ratios_start={start!r}: give the optimizer steps done, an integer >= 0")
 
 
 def trl_has_value_head_model() -> bool:

@@ -104,6 +104,17 @@ def filter_settings(loss: str, loss_kwargs: dict, *, fitted_q: float | None = No
     return out
 
 
+def dump_settings(loss: str, loss_kwargs: dict, log_ratio: torch.Tensor, mask: torch.Tensor, last_q=None) -> dict:
+    """:func:`filter_settings` for a ratio dump of ``log_ratio`` [B, T] (``mask`` bool [B, T]): with
+    ``memory="auto"`` the q fitted to these rows (the loss's own where they are one loss call); where every valid
+    log-ratio is 0 the filtered ratios are 1 whatever q, and the dump records ``last_q`` (the last fit), or 1."""
+    if not fits_memory(loss, loss_kwargs):
+        return filter_settings(loss, loss_kwargs)
+    moved = bool((log_ratio[mask] != 0).any())
+    q = fit_q(log_ratio, mask) if moved else (1.0 if last_q is None else last_q)
+    return filter_settings(loss, loss_kwargs, fitted_q=q)
+
+
 def _filtered_log_ratio(
     batch: LossBatch, q, v, p0, x0, mask_mode, filter_grad
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -193,8 +193,11 @@ def _load_data(config: TrainConfig, tokenizer):
             [{"prompt": r["prompt"], "answer": r["answer"]} for r in rows]
         ), synthetic_reward
     from kpo.data.math import format_prompt, has_chat_template, load_problems
+    from kpo.data.task_files import task_of_rows
 
     problems = load_problems(config.dataset, config.problem_key, config.answer_key)
+    if task_of_rows(problems, config.dataset) is not None:  # the embedded task as a file: its prompts and grader
+        return Dataset.from_list([{"prompt": p["problem"], "answer": p["answer"]} for p in problems]), synthetic_reward
     chat = has_chat_template(tokenizer)
     records = []
     for p in problems:

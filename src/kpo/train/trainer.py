@@ -49,9 +49,8 @@ from safetensors.torch import load_file, save_file
 from kpo._files import writing
 from kpo.advantages import compute_advantages
 from kpo.analysis.dumps import write_dump
-from kpo.filter.fit import fit_q
 from kpo.losses import aggregate_entropy, get_loss_spec, policy_loss, rollout_correction
-from kpo.losses.kpo import FIT_METRICS, filter_settings, fits_memory
+from kpo.losses.kpo import FIT_METRICS, dump_settings, fits_memory
 from kpo.train.checkpoints import incomplete_reason, save_whole
 from kpo.train.config import on_policy_step
 from kpo.train.interrupt import InterruptGuard, restore_rng, rng_state
@@ -489,13 +488,6 @@ class KPOTrainer(GRPOTrainer):
             )
         if not self.accelerator.is_main_process:
             return
-        fitted = None
-        if fits_memory(self.loss_name, self.loss_kwargs):
-            # the step's rows as one batch: the loss's own q where the step is one micro-batch (the default)
-            valid = mask_u8.bool()
-            # all ratios exactly 1: the filtered ratios are 1 whatever q, and the dump records the last fit
-            moved = bool((log_ratio[valid] != 0).any())
-            fitted = fit_q(log_ratio, valid) if moved else self._last_fit.get("kpo/q", 1.0)
         # the first optimizer step of a generation batch updates the policy that sampled it: on-policy, whatever
         # rounding makes of its log-ratios (kpo analyze --off-policy-only reads this)
         write_dump(
@@ -503,7 +495,10 @@ class KPOTrainer(GRPOTrainer):
             log_ratio,
             mask_u8,
             step=step,
-            settings=filter_settings(self.loss_name, self.loss_kwargs, fitted_q=fitted),
+            # memory=auto: the step's rows as one batch (the loss's own q where the step is one micro-batch)
+            settings=dump_settings(
+                self.loss_name, self.loss_kwargs, log_ratio, mask_u8.bool(), self._last_fit.get("kpo/q")
+            ),
             loss=self.loss_name,
             on_policy=on_policy_step(step, self.steps_per_batch),
         )

@@ -1,0 +1,456 @@
+"""``kpo compare --engine verl``: every run is verl's ``python -m verl.trainer.main_ppo`` (its default v1 trainer,
+on the Ray cluster the configuration names) on the user's own verl configuration, a YAML file
+(``--verl-config``) and/or Hydra overrides (after ``--``), passed through untouched. kpo adds only what the
+comparison owns per run (:data:`OWNED`; an override of one of those is an error before anything trains):
+
+- the loss: ``actor_rollout_ref.actor.policy_loss.loss_mode``, its paper clip range (:data:`PAPER_CLIP`) and
+  aggregation, and for kpo's losses kpo's actor config and parameters (``memory=matched`` resolved at
+  ``data.max_response_length``) and the ratio dumps (``--dump-every``, :class:`kpo.integrations.verl.RatioDumps`);
+- the seed: ``data.seed`` (data order), ``actor_rollout_ref.rollout.seed`` (sampling),
+  ``actor_rollout_ref.actor.data_loader_seed`` (mini-batches);
+- the run's length and depth: ``trainer.total_training_steps`` = ``--steps`` / (``--minibatches`` x ppo_epochs)
+  (and as many ``trainer.total_epochs``, so that the step count ends the run),
+  ``actor_rollout_ref.actor.ppo_mini_batch_size`` = ``data.train_batch_size`` / ``--minibatches``;
+- where it writes: ``trainer.default_local_dir`` (the run's ``checkpoints/``), ``trainer.experiment_name`` (the
+  user's, then the run's name), Hydra's own output folder; and what it writes: verl's ``file`` logger added to
+  the user's loggers (its rows, one per training step, become the run's ``metrics.jsonl``), ``hf_model`` added to
+  the actor's ``checkpoint.save_contents`` (the final checkpoint's Hugging Face weights are what ``kpo eval``
+  scores), ``trainer.save_freq`` = the run's length where the user set none, ``trainer.resume_mode=auto``;
+- ``--model`` / ``--dataset``, where given: ``actor_rollout_ref.model.path`` / ``data.train_files`` (else the
+  configuration's are used, and ``--model`` defaults to its model: the "start" row).
+
+A run's folder: ``run.json`` (the overrides kpo composed and the YAML's text, written before training: what a
+rerun compares), ``config.yaml`` (verl's composed configuration), ``checkpoints/`` (verl's),
+``verl_metrics-K.jsonl`` (verl's file logger, one file per attempt K), ``metrics.jsonl`` (kpo's rows),
+``ratios/``, ``log.txt``. A run with its final
+checkpoint and metrics is done and reused; an unfinished run with verl checkpoints and unchanged settings
+resumes from them (verl's own resume), else starts over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+from kpo._files import replacing
+
+__all__ = ["OWNED", "PAPER_CLIP", "VerlEngine", "cell_overrides", "metrics_rows", "override_key"]
+
+ACTOR = "actor_rollout_ref.actor"
+# kpo compare's methods on verl -> verl's loss_mode (kpo's own losses are registered under their names by kpo's
+# plugin; vanilla and GSPO are verl's own, the same methods: kpo.integrations.verl.VERL_EQUIVALENTS)
+VERL_LOSS = {"vanilla": "vanilla", "gspo": "gspo", "kpo": "kpo", "kpo_unclipped": "kpo_unclipped"}
+# Each method's paper clip range (clip_ratio_low, clip_ratio_high), which kpo.losses defaults to; verl's actor
+# config defaults every loss to 0.2/0.2, so kpo sets them (tests/compare/test_compare_setup.py checks them against
+# kpo.losses). kpo_unclipped has none.
+PAPER_CLIP = {"vanilla": (0.2, 0.2), "gspo": (3e-4, 4e-4), "kpo": (3e-4, 4e-4)}
+# Hydra keys kpo compare sets for every run -> what sets them instead (module docstring).
+OWNED = {
+    f"{ACTOR}.policy_loss.loss_mode": "--methods",
+    f"{ACTOR}._target_": "--methods (kpo's losses run with kpo's actor config)",
+    f"{ACTOR}.clip_ratio": "--methods (each method runs its paper clip range)",
+    f"{ACTOR}.clip_ratio_low": "--methods (each method runs its paper clip range)",
+    f"{ACTOR}.clip_ratio_high": "--methods (each method runs its paper clip range)",
+    f"{ACTOR}.loss_agg_mode": "--methods (each method runs its own aggregation)",
+    **{
+        f"{ACTOR}.{k}": "--methods / --sweep-memory (kpo's parameters are each method's paper ones)"
+        for k in ("q", "memory", "v", "p0", "x0", "mask_mode", "filter_grad")
+    },
+    **{f"{ACTOR}.{k}": "--dump-every" for k in ("dump_ratios_every", "dump_ratios_dir", "dump_ratios_start")},
+    "data.seed": "--seeds",
+    "actor_rollout_ref.rollout.seed": "--seeds",
+    f"{ACTOR}.data_loader_seed": "--seeds",
+    "trainer.total_training_steps": "--steps (optimizer steps; verl's training steps = steps / minibatches)",
+    "trainer.total_epochs": "--steps (a run ends at its step count)",
+    f"{ACTOR}.ppo_mini_batch_size": "--minibatches (data.train_batch_size / minibatches)",
+    "trainer.default_local_dir": "--out",
+    "trainer.experiment_name": "nothing (each run's is the configuration's plus the run's name)",
+    "trainer.resume_mode": "nothing (an interrupted run resumes from its checkpoints)",
+    "hydra.run.dir": "--out",
+}
+# What --model / --dataset set, when given.
+MODEL_KEY, DATA_KEY = "actor_rollout_ref.model.path", "data.train_files"
+# verl's metric -> kpo's metrics.jsonl name (kpo.train.metrics; the report reads these)
+METRICS = {
+    "reward_mean": "critic/score/mean",
+    "entropy": "actor/entropy",
+    "clip_frac": "actor/pg_clipfrac",
+    "pg_loss": "actor/pg_loss",
+    "ppo_kl": "actor/ppo_kl",
+    "response_length": "response_length/mean",
+    "step_time": "timing_s/step",
+}
+RUN_FILE = "run.json"
+STOP_SECONDS = 60  # after an interrupt, how long main_ppo may take to stop before it is killed
+
+
+def override_key(override: str) -> str:
+    """The config key a Hydra override sets: ``+a.b=1`` -> ``a.b``, ``~a.b`` -> ``a.b``."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def cell_overrides(mismatch: str, lr: float) -> tuple[str, ...]:
+    """A regime cell's settings on verl (:mod:`kpo.compare.regimes`): mismatch ``none`` = a float32 sampler whose
+    log-probs the trainer recomputes (verl's default, decoupled mode: each batch's first mini-batch has ratio 1),
+    ``bf16`` = a bfloat16 sampler whose own log-probs anchor the ratio (verl's bypass mode); the learning rate."""
+    sampler = {
+        "none": ("actor_rollout_ref.rollout.dtype=float32", "algorithm.rollout_correction.bypass_mode=false"),
+        "bf16": ("actor_rollout_ref.rollout.dtype=bfloat16", "algorithm.rollout_correction.bypass_mode=true"),
+    }
+    return (*sampler[mismatch], f"{ACTOR}.optim.lr={lr!r}")
+
+
+CELL_MISMATCH = ("none", "bf16")  # the regime map's mismatch levels cell_overrides maps
+
+
+def _config_dir() -> str:
+    """verl's own configuration folder (``ppo_trainer.yaml``), found without importing verl."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("verl")
+    return str(Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config")
+
+
+def _compose_fresh(verl_config: str | None, overrides: tuple[str, ...]):
+    """verl's configuration as main_ppo composes it: ``verl_config`` (a YAML file, as ``--config-path`` and
+    ``--config-name``) or verl's ``ppo_trainer``, with ``overrides``."""
+    from hydra import compose, initialize_config_dir
+
+    folder, name = (
+        (str(Path(verl_config).resolve().parent), Path(verl_config).stem)
+        if verl_config
+        else (_config_dir(), "ppo_trainer")
+    )
+    with initialize_config_dir(config_dir=folder, version_base=None):
+        return compose(name, overrides=list(overrides))
+
+
+# the same, composed once per process and read only (a composition takes 0.3 s, the first 4 s)
+_compose = lru_cache(maxsize=32)(_compose_fresh)
+
+
+def metrics_rows(rows: list[dict], steps_per_batch: int) -> list[dict]:
+    """kpo's metrics rows from verl's file logger's (``{"step": s, "data": {...}}``, one per training step):
+    ``step`` = s x steps_per_batch (the optimizer step that ends the batch), kpo's names (:data:`METRICS`) and
+    every verl metric under its own name."""
+    out = []
+    for row in rows:
+        data = row["data"]
+        out.append(
+            {"step": row["step"] * steps_per_batch, **{k: data.get(v) for k, v in METRICS.items()}, **data}
+        )
+    return out
+
+
+class VerlEngine:
+    """verl's ``main_ppo`` as a subprocess, one run at a time by default (each takes the cluster)."""
+
+    # ------------------------------------------------------------------ settings
+    def _user(self, cfg) -> tuple[str, ...]:
+        return tuple(cfg.train_args)
+
+    def _base(self, cfg) -> tuple[str, ...]:
+        """The user's overrides with --model / --dataset."""
+        extra = [f"{MODEL_KEY}={cfg.model}"] if cfg.model is not None else []
+        extra += [f"{DATA_KEY}={cfg.dataset}"] if cfg.dataset is not None else []
+        return (*self._user(cfg), *extra)
+
+    def _composed(self, cfg):
+        return _compose(cfg.verl_config, self._base(cfg))
+
+    def _steps_per_batch(self, cfg) -> int:
+        return cfg.minibatches * int(self._composed(cfg).actor_rollout_ref.actor.ppo_epochs)
+
+    def flag_errors(self, cfg) -> list[str]:
+        import importlib.util
+
+        errors = []
+        given = {override_key(o) for o in self._user(cfg)}
+        errors += [
+            f"-- {key}=...: kpo compare sets it for every run; use {OWNED[key]} instead"
+            for key in sorted(given & set(OWNED))
+        ]
+        for key, flag, value in ((MODEL_KEY, "--model", cfg.model), (DATA_KEY, "--dataset", cfg.dataset)):
+            if value is not None and key in given:
+                errors.append(f"-- {key}=... and {flag}: both set the same thing; give it once")
+        unknown = sorted(set(cfg.methods) - set(VERL_LOSS))
+        if unknown:
+            errors.append(
+                f"--methods {','.join(unknown)}: not mapped to verl by kpo compare; use {', '.join(VERL_LOSS)}"
+            )
+        for flag, value, fix in (
+            ("--sweep-memory", cfg.sweep_memory, "''"),
+            ("--curve-every", cfg.curve_every, "0"),
+        ):
+            if value:
+                errors.append(f"{flag}: not run on verl yet; use --engine kpo, or {flag} {fix}")
+        if cfg.verl_config is not None and not Path(cfg.verl_config).is_file():
+            errors.append(
+                f"--verl-config {cfg.verl_config}: no such file; give the YAML of your verl configuration"
+            )
+        if cfg.model is not None and not (Path(cfg.model) / "config.json").is_file():
+            errors.append(f"--model {cfg.model}: no config.json there; give a Hugging Face model directory")
+        if cfg.dataset is not None and not Path(cfg.dataset).is_file():
+            errors.append(f"--dataset {cfg.dataset}: no such file; give verl's training parquet")
+        if importlib.util.find_spec("verl") is None:
+            errors.append("--engine verl: verl is not installed here; pip install 'kpo[verl]' (verl 0.9.1)")
+        if not cfg.eval_data:
+            errors.append(
+                "--engine verl: give the held-out benchmarks with --eval-data FILE... (kpo eval scores each run)"
+            )
+        return errors
+
+    def config_errors(self, cfg, runs) -> list[str]:
+        """verl's own checks (main_ppo's ``validate_config``, kpo's actor config) on every distinct arm's
+        composed configuration, and what the comparison needs of it."""
+        try:
+            composed = self._composed(cfg)
+        except Exception as e:  # noqa: BLE001 - Hydra's and OmegaConf's many errors: one line each
+            return [f"verl configuration: {type(e).__name__}: {e}".splitlines()[0]]
+        errors = []
+        batch, epochs = int(composed.data.train_batch_size), int(composed.actor_rollout_ref.actor.ppo_epochs)
+        if batch % cfg.minibatches:
+            errors.append(
+                f"--minibatches={cfg.minibatches}: must divide data.train_batch_size={batch} (equal mini-batches)"
+            )
+        if cfg.steps % (cfg.minibatches * epochs):
+            errors.append(
+                f"--steps={cfg.steps}: must be a multiple of --minibatches x ppo_epochs = "
+                f"{cfg.minibatches * epochs} (a verl training step is one generation batch)"
+            )
+        for key in (MODEL_KEY, DATA_KEY):
+            value = str(_select(composed, key))
+            if value.startswith(("/", ".")) and not Path(value).exists():
+                errors.append(f"{key}={value}: no such file or folder; check the path")
+        if errors:
+            return errors
+        distinct = {}
+        for run in runs:
+            distinct.setdefault((run.method, run.loss_kwargs), run)
+        first_run: dict[str, str] = {}
+        for run in distinct.values():
+            for err in _verl_check(
+                cfg.verl_config, self.overrides(cfg, run, Path(cfg.out) / "runs" / run.name)
+            ):
+                first_run.setdefault(err, run.name)
+        return [f"run {name}: {err}" for err, name in first_run.items()]
+
+    def overrides(self, cfg, run, out: Path, start_step: int = 0) -> tuple[str, ...]:
+        """Every override of one run: the user's (with --model/--dataset), then what kpo owns (module docstring)."""
+        from kpo.filter.memory import matched_memory
+        from kpo.losses import get_loss_spec
+
+        composed = self._composed(cfg)
+        per_batch = self._steps_per_batch(cfg)
+        seed = run.rl_seed
+        trainer = composed.trainer
+        loggers = list(trainer.logger) if not isinstance(trainer.logger, str) else [trainer.logger]
+        contents = list(composed.actor_rollout_ref.actor.checkpoint.save_contents)
+        owned = [
+            f"{ACTOR}.policy_loss.loss_mode={VERL_LOSS[run.method]}",
+            f"{ACTOR}.loss_agg_mode={get_loss_spec(run.method).default_agg}",
+            f"data.seed={seed}",
+            f"actor_rollout_ref.rollout.seed={seed}",
+            f"{ACTOR}.data_loader_seed={seed}",
+            f"trainer.total_training_steps={cfg.steps // per_batch}",
+            # as many epochs as steps: the run ends at its step count, never at the end of its epochs
+            f"trainer.total_epochs={cfg.steps // per_batch}",
+            f"{ACTOR}.ppo_mini_batch_size={int(composed.data.train_batch_size) // cfg.minibatches}",
+            f"trainer.default_local_dir={out / 'checkpoints'}",
+            f"trainer.experiment_name={trainer.experiment_name}-{run.name}",
+            f"trainer.logger=[{','.join(dict.fromkeys([*loggers, 'file']))}]",
+            f"{ACTOR}.checkpoint.save_contents=[{','.join(dict.fromkeys([*contents, 'hf_model']))}]",
+            "trainer.resume_mode=auto",
+            f"hydra.run.dir={out / 'hydra'}",
+        ]
+        # verl saves nothing by default; any positive period also saves the last step
+        if int(trainer.save_freq) <= 0:
+            owned.append(f"trainer.save_freq={cfg.steps // per_batch}")
+        kwargs = dict(run.loss_kwargs)
+        low, high = PAPER_CLIP.get(run.method, (None, None))
+        low, high = kwargs.pop("clip_ratio_low", low), kwargs.pop("clip_ratio_high", high)
+        if low is not None:
+            owned += [f"{ACTOR}.clip_ratio_low={low!r}", f"{ACTOR}.clip_ratio_high={high!r}"]
+        if run.method in ("kpo", "kpo_unclipped"):
+            if kwargs.get("memory") == "matched":  # the paper's memory-to-length ratio at this budget
+                kwargs["memory"] = matched_memory(int(composed.data.max_response_length))
+            kwargs |= {"dump_ratios_every": cfg.dump_every, "dump_ratios_dir": str(out / "ratios")}
+            if start_step:
+                kwargs["dump_ratios_start"] = start_step
+            owned.append(f"{ACTOR}._target_=kpo.integrations.verl.KPOActorConfig")
+            owned += [
+                f"+{ACTOR}.{k}={v!r}" if isinstance(v, float) else f"+{ACTOR}.{k}={v}"
+                for k, v in kwargs.items()
+            ]
+        return (*self._base(cfg), *owned)
+
+    # ------------------------------------------------------------------ runs
+    def workers(self, cfg) -> int | None:
+        return 1
+
+    def shared_start(self, cfg) -> bool:
+        return True
+
+    def start_model(self, cfg, seed: int) -> Path:
+        return Path(os.path.expanduser(str(_select(self._composed(cfg), MODEL_KEY))))
+
+    def train(self, cfg, run, out: Path, resume: bool) -> Path:
+        """Run main_ppo for ``run`` into ``out``; an interrupt (KeyboardInterrupt: kpo compare passes its SIGINT
+        on) stops it, and with it every process it started."""
+        out.mkdir(parents=True, exist_ok=True)
+        if not resume:  # the run starts over: what an earlier attempt left would be resumed or read as its own
+            for path in out.iterdir():
+                if path.name != "log.txt":  # the log keeps every attempt
+                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        per_batch = self._steps_per_batch(cfg)
+        done = _checkpointed_step(out) * per_batch if resume else 0
+        overrides = self.overrides(cfg, run, out, start_step=done)
+        with replacing(out / RUN_FILE) as partial:  # what a rerun compares (and resumes with)
+            partial.write_text(json.dumps({"verl_config": _yaml(cfg), "overrides": overrides}, indent=1) + "\n")
+        from omegaconf import OmegaConf
+
+        with replacing(out / "config.yaml") as partial:
+            partial.write_text(OmegaConf.to_yaml(_compose(cfg.verl_config, _hydra_free(overrides))))
+        attempt = len(list(out.glob("verl_metrics-*.jsonl")))
+        where = []
+        if cfg.verl_config:
+            path = Path(cfg.verl_config).resolve()
+            where = ["--config-path", str(path.parent), "--config-name", path.stem]
+        env = {
+            **os.environ,
+            "VERL_FILE_LOGGER_PATH": str(out / f"verl_metrics-{attempt}.jsonl"),
+            "KPO_COMPARE_RUN": str(out),
+        }
+        sys.stdout.flush()
+        # its own session: an interrupt stops main_ppo and every process it started (Ray's too), and nothing else
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "verl.trainer.main_ppo", *where, *overrides],
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            code = proc.wait()
+        except BaseException:
+            _stop(proc)
+            raise
+        if code != 0:
+            raise RuntimeError(
+                f"verl's main_ppo exited with status {code} (its output is above, in this log)"
+            )
+        final = self.checkpoint(cfg, out, cfg.steps)
+        if not (final / "config.json").is_file():
+            raise RuntimeError(f"verl's main_ppo finished without the final Hugging Face checkpoint {final}")
+        rows = []
+        for path in sorted(out.glob("verl_metrics-*.jsonl"), key=lambda p: int(p.stem.split("-")[1])):
+            rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        by_step = {row["step"]: row for row in rows}  # a resumed attempt's rows replace the steps it redid
+        with replacing(out / "metrics.jsonl") as partial:  # the run is trained once this is there
+            partial.write_text(
+                "".join(
+                    json.dumps(r) + "\n"
+                    for r in metrics_rows(sorted(by_step.values(), key=lambda r: r["step"]), per_batch)
+                )
+            )
+        return final
+
+    def checkpoint(self, cfg, out: Path, step: int) -> Path:
+        batch = step // self._steps_per_batch(cfg)
+        return out / "checkpoints" / f"global_step_{batch}" / "actor" / "huggingface"
+
+    def trained(self, cfg, out: Path) -> bool:
+        return (out / RUN_FILE).exists() and (out / "metrics.jsonl").exists()
+
+    def resumable(self, cfg, run, out: Path) -> bool:
+        return (out / RUN_FILE).exists() and _checkpointed_step(out) > 0 and not self.changed(cfg, run, out)
+
+    def changed(self, cfg, run, out: Path) -> list[str]:
+        """The overrides of the run in ``out`` (``run.json``) against now's, by key, leaving out where it writes and
+        where a resumed run's dumps start."""
+        saved = json.loads((out / RUN_FILE).read_text())
+        mine = ("trainer.default_local_dir", "hydra.run.dir", f"{ACTOR}.dump_ratios_dir", f"{ACTOR}.dump_ratios_start")
+
+        def keyed(overrides) -> dict[str, str]:
+            pairs = (o.split("=", 1) if "=" in o else (o, "") for o in overrides)
+            return {k.lstrip("+~"): v for k, v in pairs if k.lstrip("+~") not in mine}
+
+        was, now = keyed(saved["overrides"]), keyed(self.overrides(cfg, run, out))
+        changed = [
+            f"{k}: {was.get(k, '(unset)')} -> {now.get(k, '(unset)')}"
+            for k in sorted(set(was) | set(now))
+            if was.get(k) != now.get(k)
+        ]
+        if saved["verl_config"] != _yaml(cfg):
+            changed.append(f"--verl-config {cfg.verl_config}: its text (or the file given) differs")
+        return changed
+
+    def steps_done(self, cfg, out: Path) -> int:
+        files = sorted(out.glob("verl_metrics-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
+        if not files:
+            return 0
+        last = [line for line in files[-1].read_text().splitlines() if line.strip()]
+        return (json.loads(last[-1])["step"] if last else 0) * self._steps_per_batch(cfg)
+
+    def eval_settings(self, cfg) -> dict:
+        """verl feeds each prompt of its parquet as it is (the instruction is in it, as
+        examples/verl/prepare_data.py writes it), so kpo eval adds none; runs go one at a time, so kpo eval may
+        take vLLM where it is installed (on a GPU)."""
+        return {"prompt_template": "{problem}", "max_new_tokens": None, "backend": "auto"}
+
+
+def _yaml(cfg) -> str | None:
+    """The text of the user's verl YAML (what a rerun compares: the file may have been edited), None without one."""
+    return None if cfg.verl_config is None else Path(cfg.verl_config).read_text()
+
+
+def _select(composed, key: str):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(composed, key)
+
+
+def _hydra_free(overrides: tuple[str, ...]) -> tuple[str, ...]:
+    """The overrides without Hydra's own settings (``hydra.*``), which the compose API refuses."""
+    return tuple(o for o in overrides if not override_key(o).startswith("hydra."))
+
+
+def _verl_check(verl_config: str | None, overrides: tuple[str, ...]) -> list[str]:
+    """What main_ppo's own check (``validate_config``) and kpo's actor config reject in this run's configuration."""
+    try:
+        composed = _compose_fresh(verl_config, _hydra_free(overrides))  # validate_config may write into it
+        from verl.trainer.ppo.utils import need_critic, need_reference_policy
+        from verl.utils.config import validate_config
+
+        validate_config(
+            composed, use_reference_policy=need_reference_policy(composed), use_critic=need_critic(composed)
+        )
+    except Exception as e:  # noqa: BLE001 - verl asserts and raises many types; each is one line to the user
+        return [f"verl's configuration check: {type(e).__name__}: {e}".splitlines()[0]]
+    return []
+
+
+def _checkpointed_step(out: Path) -> int:
+    """The training step of the run's last complete verl checkpoint (verl's tracker file), 0 when none."""
+    tracker = out / "checkpoints" / "latest_checkpointed_iteration.txt"
+    return int(tracker.read_text().strip() or 0) if tracker.exists() else 0
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop main_ppo and its process group: SIGINT, then SIGKILL after :data:`STOP_SECONDS`."""
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=STOP_SECONDS)
+    except subprocess.TimeoutExpired:
+        pass
+    except ProcessLookupError:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
