@@ -85,6 +85,19 @@ def test_the_plan_prints_runs_questions_and_rules_and_trains_nothing(tmp_path, c
     assert not (tmp_path / "map").exists()
 
 
+def test_a_one_seed_map_is_planned_and_reported_without_intervals(tmp_path):
+    """A smoke map of one seed a cell (its cells only; the questions need 4): no planned half-width, and the
+    report still renders."""
+    from kpo.compare.regime_report import render_map
+    from kpo.compare.regimes import estimate_regimes
+
+    cfg = RegimeConfig(out=str(tmp_path), cells_only=("none-depth4-lr0.0001",), seeds=1, max_seeds=1).validate()
+    plan = estimate_regimes(cfg)
+    assert plan["cells"][0]["half_width"] is None and plan["runs"] == 4
+    report = render_map(tmp_path, [], [], [], plan).read_text()
+    assert "none (one seed a cell: no interval)" in report
+
+
 # ------------------------------------------------------------------ the map on written run folders
 def _write_model(folder: Path, accuracy: float) -> None:
     """A finished model's evaluations: every problem right with probability ``accuracy``."""

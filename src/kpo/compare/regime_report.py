@@ -255,6 +255,19 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def _planned(plan: dict) -> str:
+    """The plan's line of "Planned against measured"."""
+    if not plan.get("cells"):
+        return "- No plan.json."
+    half = plan["cells"][0]["half_width"]
+    if half is None:
+        return "- Planned half-width of a cell's contrast: none (one seed a cell: no interval)."
+    return (
+        f"- Planned half-width of a cell's contrast at the first look: +-{half:.1f} points (prior sd "
+        f"{plan.get('diff_sd', float('nan')):.1f})."
+    )
+
+
 def render_map(out: Path, entries: list[dict], answers: list[dict], looks: list[dict], plan: dict) -> Path:
     """Write report.md, report.json, regimes.png and memory.png into ``out``; returns report.md."""
     figure = _plot(entries, out / "regimes.png")
@@ -313,10 +326,7 @@ def render_map(out: Path, entries: list[dict], answers: list[dict], looks: list[
         *_curves_section(out, entries),
         "## Planned against measured",
         "",
-        f"- Planned half-width of a cell's contrast at the first look: +-{plan['cells'][0]['half_width']:.1f} points "
-        f"(prior sd {plan.get('diff_sd', float('nan')):.1f})."
-        if plan.get("cells")
-        else "- No plan.json.",
+        _planned(plan),
         f"- Measured 95% half-widths of the cells' t-intervals (pairs without a collapse): {min(measured):.1f} to "
         f"{max(measured):.1f} points, median {statistics.median(measured):.1f} ({len(measured)} intervals)."
         if measured
