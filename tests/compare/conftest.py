@@ -14,7 +14,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # The train tests' toy (tests/train/conftest.py): a 1-layer model warm-started to a reward of about 0.6 on
 # sums of two numbers up to 4, so advantages are not all zero and lr 1e-2 moves the ratios visibly.
-TOY_TRAIN = (
+# the toy task and model, as kpo train's (and kpo task's) flags; also tests/integrations/test_verl_compare.py's
+TOY_TASK = (
     "--task",
     "chain",
     "--n-terms",
@@ -31,13 +32,8 @@ TOY_TRAIN = (
     "12",
     "--sft-epochs",
     "300",
-    "--prompts-per-step",
-    "8",
-    "--num-generations",
-    "4",
-    "--learning-rate",
-    "1e-2",
 )
+TOY_TRAIN = (*TOY_TASK, "--prompts-per-step", "8", "--num-generations", "4", "--learning-rate", "1e-2")
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ import torch
 
 pytest.importorskip("verl", reason="verl not installed: `make test` runs this file in .venv-verl")
 
+from tests.compare.conftest import TOY_TASK as TASK_FLAGS  # noqa: E402 - the toy task, as kpo task's flags
 from tests.integrations.verl_loss_capture import CAPTURE_DIR_ENV, load_calls  # noqa: E402
 
 from kpo.cli import main as kpo_main  # noqa: E402
@@ -37,25 +38,6 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 EXTERNAL_MODULES = ",".join(
     f"tests.integrations.{m}" for m in ("verl_cpu_platform", "verl_cpu_rollout", "verl_loss_capture")
-)
-# the train tests' toy task and warm start (tests/train/conftest.py), as kpo task's flags
-TASK_FLAGS = (
-    "--task",
-    "chain",
-    "--n-terms",
-    "2",
-    "--max-value",
-    "4",
-    "--tiny-hidden-size",
-    "32",
-    "--tiny-layers",
-    "1",
-    "--tiny-heads",
-    "2",
-    "--sft-examples",
-    "12",
-    "--sft-epochs",
-    "300",
 )
 MINIBATCHES, STEPS, RESPONSE = 2, 4, 12  # RESPONSE: cpu_tiny.yaml's data.max_response_length, kpo task's for the toy
 CELL = (

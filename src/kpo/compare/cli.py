@@ -305,7 +305,8 @@ def build_regimes_parser() -> argparse.ArgumentParser:
         "--seeds",
         type=int,
         default=d.seeds,
-        help=f"Paired seeds per cell at the first look, one of {', '.join(map(str, LOOKS))} (default: %(default)s).",
+        help=f"Paired seeds per cell to start with; the questions are answered at {', '.join(map(str, LOOKS))} seeds "
+        "(a map of fewer has its cells only) (default: %(default)s).",
     )
     p.add_argument(
         "--max-seeds",
