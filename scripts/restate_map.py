@@ -55,7 +55,7 @@ def questions(old: dict) -> list[dict]:
         for cell, c in zip(cells, old["cells"])
     }
     seeds = min(len(c["warm_start"]) for c in old["cells"])
-    answers = decide(QUESTIONS, data, cells, {"stable": seeds, "stress": seeds}, cap=seeds)
+    answers = decide(QUESTIONS, data, cells, {"stable": seeds, "stress": seeds})
     describe(QUESTIONS, answers)
     return answers
 

@@ -5,6 +5,7 @@ bounds, the per-cell contrasts and picks, the pre-registered questions and the l
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -167,7 +168,7 @@ def test_a_cell_collapses_contrasts_and_pick(tmp_path):
     }
     assert entry["arms"][KPO]["on_policy_clip_frac"] == pytest.approx(0.1)
     # the band collapsed alone in seed 2 only: one discordant pair; KPO (auto) has none with the band either
-    assert "the clip band alone collapsed in 1 seeds, KPO (matched) alone in 0" in entry["filter_or_band"][KPO]
+    assert "the clip band alone collapsed in 1 seed, KPO (matched) alone in 0" in entry["filter_or_band"][KPO]
     # the pick: every arm no other beats significantly (4 seeds, Bonferroni over 4 others: nothing is beaten
     # but KPO (auto), which KPO (matched) beats in every seed by a t-test)
     assert set(entry["pick"]) == {GRPO, GSPO, KPO, CLIP_BAND} or AUTO not in entry["pick"]
@@ -224,3 +225,17 @@ def test_the_map_adds_seeds_until_the_questions_are_decided(tmp_path, monkeypatc
     before = len(trained)
     run_regimes(cfg)
     assert len(trained) == before
+    # a map stopped inside its last look: --report writes it as it stood after the look before, training nothing
+    shutil.rmtree(Path(cfg.out) / cells[0] / "runs" / "vanilla-seed7")
+    found = json.loads((run_regimes(cfg, report_only=True).parent / "report.json").read_text())
+    assert len(trained) == before
+    assert [look["seeds"] for look in found["looks"]] == [{"stable": n, "stress": n} for n in (4, 6)]
+    undecided = [a for a in found["questions"] if a["verdict"] == "undecided"]
+    # an early look plans the seeds too: the collapse questions have no discordant pair, so no basis (None)
+    assert undecided and all("seeds_needed" in a for a in undecided)
+
+
+def test_report_before_any_look_finished_says_so(tmp_path, no_training):
+    cfg = RegimeConfig(out=str(tmp_path / "map"), cells_only=("none-depth4-lr0.0001",), eval_limit=PROBLEMS)
+    with pytest.raises(CompareError, match="no look has finished yet"):
+        run_regimes(cfg, report_only=True)

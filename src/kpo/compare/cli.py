@@ -335,6 +335,12 @@ def build_regimes_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--plan", action="store_true", help="Print the plan and the rules, and stop.")
     p.add_argument(
+        "--report",
+        action="store_true",
+        help="Train nothing: rewrite the map from the finished runs, at the last look every cell of its group has "
+        "finished (a map stopped inside a look: where it stands; the same command without --report continues it).",
+    )
+    p.add_argument(
         "--pilot",
         type=Path,
         default=None,
@@ -369,7 +375,7 @@ def regimes_main(argv: list[str]) -> int:
         **_setup(args),
     )
     try:
-        report = run_regimes(cfg, plan_only=args.plan, pilot=args.pilot)
+        report = run_regimes(cfg, plan_only=args.plan, report_only=args.report, pilot=args.pilot)
     except CompareError as e:
         print(e, file=sys.stderr)
         return 2

@@ -163,15 +163,15 @@ def decide(
     data: dict,
     cells,
     seeds_of: dict[str, int],
-    cap: int = LOOKS[-1],
     alpha: float = ALPHA,
     memo: dict | None = None,
 ) -> list[dict]:
     """Every question answered on the data so far: ``seeds_of[group]`` seeds are finished in every cell of the
     group (looks at LOOKS up to it). Returns one dict per question (name, text, test, p (Holm-ready, over looks),
     the estimate at the last look, the looks, verdict "yes"/"no"/"undecided"/"not asked", answer text, and for
-    a question still undecided at the ``cap`` its ``level``, the family's least final-look level, at which
-    :func:`seeds_needed` plans the seeds that would decide it). ``memo``: a dict kept between the calls of one
+    a question still undecided its ``level``, the family's least final-look level, at which :func:`describe`
+    plans the seeds that would decide it: at an early look as at the last, the seeds that the measured spread
+    asks for). ``memo``: a dict kept between the calls of one
     map, so that a look's tests, which later seeds cannot change, run once."""
     memo = {} if memo is None else memo
     by_group = groups(cells)
@@ -202,7 +202,7 @@ def decide(
         entry.update(_verdict(q, entry["last"], {h: rejected[(i, h)] for h in q.hypotheses()}))
         entry["test"] = entry["last"]["test"]
         entry["seeds"] = entry["last"].get("seeds", seeds_of.get(q.group))
-        if entry["verdict"] == "undecided" and seeds_of[q.group] >= cap:
+        if entry["verdict"] == "undecided":
             entry["level"] = least
     return found
 
@@ -235,7 +235,7 @@ def _verdict(q: Question, last: dict, rejected: dict[str, bool]) -> dict:
 def describe(questions: list[Question], answers: list[dict]) -> None:
     """What a report adds to :func:`decide`'s answers, beyond the decisions: for a pooled accuracy or interaction
     question, whether its cells differ (``cells_differ``: the two-way ANOVA F-test of the cell effect with seeds as
-    blocks, :func:`kpo.compare.stats.cells_differ`); for one undecided at the cap (it has a ``level``),
+    blocks, :func:`kpo.compare.stats.cells_differ`); for one undecided (it has a ``level``),
     ``seeds_needed``: the seeds per cell an 80%-power test at that level would need to decide it from what was
     measured (None: no spread or no discordant pair to go by)."""
     for q, entry in zip(questions, answers):
@@ -288,7 +288,7 @@ def rules_text() -> dict[str, str]:
         "undecided get the next block; the error is split over the looks "
         f"({', '.join(f'{s:.0%}' for s in LOOK_SHARES)}, weighted Bonferroni): a p-value at a look is divided by "
         "its look's share and a hypothesis takes the least over its looks",
-        "seeds needed": "for a question undecided at the last look: the seeds per cell an 80%-power test at "
+        "seeds needed": "for a question undecided at a look: the seeds per cell an 80%-power test at "
         "alpha x 70% / hypotheses would need, from the measured seed-to-seed sd (statsmodels TTestPower) or "
         "discordance (exact binomial power)",
     }

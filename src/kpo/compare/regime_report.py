@@ -57,6 +57,11 @@ def contrast_text(c: dict | None) -> str:
     return f"median {_pct(c['median'], True)}{interval} (sign p={c['p']:.2g})"
 
 
+def plural(n: int, noun: str) -> str:
+    """'1 pair', '2 pairs'."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def answer_line(a: dict) -> str:
     """One question: its answer and the test behind it (p over the looks, estimate, seeds)."""
     if a["verdict"] in ("pending", "not asked"):
@@ -65,12 +70,13 @@ def answer_line(a: dict) -> str:
     p = ", ".join(f"p({h}) = {v:.2g}" for h, v in a["p"].items())
     if "a_only" in last:
         detail = (
-            f"{last['a_only']} pairs where only the first collapsed, {last['b_only']} where only the second, of "
-            f"{last['pairs']} (cell, seed) pairs"
+            f"{plural(last['a_only'], 'pair')} where only the first collapsed, {last['b_only']} where only the "
+            f"second, of {last['pairs']} (cell, seed) pairs"
         )
     else:
         interval = "" if last["low"] is None else f" [{_pct(last['low'], True)}, {_pct(last['high'], True)}]"
-        excluded = f"; {last['excluded_by_collapse']} pairs left out by a collapse" if last["excluded_by_collapse"] else ""
+        left_out = last["excluded_by_collapse"]
+        excluded = f"; {plural(left_out, 'pair')} left out by a collapse" if left_out else ""
         differ = last.get("cells_differ")
         cells = f"; do the cells differ: F-test p = {differ['p']:.2g}" if differ else ""
         detail = (

@@ -61,6 +61,7 @@ from kpo.compare.questions import (
     next_look,
     rules_text,
 )
+from kpo.compare.regime_report import plural
 
 __all__ = [
     "QUESTIONS",
@@ -469,11 +470,14 @@ def _share_warm_starts(cfg: RegimeConfig, seeds: int) -> None:
                 link.symlink_to(Path("..", "..", target.name))
 
 
-def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, pilot: Path | None = None) -> Path | None:
+def run_regimes(
+    cfg: RegimeConfig, *, plan_only: bool = False, report_only: bool = False, pilot: Path | None = None
+) -> Path | None:
     """Print the plan, the questions and the rules; then, look by look, train every missing run of every cell at
     its group's seeds (rewriting the map as each cell finishes), answer the questions, and give the cells of the
     undecided ones the next block of seeds, until every question is decided or at the cap. Returns report.md
-    (None with ``plan_only``)."""
+    (None with ``plan_only``). ``report_only`` trains nothing: the looks are replayed up to the first one with a
+    missing run, and the map is written as it stood after the last complete one."""
     from kpo.compare.plan import parallel_runs, pilot_sd
     from kpo.compare.run import Job, _done, _stale_run_errors, train_jobs
 
@@ -516,8 +520,15 @@ def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, pilot: Path | Non
         return []
 
     while True:
-        _share_warm_starts(cfg, max(seeds_of.values()))
         todo = [job for cell in cfg.cells for job in missing(cell)]
+        if report_only and todo:
+            if not looks:
+                raise CompareError([f"{out}: no look has finished yet ({len(todo)} runs of the first to train)"])
+            seeds_of.update(looks[-1]["seeds"])
+            for cell in cfg.cells:
+                write_cell_report(cfg, cell, cell_seeds(cell))
+            return write_regime_report(cfg, seeds_of, looks)
+        _share_warm_starts(cfg, max(seeds_of.values()))
         print(
             f"kpo compare regimes: look at {', '.join(f'{g} {n}' for g, n in seeds_of.items())} seeds a cell; "
             f"{len(todo)} runs to train; map in {out}",
@@ -528,7 +539,7 @@ def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, pilot: Path | Non
         for cell in cfg.cells:
             if not (out / cell.name / "report.md").exists() or todo:
                 write_cell_report(cfg, cell, cell_seeds(cell))
-        answers = decide(QUESTIONS, _data(cfg, seeds_of), cfg.cells, seeds_of, cfg.max_seeds)
+        answers = decide(QUESTIONS, _data(cfg, seeds_of), cfg.cells, seeds_of)
         looks.append({"seeds": dict(seeds_of), "answers": {a["name"]: a["verdict"] for a in answers}})
         extend = [g for g in groups_to_extend(answers, QUESTIONS, seeds_of) if seeds_of[g] < cfg.max_seeds]
         if not extend:
@@ -698,7 +709,8 @@ def _filter_or_band(test: dict, subject: str) -> str:
     if test["a_only"] == test["b_only"] == 0:
         return f"no seed where only one of the clip band and {subject} collapsed: collapses cannot tell them apart"
     return (
-        f"the clip band alone collapsed in {test['a_only']} seeds, {subject} alone in {test['b_only']} (exact "
+        f"the clip band alone collapsed in {plural(test['a_only'], 'seed')}, {subject} alone in {test['b_only']} "
+        "(exact "
         f"McNemar p = {test['p']:.2g}, this cell only)"
     )
 
@@ -773,6 +785,6 @@ def write_regime_report(cfg: RegimeConfig, seeds_of: dict[str, int], looks: list
     out = Path(cfg.out)
     plan = json.loads((out / "plan.json").read_text()) if (out / "plan.json").exists() else {}
     entries = [cell_entry(cfg, cell, seeds_of[cfg.group(cell)]) for cell in cfg.cells]
-    answers = decide(QUESTIONS, _data(cfg, seeds_of), cfg.cells, seeds_of, cfg.max_seeds)
+    answers = decide(QUESTIONS, _data(cfg, seeds_of), cfg.cells, seeds_of)
     describe(QUESTIONS, answers)
     return render_map(out, entries, answers, looks, plan)
