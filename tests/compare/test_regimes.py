@@ -208,6 +208,7 @@ def test_the_map_adds_seeds_until_the_questions_are_decided(tmp_path, monkeypatc
     report = run_regimes(cfg)
     found = json.loads((report.parent / "report.json").read_text())
     assert [look["seeds"] for look in found["looks"]] == [{"stable": n, "stress": n} for n in (4, 6, 8)]
+    assert found["runs"] == 4 * 8 + 5 * 8  # the stable cell's 4 arms, the stress cell's 5 (the clip band too)
     answers = {a["name"]: a for a in found["questions"]}
     # KPO (matched) trails GRPO by 7 points in every seed of the stable cell: decided "yes" (Holm over the family)
     assert answers["kpo_vs_grpo"]["verdict"] == "yes" and answers["kpo_vs_grpo"]["p"]["difference"] < 0.05
@@ -230,6 +231,7 @@ def test_the_map_adds_seeds_until_the_questions_are_decided(tmp_path, monkeypatc
     found = json.loads((run_regimes(cfg, report_only=True).parent / "report.json").read_text())
     assert len(trained) == before
     assert [look["seeds"] for look in found["looks"]] == [{"stable": n, "stress": n} for n in (4, 6)]
+    assert found["runs"] == 4 * 6 + 5 * 6
     undecided = [a for a in found["questions"] if a["verdict"] == "undecided"]
     # an early look plans the seeds too: the collapse questions have no discordant pair, so no basis (None)
     assert undecided and all("seeds_needed" in a for a in undecided)

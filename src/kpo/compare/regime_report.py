@@ -275,7 +275,10 @@ def _planned(plan: dict) -> str:
 
 
 def render_map(out: Path, entries: list[dict], answers: list[dict], looks: list[dict], plan: dict) -> Path:
-    """Write report.md, report.json, regimes.png and memory.png into ``out``; returns report.md."""
+    """Write report.md, report.json, regimes.png and memory.png into ``out``; returns report.md. report.json holds
+    what report.md states: ``runs`` (finished runs at the cells' current seeds), ``cells_finished``,
+    ``measured_half_width`` (points: min, median, max over the cells' t-intervals), ``questions``, ``looks``,
+    ``cells``, ``plan``."""
     figure = _plot(entries, out / "regimes.png")
     memory = _plot_memory(entries, out / "memory.png")
     done = sum(e["done"] for e in entries)
@@ -347,6 +350,25 @@ def render_map(out: Path, entries: list[dict], answers: list[dict], looks: list[
         partial.write_text("\n".join(md))
     with replacing(out / "report.json") as partial:
         partial.write_text(
-            json.dumps({"questions": answers, "looks": looks, "cells": entries, "plan": plan}, indent=2) + "\n"
+            json.dumps(
+                {
+                    "runs": runs,
+                    "cells_finished": done,
+                    "measured_half_width": {
+                        "min": min(measured),
+                        "median": statistics.median(measured),
+                        "max": max(measured),
+                        "intervals": len(measured),
+                    }
+                    if measured
+                    else None,
+                    "questions": answers,
+                    "looks": looks,
+                    "cells": entries,
+                    "plan": plan,
+                },
+                indent=2,
+            )
+            + "\n"
         )
     return out / "report.md"
