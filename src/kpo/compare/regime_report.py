@@ -289,6 +289,11 @@ def render_map(out: Path, entries: list[dict], answers: list[dict], looks: list[
         for c in e["contrasts"].values()
         if c and c["method"] == "t" and c["low"] is not None
     ]
+    widths = (
+        {"min": min(measured), "median": statistics.median(measured), "max": max(measured), "intervals": len(measured)}
+        if measured
+        else None
+    )
     batches = plan.get("batches", "?")
     settings = plan.get("settings", {})
     metric = next((e["metric"] for e in entries if e.get("metric")), "held-out accuracy")  # kpo.compare.outcome
@@ -336,9 +341,9 @@ def render_map(out: Path, entries: list[dict], answers: list[dict], looks: list[
         "## Planned against measured",
         "",
         _planned(plan),
-        f"- Measured 95% half-widths of the cells' t-intervals (pairs without a collapse): {min(measured):.1f} to "
-        f"{max(measured):.1f} points, median {statistics.median(measured):.1f} ({len(measured)} intervals)."
-        if measured
+        f"- Measured 95% half-widths of the cells' t-intervals (pairs without a collapse): {widths['min']:.1f} to "
+        f"{widths['max']:.1f} points, median {widths['median']:.1f} ({widths['intervals']} intervals)."
+        if widths
         else "- No t-interval measured yet.",
         "",
         "## Rules",
@@ -354,14 +359,7 @@ def render_map(out: Path, entries: list[dict], answers: list[dict], looks: list[
                 {
                     "runs": runs,
                     "cells_finished": done,
-                    "measured_half_width": {
-                        "min": min(measured),
-                        "median": statistics.median(measured),
-                        "max": max(measured),
-                        "intervals": len(measured),
-                    }
-                    if measured
-                    else None,
+                    "measured_half_width": widths,
                     "questions": answers,
                     "looks": looks,
                     "cells": entries,

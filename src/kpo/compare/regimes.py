@@ -710,8 +710,7 @@ def _filter_or_band(test: dict, subject: str) -> str:
         return f"no seed where only one of the clip band and {subject} collapsed: collapses cannot tell them apart"
     return (
         f"the clip band alone collapsed in {plural(test['a_only'], 'seed')}, {subject} alone in {test['b_only']} "
-        "(exact "
-        f"McNemar p = {test['p']:.2g}, this cell only)"
+        f"(exact McNemar p = {test['p']:.2g}, this cell only)"
     )
 
 
