@@ -388,6 +388,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["regimes"]:
         return regimes_main(argv[1:])
+    if argv[:1] == ["study"]:
+        from kpo.compare.study_cli import main as study_main
+
+        return study_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         # validates every setting and prints the plan before anything trains

@@ -1,0 +1,95 @@
+"""The confirmatory study's figures (descriptive, beside the tests): collapse rates per arm and cell with their
+exact intervals, the generation batch at which collapsed runs fell, and final accuracy (each run, the
+interquartile mean with its stratified bootstrap interval, and performance profiles)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from kpo._files import replacing
+
+__all__ = ["plot_study"]
+
+
+def _save(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    with replacing(path) as partial:
+        fig.savefig(partial, dpi=110, bbox_inches="tight", format="png")
+    plt.close(fig)
+
+
+def plot_study(report: dict, plan: dict, folder: Path) -> list[str]:
+    """Draw the figures that have data into ``folder``; returns their file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    drawn = []
+    groups = report["descriptive"]
+    rows = [(g, c, a, v) for g, d in groups.items() for c, arms in d["cells"].items() for a, v in arms.items()]
+    if not any(v["accuracy"] for *_, v in rows):
+        return drawn
+
+    # collapse rates, one panel per cell
+    cells = [(g, c) for g, d in groups.items() for c in d["cells"]]
+    fig, axes = plt.subplots(1, len(cells), figsize=(3.2 * len(cells), 3.6), squeeze=False)
+    for ax, (g, c) in zip(axes[0], cells):
+        arms = groups[g]["cells"][c]
+        names = list(arms)
+        rate = [arms[a]["collapse"]["rate"] or 0.0 for a in names]
+        low = [arms[a]["collapse"]["low95"] or 0.0 for a in names]
+        high = [arms[a]["collapse"]["upper95"] or 0.0 for a in names]
+        x = np.arange(len(names))
+        ax.bar(x, rate, color="tab:red", alpha=0.6)
+        ax.errorbar(x, rate, yerr=[np.subtract(rate, low), np.subtract(high, rate)], fmt="none", color="k")
+        ax.set_xticks(x, names, rotation=35, ha="right")
+        ax.set_ylim(0, 1)
+        ax.set_title(c, fontsize=9)
+    axes[0][0].set_ylabel("collapsed runs (exact 95% interval)")
+    fig.suptitle(f"collapse: {plan['collapse_text']}", fontsize=10)
+    _save(fig, folder / "collapse.png")
+    drawn.append("collapse.png")
+
+    # the batch of collapse of each collapsed run, per arm (stress cells)
+    fallen = [(f"{a}\n{c}", b) for g, c, a, v in rows for b in v["batch_of_collapse"] if b is not None]
+    if fallen:
+        labels = sorted({name for name, _ in fallen})
+        fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(labels)), 3.6))
+        for i, name in enumerate(labels):
+            ys = [b for n, b in fallen if n == name]
+            ax.scatter(i + np.linspace(-0.15, 0.15, len(ys)), ys, s=18)
+        ax.set_xticks(range(len(labels)), labels, rotation=35, ha="right", fontsize=8)
+        ax.set_ylabel("generation batch of collapse")
+        ax.set_title("when collapsed runs fell (training reward below half its first batch's, to the end)", fontsize=9)
+        _save(fig, folder / "time_to_collapse.png")
+        drawn.append("time_to_collapse.png")
+
+    # final accuracy: every run and the interquartile mean per group; performance profiles
+    fig, axes = plt.subplots(1, 2 * len(groups), figsize=(5.0 * 2 * len(groups), 3.8), squeeze=False)
+    for k, (g, d) in enumerate(groups.items()):
+        ax, prof = axes[0][2 * k], axes[0][2 * k + 1]
+        arms = plan["groups"][g]["arms"]
+        for i, a in enumerate(arms):
+            ys = [y for c in d["cells"] for y in d["cells"][c][a]["accuracy"]]
+            ax.scatter(i + np.linspace(-0.2, 0.2, len(ys)) if ys else [], ys, s=10, alpha=0.6)
+            if a in d["iqm"]:
+                v = d["iqm"][a]
+                ax.errorbar([i], [v["iqm"]], yerr=[[v["iqm"] - v["low"]], [v["high"] - v["iqm"]]], fmt="D",
+                            color="k", capsize=4)
+            taus = np.linspace(0, 1, 101)
+            if ys:
+                prof.plot(taus, [np.mean(np.asarray(ys) > t) for t in taus], label=a)
+        ax.set_xticks(range(len(arms)), arms, rotation=35, ha="right")
+        ax.set_ylabel("final held-out accuracy")
+        ax.set_title(f"{g} cells: runs and IQM (95% stratified bootstrap)", fontsize=9)
+        prof.set_xlabel("accuracy threshold tau")
+        prof.set_ylabel("share of runs above tau")
+        prof.set_title(f"{g} cells: performance profiles", fontsize=9)
+        prof.legend(fontsize=7)
+    _save(fig, folder / "accuracy.png")
+    drawn.append("accuracy.png")
+    return drawn
