@@ -388,15 +388,15 @@ WEIGHT_FILES = (
 
 def out_errors(out: str) -> list[str]:
     """``--out`` that cannot hold the runs: empty (they would be written into the current folder), under a file, or
-    where this user cannot write. Each line names the path in the way, so that the runs (and a regime map's cells)
-    under one --out give the same line, said once."""
+    where this user cannot write. Each line names the path in the way, not the folder asked for, so that a regime
+    map's cells (folders under one --out) give the same line, said once."""
     if not str(out).strip():
         return ["--out '': empty, so everything would be written into the current folder; give a folder"]
     existing = file_in_the_way(Path(out))
     if existing is not None:
-        return [f"--out {out}: {str(existing)!r} is a file, not a folder; choose another --out"]
+        return [f"--out: {str(existing)!r} is a file, not a folder; choose another --out"]
     why = unwritable(Path(out))
-    return [] if why is None else [f"--out {out}: {why}; choose another --out"]
+    return [] if why is None else [f"--out: {why}; choose another --out"]
 
 
 def _data_errors(cfg: CompareConfig) -> list[str]:
