@@ -138,6 +138,12 @@ def test_a_data_file_kpo_does_not_read_names_the_formats_it_reads(tmp_path, caps
     assert "invalid JSON" not in err
 
 
+def test_verl_s_dataset_is_its_parquet(tmp_path, problems):
+    with pytest.raises(CompareError) as e:
+        CompareConfig(out=str(tmp_path / "cmp"), engine="verl", dataset=str(problems), eval_data=(str(problems),)).validate()
+    assert f"--dataset {problems}: a .jsonl file, which verl does not read; convert it to one of .parquet" in str(e.value)
+
+
 @pytest.mark.parametrize("flag", ["--dataset", "--eval-data", "--verl-config"])
 def test_a_folder_given_for_a_file_is_called_a_folder(tmp_path, capsys, no_training, problems, flag):
     """It was "no such file", though the path exists."""

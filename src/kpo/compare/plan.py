@@ -408,11 +408,11 @@ def _data_errors(cfg: CompareConfig) -> list[str]:
 
     errors = [] if cfg.model is None else _model_errors(cfg.model)
     if cfg.dataset is not None:
-        verl = cfg.engine == "verl"
-        kinds = {".parquet": "verl's RL schema"} if verl else PROBLEM_FILES
-        errors += _file_errors(
-            "--dataset", cfg.dataset, kinds, "verl's training parquet" if verl else "training problems"
-        )
+        if cfg.engine == "verl":
+            kinds, what, reader = {".parquet": "verl's RL schema"}, "verl's training parquet", "verl"
+        else:
+            kinds, what, reader = PROBLEM_FILES, "training problems", "kpo"
+        errors += _file_errors("--dataset", cfg.dataset, kinds, what, reader)
     for path in dict.fromkeys(cfg.eval_data):
         found = _file_errors("--eval-data", path, PROBLEM_FILES, "a held-out benchmark")
         if not found:
@@ -438,8 +438,9 @@ def _data_errors(cfg: CompareConfig) -> list[str]:
     return errors
 
 
-def _file_errors(flag: str, path: str, kinds: dict[str, str], what: str) -> list[str]:
-    """A file setting that is a folder, missing, or of a kind not in ``kinds`` (suffix -> what it holds)."""
+def _file_errors(flag: str, path: str, kinds: dict[str, str], what: str, reader: str = "kpo") -> list[str]:
+    """A file setting that is a folder, missing, or of a kind ``reader`` does not read (``kinds``: suffix -> what
+    it holds)."""
     found = Path(path)
     accepted = "; ".join(f"{suffix}: {text}" for suffix, text in kinds.items())
     if found.is_dir():
@@ -448,7 +449,7 @@ def _file_errors(flag: str, path: str, kinds: dict[str, str], what: str) -> list
         return [f"{flag} {path}: no such file; give {what} ({accepted})"]
     if found.suffix.lower() not in kinds:
         return [
-            f"{flag} {path}: a {found.suffix or 'suffix-less'} file, which kpo does not read; convert it to one of "
+            f"{flag} {path}: a {found.suffix or 'suffix-less'} file, which {reader} does not read; convert it to one of "
             f"{accepted}"
         ]
     return []
