@@ -1,6 +1,7 @@
 """``kpo launch --nproc-per-node N COMMAND [ARGS...]`` (or ``python -m kpo.launch ...``): N processes of ``kpo COMMAND`` on this machine,
 data-parallel over gloo on a CPU or NCCL on GPUs (one GPU each), e.g. ``kpo launch --nproc-per-node 2
-train --config run.yaml`` or ``... eval --model M --data synthetic``.
+train --config run.yaml`` or ``... eval --model M --data synthetic``. COMMAND is train or eval; any other kpo
+command is refused in one line (it is not data-parallel: N copies would run it N times over the same files).
 
 What it does that ``torchrun`` does not: Ctrl-C or SIGTERM reaches every process once and the launcher waits for
 them, so ``kpo train`` stops them all at one generation-batch boundary with one checkpoint, rank 0's one line,
@@ -29,8 +30,9 @@ from kpo.cli import CARRY_ON, COMMANDS
 __all__ = ["main"]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-# What a launched process may run: every kpo command but the launcher itself.
-LAUNCHABLE = tuple(name for name in COMMANDS if name != "launch")
+# What a launched process may run: the data-parallel commands. Each of the others would run N times over the same
+# files (two `kpo task` writing one folder, two `kpo compare` training every run twice).
+LAUNCHABLE = ("train", "eval")
 # How long the other processes may take to end by themselves once one failed, before they are stopped.
 FAILURE_GRACE_S = 10.0
 
@@ -75,7 +77,14 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # the launcher's options end at the command's name: what follows is the command's (its --n is not ours)
-    at = next((i for i, arg in enumerate(argv) if arg in LAUNCHABLE), len(argv))
+    at = next((i for i, arg in enumerate(argv) if arg in COMMANDS), len(argv))
+    if at < len(argv) and argv[at] not in LAUNCHABLE:
+        print(
+            f"kpo launch: {argv[at]} is not data-parallel (N processes would each run all of it, over the same "
+            f"files); run `kpo {argv[at]} ...` without kpo launch (kpo launch runs {' and '.join(LAUNCHABLE)})",
+            file=sys.stderr,
+        )
+        return 2
     args = _parser().parse_args(argv[: at + 1])
     if args.nproc < 1:
         print(f"kpo launch: --nproc-per-node {args.nproc}: must be >= 1", file=sys.stderr)

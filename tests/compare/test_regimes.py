@@ -58,7 +58,7 @@ def test_cells_and_their_compares(tmp_path):
         ({"cells_only": ("none-d4",)}, "write MISMATCH-depthN-lrX"),
         ({"cells_only": ()}, "--cells: no cell named"),
         ({"cells_only": ("none-depth4-lr0.0001", "none-depth4-lr1e-4")}, "names none-depth4-lr0.0001 more than once"),
-        ({"cells_only": ("none-depth0-lr0.0001",)}, "--cells none-depth0-lr0.0001: .*depth an integer >= 1"),
+        ({"cells_only": ("none-depth0-lr0.0001",)}, "--cells: cell .none-depth0-lr0.0001.: depth .0. is not an integer >= 1"),
         ({"depth": (0,)}, "--depth must be integers >= 1"),
         # a cell's own settings cannot be overridden by `--` flags (one test per axis)
         ({"train_args": ("--learning-rate", "1e-3")}, "-- --learning-rate: every cell sets it .* use --lr"),

@@ -20,6 +20,7 @@ from kpo.compare.plan import (
     STEPS,
     CompareConfig,
     CompareError,
+    out_errors,
 )
 from kpo.compare.questions import LOOKS
 from kpo.compare.regimes import BATCHES, DIFF_SD, GRID, MISMATCH, RegimeConfig, run_regimes
@@ -217,9 +218,20 @@ def _setup(args) -> dict:
         "engine": args.engine,
         "model": args.model,
         "dataset": args.dataset,
-        "eval_data": tuple(args.eval_data),
+        "eval_data": _eval_files(args.eval_data),
         "verl_config": args.verl_config,
     }
+
+
+def _eval_files(paths: list[str]) -> tuple[str, ...]:
+    """``--eval-data`` with a file listed more than once read once, and a note saying so."""
+    resolved = [Path(p).resolve() for p in paths]
+    first = dict(zip(reversed(resolved), reversed(paths)))  # the file -> how it was first given
+    repeated = [first[r] for r in dict.fromkeys(resolved) if resolved.count(r) > 1]
+    if repeated:
+        note = f"note: --eval-data lists {', '.join(repeated)} more than once; each is read once"
+        print(note, file=sys.stderr)
+    return tuple(first[r] for r in dict.fromkeys(resolved))
 
 
 def config_from_args(argv: list[str] | None = None) -> CompareConfig:
@@ -357,6 +369,9 @@ def build_regimes_parser() -> argparse.ArgumentParser:
 
 def regimes_main(argv: list[str]) -> int:
     args = build_regimes_parser().parse_args(argv)
+    if args.out.strip() == "":  # each cell's folder would be made in the current folder
+        print(CompareError(out_errors(args.out)), file=sys.stderr)
+        return 2
     extra = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     cfg = RegimeConfig(
         out=args.out,

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kpo._checks import file_in_the_way, no_tokenizer, unwritable
+
 # kpo train's side of the plan, kept with kpo's engine (re-exported: the run commands are part of the plan)
 from kpo.compare.engines import COMPARE_OWNED, engine_of, train_argv  # noqa: F401
 
@@ -106,7 +108,13 @@ class CompareConfig:
         methods, errors = _canonical_methods(self.methods)
         if self.engine not in ENGINES:
             raise CompareError([f"--engine={self.engine!r}: unknown; use one of {', '.join(ENGINES)}"])
-        errors = _range_errors(self) + errors + _sweep_name_errors(self) + _data_errors(self)
+        errors = (
+            out_errors(self.out)
+            + _range_errors(self)
+            + errors
+            + _sweep_name_errors(self)
+            + _data_errors(self)
+        )
         errors += engine_of(self).flag_errors(self)
         if errors:
             raise CompareError(errors)
@@ -258,11 +266,11 @@ def _range_errors(cfg: CompareConfig) -> list[str]:
         "ablation_seeds": f"{ABLATION_SEEDS} seeds",
         "aa_seeds": f"{AA_SEEDS} seeds",
     }
-    errors = []
-    unknown = sorted(set(cfg.ablation_arms) - set(ABLATIONS))
-    if unknown:
-        errors.append(f"--ablation-arms {unknown}: unknown; choose among {', '.join(ABLATIONS)}")
-    if cfg.curve_every < 0 or (cfg.curve_every and (cfg.curve_every % cfg.minibatches or cfg.curve_every > cfg.steps)):
+    errors = _ablation_arm_errors(cfg)
+    bad_curve = cfg.curve_every and (
+        cfg.minibatches < 1 or cfg.curve_every % cfg.minibatches or cfg.curve_every > cfg.steps
+    )
+    if cfg.curve_every < 0 or bad_curve:
         errors.append(
             f"--curve-every={cfg.curve_every}: must be 0 (no learning curve) or a multiple of --minibatches="
             f"{cfg.minibatches} up to --steps={cfg.steps} (a checkpoint ends a generation batch)"
@@ -287,7 +295,36 @@ def _range_errors(cfg: CompareConfig) -> list[str]:
         omit = f" (or omit it for {default[name]})" if name in default else ""
         errors.append(f"--{name.replace('_', '-')}={value}: must be {allowed}{omit}")
     if not {e.split("=")[0] for e in errors} & {"--steps", "--minibatches", "--dump-every"}:
-        errors += _dump_period_errors(cfg)
+        errors += _steps_errors(cfg) or _dump_period_errors(cfg)
+    return errors
+
+
+def _steps_errors(cfg: CompareConfig) -> list[str]:
+    """--steps that does not end a generation batch (kpo train's own check would name its field, max_steps)."""
+    if cfg.steps % cfg.minibatches == 0:
+        return []
+    up = -(-cfg.steps // cfg.minibatches) * cfg.minibatches
+    return [
+        f"--steps={cfg.steps}: must be a multiple of --minibatches={cfg.minibatches} (a run ends with a whole "
+        f"generation batch): use --steps={up} or another multiple"
+    ]
+
+
+def _ablation_arm_errors(cfg: CompareConfig) -> list[str]:
+    """--ablation-arms naming an unknown arm, an arm twice, or arms that --no-matched / --no-ablations leave out
+    (the ablations are contrasts against KPO at the matched memory)."""
+    arms_given = cfg.ablation_arms
+    unknown = sorted(set(arms_given) - set(ABLATIONS))
+    errors = [f"--ablation-arms {unknown}: unknown; choose among {', '.join(ABLATIONS)}"] if unknown else []
+    twice = sorted({a for a in arms_given if arms_given.count(a) > 1})
+    if twice:
+        errors.append(f"--ablation-arms: {', '.join(twice)} listed more than once; list each arm once")
+    off = [flag for flag, on in (("--no-matched", cfg.matched), ("--no-ablations", cfg.ablations)) if not on]
+    if off and arms_given and tuple(arms_given) != DEFAULT_ABLATIONS:
+        errors.append(
+            f"--ablation-arms {','.join(arms_given)}: not run with {' and '.join(off)} (each ablation is a contrast "
+            f"against KPO at the matched memory); drop {' and '.join(off)} to run them, or drop --ablation-arms"
+        )
     return errors
 
 
@@ -333,24 +370,166 @@ def held_out_problems(cfg: CompareConfig, limit: int | None) -> int:
     return len(load_split("test", n=limit, task=parse_args(list(cfg.train_args)).task_config()))
 
 
+# What kpo reads as problems (kpo.data.math.load_problems); verl's trainer reads parquet alone.
+PROBLEM_FILES = {
+    ".jsonl": "one JSON object a line",
+    ".json": "a list of objects",
+    ".parquet": "a table of rows",
+}
+VERL_TRAINERS = ("ppo_trainer", "ppo_megatron_trainer")  # verl's configurations main_ppo builds on
+# A model's weights as save_pretrained writes them: one file, or shards listed in an index
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def out_errors(out: str) -> list[str]:
+    """``--out`` that cannot hold the runs: empty (they would be written into the current folder), under a file, or
+    where this user cannot write. Each line names the path in the way, not the folder asked for, so that a regime
+    map's cells (folders under one --out) give the same line, said once."""
+    if not str(out).strip():
+        return ["--out '': empty, so everything would be written into the current folder; give a folder"]
+    existing = file_in_the_way(Path(out))
+    if existing is not None:
+        return [f"--out: {str(existing)!r} is a file, not a folder; choose another --out"]
+    why = unwritable(Path(out))
+    return [] if why is None else [f"--out: {why}; choose another --out"]
+
+
 def _data_errors(cfg: CompareConfig) -> list[str]:
-    """Files the comparison reads that are not there or not what they should be: each ``--eval-data`` benchmark
-    (read as kpo eval reads it), ``--verl-config`` (only with --engine verl)."""
+    """Files the comparison reads that are not there or not what they should be, before anything trains:
+    ``--model`` (a Hugging Face folder with its config, tokenizer and readable weights), ``--dataset`` (a file in
+    a format its engine reads), each ``--eval-data`` benchmark (read as kpo eval reads it), ``--verl-config``
+    (with --engine verl: a YAML that builds on verl's trainer configuration)."""
     from kpo.data.math import load_problems
 
-    errors = []
-    for path in cfg.eval_data:
-        try:
-            load_problems(path)
-        except (ValueError, OSError) as e:  # OSError: FileNotFoundError, a folder, no permission
-            errors.append(f"--eval-data {path}: {e}; give a benchmark file in a format kpo eval reads")
-    if len({Path(p).stem for p in cfg.eval_data}) < len(cfg.eval_data):
+    errors = [] if cfg.model is None else _model_errors(cfg.model)
+    if cfg.dataset is not None:
+        if cfg.engine == "verl":
+            kinds, what, reader = {".parquet": "verl's RL schema"}, "verl's training parquet", "verl"
+        else:
+            kinds, what, reader = PROBLEM_FILES, "training problems", "kpo"
+        errors += _file_errors("--dataset", cfg.dataset, kinds, what, reader)
+    for path in dict.fromkeys(cfg.eval_data):
+        found = _file_errors("--eval-data", path, PROBLEM_FILES, "a held-out benchmark")
+        if not found:
+            try:
+                load_problems(path)
+            except (ValueError, OSError) as e:  # OSError: no permission
+                found = [f"--eval-data {path}: {e}; give a benchmark file in a format kpo eval reads"]
+        errors += found
+    resolved = [Path(p).resolve() for p in cfg.eval_data]
+    twice = [p for p, r in zip(cfg.eval_data, resolved) if resolved.count(r) > 1]
+    if twice:
+        errors.append(
+            f"--eval-data: {', '.join(dict.fromkeys(twice))} listed more than once; list each file once"
+        )
+    if len({r.stem for r in set(resolved)}) < len(set(resolved)):
         errors.append(
             "--eval-data: two files share a name (kpo eval names a benchmark by its file name); rename one"
         )
     if cfg.verl_config is not None and cfg.engine != "verl":
         errors.append(f"--verl-config {cfg.verl_config}: a verl configuration needs --engine verl")
+    elif cfg.verl_config is not None:
+        errors += _verl_config_errors(cfg.verl_config)
     return errors
+
+
+def _file_errors(flag: str, path: str, kinds: dict[str, str], what: str, reader: str = "kpo") -> list[str]:
+    """A file setting that is a folder, missing, or of a kind ``reader`` does not read (``kinds``: suffix -> what
+    it holds)."""
+    found = Path(path)
+    accepted = "; ".join(f"{suffix}: {text}" for suffix, text in kinds.items())
+    if found.is_dir():
+        return [f"{flag} {path}: a folder, not a file; give {what} as a file ({accepted})"]
+    if not found.is_file():
+        return [f"{flag} {path}: no such file; give {what} ({accepted})"]
+    if found.suffix.lower() not in kinds:
+        return [
+            f"{flag} {path}: a {found.suffix or 'suffix-less'} file, which {reader} does not read; convert it to one of "
+            f"{accepted}"
+        ]
+    return []
+
+
+def _model_errors(model: str) -> list[str]:
+    """``--model`` that cannot be loaded: not a folder, no config.json, no tokenizer, weights missing or damaged."""
+    folder, where = Path(model), f"--model {model}"
+    if not folder.is_dir():
+        return [f"{where}: no such folder; give a Hugging Face model folder (save_pretrained's)"]
+    if not (folder / "config.json").is_file():
+        return [f"{where}: no config.json there; give a Hugging Face model folder (save_pretrained's)"]
+    missing = no_tokenizer(folder)
+    problem = _weights_problem(folder) if missing is None else missing
+    return [] if problem is None else [f"{where}: {problem}"]
+
+
+def _weights_problem(folder: Path) -> str | None:
+    """What is wrong with the weights in the model folder ``folder`` (none of :data:`WEIGHT_FILES`, a shard of an
+    index missing, a safetensors file whose header does not describe the file), or None. Reads headers only."""
+    import json
+
+    from safetensors import safe_open
+
+    present = [name for name in WEIGHT_FILES if (folder / name).is_file()]
+    if not present:
+        return f"no weights there (one of {', '.join(WEIGHT_FILES)}); save the model with model.save_pretrained(DIR)"
+    files = [folder / present[0]]
+    if present[0].endswith(".index.json"):
+        try:
+            files = [
+                folder / name for name in sorted(set(json.loads(files[0].read_text())["weight_map"].values()))
+            ]
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            return f"{present[0]} is not a shard index ({type(e).__name__}: {e}); save the model again"
+        absent = [f.name for f in files if not f.is_file()]
+        if absent:
+            return f"{present[0]} lists {', '.join(absent)}, which are not there; copy the whole folder"
+    for path in files:
+        if path.suffix == ".safetensors":
+            try:
+                with safe_open(path, framework="pt"):
+                    pass
+            except Exception as e:  # noqa: BLE001 - safetensors' own errors: the file is damaged
+                return f"{path.name} cannot be read ({e}): damaged or cut short; save or copy the model again"
+    return None
+
+
+def _verl_config_errors(path: str) -> list[str]:
+    """A ``--verl-config`` that is not a YAML mapping building on verl's trainer configuration (without it every
+    override of verl's settings fails in Hydra, which blames the override, not the file)."""
+    import yaml
+
+    where = f"--verl-config {path}"
+    fix = (
+        f"start it with `defaults: [{VERL_TRAINERS[0]}, _self_]` and `hydra: {{searchpath: "
+        "[pkg://verl.trainer.config]}` (as examples/verl/cpu_tiny.yaml), or leave --verl-config out for verl's own"
+    )
+    found = Path(path)
+    if found.is_dir():
+        return [f"{where}: a folder; give the YAML file of your verl configuration"]
+    if not found.is_file():
+        return [f"{where}: no such file; give the YAML file of your verl configuration"]
+    try:
+        data = yaml.safe_load(found.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        return [
+            f"{where}: not YAML ({str(e).splitlines()[0]}); give the YAML file of your verl configuration"
+        ]
+    if not isinstance(data, dict):
+        what = "empty" if data is None else f"a YAML {type(data).__name__} ({str(data)[:40]})"
+        return [f"{where}: {what}, not a verl configuration; {fix}"]
+    entries = data.get("defaults") if isinstance(data.get("defaults"), list) else []
+    # an entry is a config's name, or a mapping from a config group (or name) to its option
+    names = {str(name) for e in entries for name in (e if isinstance(e, dict) else [e])}
+    if not names & set(VERL_TRAINERS):
+        return [
+            f"{where}: its defaults do not name verl's {VERL_TRAINERS[0]}, so it lacks verl's settings; {fix}"
+        ]
+    return []
 
 
 def _eval_limit_errors(cfg: CompareConfig) -> list[str]:

@@ -170,12 +170,25 @@ class Cell:
 
 
 def _parse_cell(text: str) -> Cell:
-    """``none-depth4-lr0.0001`` (a cell's name) -> Cell; ValueError naming the form otherwise."""
-    try:
-        mismatch, depth, lr = text.split("-depth")[0], *text.split("-depth")[1].split("-lr")
-        return Cell(mismatch, int(depth), float(lr))
-    except (IndexError, ValueError):
-        raise ValueError(f"cell {text!r}: write MISMATCH-depthN-lrX, e.g. none-depth4-lr0.0001") from None
+    """``none-depth4-lr0.0001`` (a cell's name) -> Cell; ValueError saying what is wrong with it otherwise (a part
+    missing, or which part is not a mismatch level, an integer depth >= 1 or a finite learning rate > 0)."""
+    mismatch, has_depth, rest = text.partition("-depth")
+    depth, has_lr, lr = rest.partition("-lr")
+    if not has_depth or not has_lr:
+        problem = f"no '-{'depth' if not has_depth else 'lr'}' part"
+    elif mismatch not in MISMATCH:
+        problem = f"mismatch {mismatch!r} is not one of {', '.join(MISMATCH)}"
+    elif not (depth.isdigit() and int(depth) >= 1):
+        problem = f"depth {depth!r} is not an integer >= 1"
+    else:
+        try:
+            rate = float(lr)
+        except ValueError:
+            rate = math.nan
+        if rate > 0 and math.isfinite(rate):
+            return Cell(mismatch, int(depth), rate)
+        problem = f"lr {lr!r} is not a finite number > 0"
+    raise ValueError(f"cell {text!r}: {problem}; write MISMATCH-depthN-lrX, e.g. none-depth4-lr0.0001")
 
 
 @dataclass

@@ -190,14 +190,7 @@ class VerlEngine:
         ):
             if value:
                 errors.append(f"{flag}: not run on verl yet; use --engine kpo, or {flag} {fix}")
-        if cfg.verl_config is not None and not Path(cfg.verl_config).is_file():
-            errors.append(
-                f"--verl-config {cfg.verl_config}: no such file; give the YAML of your verl configuration"
-            )
-        if cfg.model is not None and not (Path(cfg.model) / "config.json").is_file():
-            errors.append(f"--model {cfg.model}: no config.json there; give a Hugging Face model directory")
-        if cfg.dataset is not None and not Path(cfg.dataset).is_file():
-            errors.append(f"--dataset {cfg.dataset}: no such file; give verl's training parquet")
+        # --verl-config, --model and --dataset themselves: kpo.compare.plan checks them for every engine
         if importlib.util.find_spec("verl") is None:
             errors.append("--engine verl: verl is not installed here; pip install 'kpo[verl]' (verl 0.9.1)")
         if not cfg.eval_data:

@@ -19,7 +19,7 @@ directory) with the settings to train and evaluate them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kpo.data.synthetic import TASKS, TaskConfig, load_split
@@ -84,7 +84,7 @@ def _rows(task: TaskConfig, split: str, n: int | None, seed: int) -> list[dict]:
 def write_task_files(
     out: Path,
     task: TaskConfig,
-    model: Path,
+    model: Path | Callable[[], Path],
     *,
     n_train: int | None = None,
     n_test: int | None = None,
@@ -92,8 +92,9 @@ def write_task_files(
 ) -> dict[str, Path]:
     """Write ``out/train.parquet`` and ``out/test.parquet`` (``n_train`` / ``n_test`` problems of the task's
     splits, None: their default sizes; the train rows drawn with ``seed``) and ``out/model``, a copy of the
-    Hugging Face directory ``model`` whose tokenizer gets :data:`CHAT_TEMPLATE`. Each is whole or absent.
-    Returns {"train", "test", "model"} -> path."""
+    Hugging Face directory ``model`` (or of the one it returns, called once the rows are drawn: building a warm
+    start takes seconds, and a split too small for its size fails first) whose tokenizer gets
+    :data:`CHAT_TEMPLATE`. Each is whole or absent. Returns {"train", "test", "model"} -> path."""
     import shutil
 
     import pyarrow as pa
@@ -106,6 +107,7 @@ def write_task_files(
     paths = {"train": out / "train.parquet", "test": out / "test.parquet", "model": out / "model"}
     # both splits drawn before anything is written: a split too small for its size leaves nothing behind
     rows = {"train": _rows(task, "train", n_train, seed), "test": _rows(task, "test", n_test, 0)}
+    model = model() if callable(model) else model
     for split, found in rows.items():
         with replacing(paths[split]) as partial:
             pq.write_table(pa.Table.from_pylist(found), partial)
