@@ -47,6 +47,7 @@ __all__ = [
     "cells_differ",
     "seeds_for_effect",
     "shifted_sign_test",
+    "spending",
 ]
 
 ALPHA = 0.05  # family-wise error rate of a report's claims
@@ -291,3 +292,15 @@ def discordance_seeds(
         if float(np.dot(binom.pmf(discordant, n, rate), hit)) >= power:
             return seeds
     return None
+
+
+def spending(alpha: float, looks: tuple[int, ...]) -> list[float]:
+    """The error each look spends (they add up to ``alpha``): one look, all of it; two or more, Lan-DeMets'
+    O'Brien-Fleming function alpha(t) = 2 - 2 Phi(z_{1-alpha/2} / sqrt(t)) at the looks' information fractions
+    (seeds / the last look's seeds), each look the increment (scipy's normal law)."""
+    from scipy.stats import norm
+
+    z = norm.isf(alpha / 2)
+    spent = [float(2 * norm.sf(z / math.sqrt(n / looks[-1]))) for n in looks]
+    spent[-1] = alpha  # alpha(1) = alpha exactly
+    return [spent[0]] + [b - a for a, b in zip(spent, spent[1:])]

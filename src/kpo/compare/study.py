@@ -36,12 +36,12 @@ global null and under each partial null (one hypothesis true, the others at the 
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from kpo.compare.regimes import BATCHES
+from kpo.compare.stats import spending
 
 __all__ = [
     "ALPHA",
@@ -130,18 +130,6 @@ GROUP_ARMS = {"stress": (GRPO, KPO, BAND, AUTO), "stable": (KPO, GSPO)}
 
 
 # ------------------------------------------------------------------ the tests
-def spending(alpha: float, looks: tuple[int, ...]) -> list[float]:
-    """The error each look spends (they add up to ``alpha``): one look, all of it; two or more, Lan-DeMets'
-    O'Brien-Fleming function alpha(t) = 2 - 2 Phi(z_{1-alpha/2} / sqrt(t)) at the looks' information fractions
-    (seeds / the last look's seeds), each look the increment (scipy's normal law)."""
-    from scipy.stats import norm
-
-    z = norm.isf(alpha / 2)
-    spent = [float(2 * norm.sf(z / math.sqrt(n / looks[-1]))) for n in looks]
-    spent[-1] = alpha  # alpha(1) = alpha exactly
-    return [spent[0]] + [b - a for a, b in zip(spent, spent[1:])]
-
-
 def sign_flip_p(d) -> float:
     """Two-sided p of the exact sign-flip permutation test of mean(d) = 0 (``d``: per-seed differences), from
     ``scipy.stats.permutation_test`` (every one of the 2^n sign patterns for n <= 20; 1.0 with no spread)."""
