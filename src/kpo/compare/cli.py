@@ -68,6 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"Seeds of the methods and of KPO at the matched memory (default: {SEEDS}; --quick: {QUICK['seeds']}).",
     )
     p.add_argument(
+        "--max-seeds",
+        type=int,
+        default=None,
+        help="The cap the key arms' seeds grow to while a key contrast is undecided: a first look at --seeds, a "
+        "second at --max-seeds only if needed, the error spent over the two by O'Brien-Fleming (the ablations and "
+        "the A/A arm keep their seeds) (default: --seeds, one look).",
+    )
+    p.add_argument(
         "--steps",
         type=int,
         default=None,
@@ -245,6 +253,7 @@ def _config(args) -> CompareConfig:
         out=args.out,
         methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
         seeds=args.seeds,
+        max_seeds=args.max_seeds,
         steps=args.steps,
         minibatches=args.minibatches,
         matched=not args.no_matched,

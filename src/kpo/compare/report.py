@@ -41,7 +41,16 @@ from pathlib import Path
 import numpy as np
 
 from kpo._files import replacing
-from kpo.compare.stats import collapse_count, holm, mcnemar_exact, paired_accuracy
+from kpo.compare.stats import (
+    ALPHA,
+    collapse_count,
+    discordance_seeds,
+    holm,
+    mcnemar_exact,
+    paired_accuracy,
+    seeds_for_effect,
+    spending,
+)
 from kpo.diagnostics import STAT_KEYS
 from kpo.evaluation.metrics import bootstrap_avg_ci, paired_diff_ci
 from kpo.losses.kpo import KALMAN_LOSSES
@@ -202,11 +211,13 @@ def _collapsed(entry: dict, warm: dict | None) -> bool | None:
     return float(np.mean(_scores(entry)[0])) < float(np.mean(_scores(warm)[0]))
 
 
-def _contrast(a: list[dict], b: list[dict], warm: dict[int, dict]) -> dict:
+def _contrast(
+    a: list[dict], b: list[dict], warm: dict[int, dict], level: float = CLAIM_RULES["ci_level"]
+) -> dict:
     """The paired difference of arms ``a`` and ``b`` (entries by seed) over the seeds both have, by
     :func:`kpo.compare.stats.paired_accuracy` (t where no run of a pair collapsed, else the sign test; one seed:
-    the t-interval over problems), with the McNemar test of their collapses (``warm``: seed -> its warm start's
-    evaluation). Fractions; ``sd`` in points."""
+    the t-interval over problems), its interval at ``level``, with the McNemar test of their collapses (``warm``:
+    seed -> its warm start's evaluation). Fractions; ``sd`` in points."""
     seeds = min(len(a), len(b))
     sa, sb = [_scores(e) for e in a[:seeds]], [_scores(e) for e in b[:seeds]]
     n = sa[0][1]
@@ -215,11 +226,11 @@ def _contrast(a: list[dict], b: list[dict], warm: dict[int, dict]) -> dict:
     fell_b = [_collapsed(e, warm.get(s)) for s, e in enumerate(b[:seeds])]
     known = None not in fell_a + fell_b
     if seeds == 1:
-        mean, low, high = paired_diff_ci([sa[0][0]], [sb[0][0]], n, level=CLAIM_RULES["ci_level"])
+        mean, low, high = paired_diff_ci([sa[0][0]], [sb[0][0]], n, level=level)
         found = {"method": "t over problems", "mean": mean, "median": mean, "low": low, "high": high, "p": None}
     else:
         pairs = [x or y for x, y in zip(fell_a, fell_b)] if known else None
-        found = paired_accuracy(per_seed, pairs, CLAIM_RULES["ci_level"])
+        found = paired_accuracy(per_seed, pairs, level)
     return {
         **found,
         "seeds": seeds,
@@ -231,18 +242,171 @@ def _contrast(a: list[dict], b: list[dict], warm: dict[int, dict]) -> dict:
     }
 
 
-def _decide(results: dict) -> None:
-    """The key and ablation contrasts' verdicts under Holm's procedure over their tests of no difference: better /
-    worse only where Holm rejects; equivalent where the interval lies inside the margin; else undecided."""
-    family = [name for name, c in results.items() if c["kind"] in ("key", "ablation") and c["p"] is not None]
-    for name, rejected in zip(family, holm([results[name]["p"] for name in family])):
-        c = results[name]
-        centre = c["mean"] if c["method"] != "sign" else c["median"]
-        if rejected:
-            c["verdict"] = "better" if centre > 0 else "worse"
-        elif c["verdict"] in ("better", "worse"):
-            c["verdict"] = "undecided"
-        c["holm_rejected"] = rejected
+def _looked(cfg, groups: dict, warm: dict[int, dict], taken: tuple[int, ...]) -> list[dict]:
+    """The contrasts at each look ``taken`` (the key arms' seeds): per look, name -> {"kind", **_contrast}. One
+    look: every contrast, at CLAIM_RULES' level. Two (``--max-seeds``): a key contrast at look k is read at level
+    1 - alpha_k, its look's share of the error (:func:`kpo.compare.stats.spending`), and carries "look" and
+    "alpha"; the ablations and the A/A contrast keep their seeds, so they are read once, at look 1, at the full
+    level."""
+    from kpo.compare.plan import at_look, contrasts, looks
+
+    planned = looks(cfg)
+    shares = spending(ALPHA, planned)
+    per_look = []
+    for k, n in enumerate(taken):
+        found = {}
+        for c in contrasts(at_look(cfg, n)):
+            if len(planned) == 1:
+                found[c.name] = {
+                    "kind": c.kind,
+                    **_contrast(groups[c.a][: c.seeds], groups[c.b][: c.seeds], warm),
+                }
+            elif c.kind == "key" or k == 0:
+                share = shares[k] if c.kind == "key" else ALPHA
+                pairs = _contrast(groups[c.a][: c.seeds], groups[c.b][: c.seeds], warm, 1 - share)
+                found[c.name] = {"kind": c.kind, **pairs, "look": k + 1, "alpha": share}
+        per_look.append(found)
+    return per_look
+
+
+def _centre(c: dict) -> float:
+    """A contrast's estimate: the median where the sign test read it, else the mean."""
+    return c["median"] if c["method"] == "sign" else c["mean"]
+
+
+def _decide(per_look: list[dict], sequential: bool) -> tuple[dict, bool]:
+    """The contrasts' verdicts from their looks (:func:`_looked`), and whether the compare stops (every key
+    contrast decided). At each look the key and ablation contrasts' tests of no difference go through Holm's
+    procedure: better / worse only where Holm rejects, equivalent where the look's interval lies inside the
+    margin, else undecided. With one look that is all. With two (``sequential``), a contrast's p at look k is divided by alpha_k /
+    ALPHA (its look-split p), Holm reads each contrast's sequential p (the least look-split p of its looks), and
+    a contrast once decided is looked at no more: its verdict, direction and numbers are those of the look that
+    decided it; each contrast gets "sequential" (its looks' p and look-split p, the sequential and the
+    Holm-adjusted p, the look that decided it)."""
+    from statsmodels.stats.multitest import multipletests
+
+    results, interval, history, decided_at, before = {}, {}, {}, {}, {}
+    for k, found in enumerate(per_look, start=1):
+        for name, c in found.items():
+            if name in results and results[name]["verdict"] != "undecided":
+                continue  # decided at an earlier look: looked at no more
+            results[name], interval[name] = c, c["verdict"]
+            if c["p"] is not None:
+                p_look = min(1.0, c["p"] * ALPHA / c["alpha"]) if sequential else c["p"]
+                history.setdefault(name, []).append(
+                    {"look": k, "seeds": c["seeds"], "alpha": c.get("alpha"), "p": c["p"], "p_look": p_look}
+                )
+        family = [name for name, c in results.items() if c["kind"] in ("key", "ablation") and name in history]
+        p_seq = {name: min(x["p_look"] for x in history[name]) for name in family}
+        for name, rejected in zip(family, holm([p_seq[name] for name in family])):
+            c = results[name]
+            if rejected:
+                c["verdict"] = "better" if _centre(c) > 0 else "worse"
+            elif interval[name] in ("better", "worse"):
+                c["verdict"] = "undecided"
+            c["holm_rejected"] = rejected
+        for name, c in results.items():  # the look that gave each contrast its verdict
+            if c["verdict"] != "undecided" and c["verdict"] != before.get(name):
+                decided_at[name] = k
+            before[name] = c["verdict"]
+    if sequential and family:
+        adjusted = multipletests([p_seq[name] for name in family], method="holm")[1]
+        for name, p_adjusted in zip(family, adjusted):
+            k = decided_at.get(name)
+            results[name]["sequential"] = {
+                "looks": history[name],
+                "p_sequential": p_seq[name],
+                "p_adjusted": float(p_adjusted),
+                "decided_at": None if k is None else {"look": k, "seeds": results[name]["seeds"]},
+            }
+    stop = all(c["verdict"] != "undecided" for c in results.values() if c["kind"] == "key")
+    return results, stop
+
+
+def _seeds_needed(c: dict, level: float) -> int | None:
+    """Seeds an 80%-power test of no difference at ``level`` would need for contrast ``c``, from what its last
+    look measured: t power from the per-seed sd, or for the sign test exact binomial power over its signs
+    (:mod:`kpo.compare.stats`); None without spread or without a lopsided sign."""
+    d = np.asarray(c["per_seed"], dtype=np.float64)
+    if c["method"] == "sign":
+        return discordance_seeds(int(np.sum(d > 0)), int(np.sum(d < 0)), d.size, 1, level)
+    return seeds_for_effect(float(np.std(d, ddof=1)) if d.size > 1 else None, c["mean"], level)
+
+
+def _looks_section(results: dict, scheduled: tuple[int, ...], taken: tuple[int, ...], stopped: bool):
+    """The looks of a sequential compare: (markdown lines, report.json's "looks"); adds to each undecided
+    contrast of the family the seeds that would decide it (at the level it had at its last look: its look's
+    share of the error over Holm's divisor for the contrasts not rejected)."""
+    shares = spending(ALPHA, scheduled)
+    family = [name for name, c in results.items() if "sequential" in c]
+    open_ = [name for name in family if not results[name]["holm_rejected"]]
+    for name in family:
+        c, entry = results[name], results[name]["sequential"]
+        if c["verdict"] == "undecided":
+            entry["seeds_needed_level"] = c["alpha"] / len(open_)
+            entry["seeds_needed"] = _seeds_needed(c, entry["seeds_needed_level"])
+    plan_text = "; ".join(
+        f"look {k} at {n} seeds, alpha_{k} = {a:.4f}" for k, (n, a) in enumerate(zip(scheduled, shares), 1)
+    )
+    why = (
+        f"every key contrast was decided at look {len(taken)}, so the compare stopped there"
+        if stopped
+        else f"look {len(taken)} is the cap (--max-seeds {scheduled[-1]}), and a key contrast is still undecided"
+    )
+    header = ["contrast"]
+    header += [f"look {k} ({n} seeds): p / look-split p" for k, n in enumerate(scheduled, 1)]
+    header += [
+        "sequential p",
+        f"Holm-adjusted p ({len(family)} contrasts)",
+        "decided at",
+        "verdict",
+        "seeds that would decide it",
+    ]
+    rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name in family:
+        c, entry = results[name], results[name]["sequential"]
+        by_look = {x["look"]: f"{x['p']:.2g} / {x['p_look']:.2g}" for x in entry["looks"]}
+        decided = entry["decided_at"]
+        needed = entry.get("seeds_needed")
+        cells = [
+            name,
+            *(by_look.get(k, "-") for k in range(1, len(scheduled) + 1)),
+            f"{entry['p_sequential']:.2g}",
+            f"{entry['p_adjusted']:.2g}",
+            "-" if decided is None else f"look {decided['look']} ({decided['seeds']} seeds)",
+            c["verdict"],
+            "-"
+            if "seeds_needed_level" not in entry
+            else f"{needed or 'not estimable'} (80% power at level {entry['seeds_needed_level']:.2g})",
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+    md = [
+        "## Looks: seeds added until decided (`--max-seeds`)",
+        "",
+        f"Planned, before any run: {plan_text} (O'Brien-Fleming spending, Lan-DeMets; {ALPHA:g} in all), the second "
+        "look taken only while a key contrast is undecided; a look reads the runs of its first seeds once all have "
+        "finished. The ablations and the A/A arm keep their own seeds: they are read once, at look 1, at the full "
+        f"{ALPHA:g}. Taken: {', '.join(f'look {k} ({n} seeds)' for k, n in enumerate(taken, 1))}; {why}.",
+        "",
+        "p: the contrast's test of no difference at the look (t or sign test, as in the table above); look-split p: "
+        f"p x {ALPHA:g} / alpha_k; sequential p: the least look-split p of its looks; Holm-adjusted p: Holm's "
+        f"step-down adjustment of the sequential p over the family (rejected where it is {ALPHA:g} or less). A "
+        "contrast's interval at look k is at level 1 - alpha_k. A contrast decided at a look is looked at no more: "
+        "its verdict, direction and numbers in the table above are that look's. A contrast undecided at the end "
+        "gets the seeds an 80%-power test would need at the level it had (its look's alpha over Holm's divisor), "
+        "from what it measured.",
+        "",
+        *rows,
+        "",
+    ]
+    looked = {
+        "planned": [
+            {"look": k, "seeds": n, "alpha": a} for k, (n, a) in enumerate(zip(scheduled, shares), 1)
+        ],
+        "taken": list(taken),
+        "stopped": "every key contrast decided" if stopped else "at the cap",
+    }
+    return md, looked
 
 
 def _contrast_table(results: dict, predicted: dict) -> str:
@@ -568,32 +732,52 @@ def _sweep_table(cfg, members, loaded, key) -> tuple[str, dict]:
     return "\n".join(lines), sweep
 
 
-def write_report(cfg, runs, out: Path) -> Path:
-    """Write ``report.md``, ``report.json`` and the figures into ``out``; returns the markdown path."""
-    from kpo.compare.plan import Run, arms, contrasts, subject, sweep_runs, warm_start_dir
+def _load_groups(cfg, runs, out: Path) -> tuple[dict, dict, dict[int, dict]]:
+    """(run -> its loaded entry, arm label -> its entries by seed, seed -> its warm start's evaluation) of the
+    finished ``runs`` of comparison ``cfg`` in ``out``."""
+    from kpo.compare.plan import arms, warm_start_dir
 
-    out = Path(out)
     loaded = {run: _load_run(run, out) for run in runs}
-    plan = arms(cfg)
-    labels = [a.label for a in plan]
-    groups = {a.label: [loaded[r] for r in runs if r.arm == a.label and r.seed < a.seeds] for a in plan}
+    groups = {a.label: [loaded[r] for r in runs if r.arm == a.label and r.seed < a.seeds] for a in arms(cfg)}
     warm_by_seed = {
         s: _load_eval(warm_start_dir(out, s))
         for s in range(cfg.seeds)
         if (warm_start_dir(out, s) / "eval.json").exists()
     }
+    return loaded, groups, warm_by_seed
+
+
+def looks_decided(cfg, runs, out: Path, taken: tuple[int, ...]) -> bool:
+    """Whether a sequential compare stops after its looks ``taken`` (the key arms' seeds; ``runs``: those of the
+    last, all finished): every key contrast decided (:func:`_decide`)."""
+    from kpo.compare.plan import at_look, looks
+
+    _, groups, warm = _load_groups(at_look(cfg, taken[-1]), runs, Path(out))
+    return _decide(_looked(cfg, groups, warm, taken), len(looks(cfg)) > 1)[1]
+
+
+def write_report(cfg, runs, out: Path, taken: tuple[int, ...] | None = None) -> Path:
+    """Write ``report.md``, ``report.json`` and the figures into ``out``; returns the markdown path. ``taken``:
+    the key arms' seeds at each look taken (``--max-seeds``; ``runs`` are those of the last), None for one
+    look at ``cfg.seeds``."""
+    from kpo.compare.plan import Run, arms, at_look, looks, subject, sweep_runs
+
+    out = Path(out)
+    scheduled = looks(cfg)
+    taken = taken or scheduled[:1]
+    full, cfg = cfg, at_look(cfg, taken[-1])
+    loaded, groups, warm_by_seed = _load_groups(cfg, runs, out)
+    plan = arms(cfg)
+    labels = [a.label for a in plan]
     warm = list(warm_by_seed.values())
     exact = all(e["outcome"]["exact"] for e in [*loaded.values(), *warm])
     method, kwargs = subject(cfg)
     subject_label = Run(method, 0, kwargs).arm
     baselines = [a.label for a in plan if a.role == "key" and a.method not in KALMAN_LOSSES]
-    results = {}
-    for c in contrasts(cfg):
-        results[c.name] = {
-            "kind": c.kind,
-            **_contrast(groups[c.a][: c.seeds], groups[c.b][: c.seeds], warm_by_seed),
-        }
-    _decide(results)
+    results, stopped = _decide(_looked(full, groups, warm_by_seed, taken), len(scheduled) > 1)
+    looks_md, looked = (
+        _looks_section(results, scheduled, taken, stopped) if len(scheduled) > 1 else ([], None)
+    )
     if len(warm) == cfg.seeds:
         for a in plan:
             if a.role == "key":
@@ -650,6 +834,7 @@ def write_report(cfg, runs, out: Path) -> Path:
         _contrast_table(results, planned.get("contrasts", {})) if results else "No contrast: one arm only.",
         "",
         *([f"![paired contrasts]({fig_contrasts.name})", ""] if fig_contrasts else []),
+        *looks_md,
         f"## Figure 3 analog: training dynamics ({CLAIM_RULES['smooth']}-step trailing means; mean over seeds, "
         "band = min-max)",
         "",
@@ -697,7 +882,14 @@ def write_report(cfg, runs, out: Path) -> Path:
     with replacing(out / "report.json") as partial:  # --pilot reads it
         partial.write_text(
             json.dumps(
-                {"table1": table1, "contrasts": results, "table2": table2, "sweep": sweep, "claims": claims},
+                {
+                    "table1": table1,
+                    "contrasts": results,
+                    "table2": table2,
+                    "sweep": sweep,
+                    "claims": claims,
+                    **({"looks": looked} if looked else {}),
+                },
                 indent=2,
                 default=float,
             )
