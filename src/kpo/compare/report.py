@@ -409,10 +409,11 @@ def _looks_section(results: dict, scheduled: tuple[int, ...], taken: tuple[int, 
     return md, looked
 
 
-def _contrast_table(results: dict, predicted: dict) -> str:
-    """One row per contrast: points, test, interval, p, measured and predicted half-width, collapses, verdict."""
+def _contrast_table(results: dict, predicted: dict, interval: str = "95% paired interval") -> str:
+    """One row per contrast: points, test, interval (its column titled ``interval``), p, measured and predicted
+    half-width, collapses, verdict."""
     lines = [
-        "| contrast | kind | seeds | difference (points) | test | 95% paired interval | p | half-width | planned "
+        f"| contrast | kind | seeds | difference (points) | test | {interval} | p | half-width | planned "
         "half-width | per-seed sd | collapsed a only / b only | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -811,6 +812,10 @@ def write_report(cfg, runs, out: Path, taken: tuple[int, ...] | None = None) -> 
         if exact
         else first["outcome"]["metric"]
     )
+    interval_text, interval_column = "95% Student-t interval", "95% paired interval"
+    if looked:  # a key contrast's interval is at the level of the look it was last read at
+        interval_text = "paired intervals at 95%, a key contrast's at 1 - alpha_k of its last look (Looks, below)"
+        interval_column = "paired interval"
     md = [
         "# kpo compare report",
         "",
@@ -825,13 +830,15 @@ def write_report(cfg, runs, out: Path, taken: tuple[int, ...] | None = None) -> 
         "",
         *claims,
         "",
-        f"## Paired contrasts ({metric}; 95% Student-t interval over seed pairs)",
+        f"## Paired contrasts ({metric}; {interval_text}{'' if looked else ' over seed pairs'})",
         "",
         "Planned half-widths are what `kpo compare` printed before the runs (`plan.json`, from a paired-difference "
         f"sd of {planned.get('diff_sd', float('nan')):.1f} points); per-seed sd is what this compare measured "
         "(pass this report.json as `--pilot` to plan the next one with it).",
         "",
-        _contrast_table(results, planned.get("contrasts", {})) if results else "No contrast: one arm only.",
+        _contrast_table(results, planned.get("contrasts", {}), interval_column)
+        if results
+        else "No contrast: one arm only.",
         "",
         *([f"![paired contrasts]({fig_contrasts.name})", ""] if fig_contrasts else []),
         *looks_md,
