@@ -278,13 +278,11 @@ def _decide(per_look: list[dict], sequential: bool) -> tuple[dict, bool]:
     """The contrasts' verdicts from their looks (:func:`_looked`), and whether the compare stops (every key
     contrast decided). At each look the key and ablation contrasts' tests of no difference go through Holm's
     procedure: better / worse only where Holm rejects, equivalent where the look's interval lies inside the
-    margin, else undecided. With one look that is all. With two (``sequential``), a contrast's p at look k is divided by alpha_k /
-    ALPHA (its look-split p), Holm reads each contrast's sequential p (the least look-split p of its looks), and
-    a contrast once decided is looked at no more: its verdict, direction and numbers are those of the look that
-    decided it; each contrast gets "sequential" (its looks' p and look-split p, the sequential and the
-    Holm-adjusted p, the look that decided it)."""
-    from statsmodels.stats.multitest import multipletests
-
+    margin, else undecided. With one look that is all. With two (``sequential``), a contrast's p at look k is
+    multiplied by ALPHA / alpha_k (its look-split p), Holm reads each contrast's sequential p (the least
+    look-split p of its looks), and a contrast once decided is looked at no more: its verdict, direction and
+    numbers are those of the look that decided it; each contrast of the family gets "sequential" (its looks' p
+    and look-split p, its sequential p, the look that decided it)."""
     results, interval, history, decided_at, before = {}, {}, {}, {}, {}
     for k, found in enumerate(per_look, start=1):
         for name, c in found.items():
@@ -309,16 +307,13 @@ def _decide(per_look: list[dict], sequential: bool) -> tuple[dict, bool]:
             if c["verdict"] != "undecided" and c["verdict"] != before.get(name):
                 decided_at[name] = k
             before[name] = c["verdict"]
-    if sequential and family:
-        adjusted = multipletests([p_seq[name] for name in family], method="holm")[1]
-        for name, p_adjusted in zip(family, adjusted):
-            k = decided_at.get(name)
-            results[name]["sequential"] = {
-                "looks": history[name],
-                "p_sequential": p_seq[name],
-                "p_adjusted": float(p_adjusted),
-                "decided_at": None if k is None else {"look": k, "seeds": results[name]["seeds"]},
-            }
+    for name in family if sequential else ():
+        k = decided_at.get(name)
+        results[name]["sequential"] = {
+            "looks": history[name],
+            "p_sequential": p_seq[name],
+            "decided_at": None if k is None else {"look": k, "seeds": results[name]["seeds"]},
+        }
     stop = all(c["verdict"] != "undecided" for c in results.values() if c["kind"] == "key")
     return results, stop
 
@@ -334,14 +329,19 @@ def _seeds_needed(c: dict, level: float) -> int | None:
 
 
 def _looks_section(results: dict, scheduled: tuple[int, ...], taken: tuple[int, ...], stopped: bool):
-    """The looks of a sequential compare: (markdown lines, report.json's "looks"); adds to each undecided
-    contrast of the family the seeds that would decide it (at the level it had at its last look: its look's
-    share of the error over Holm's divisor for the contrasts not rejected)."""
+    """The looks of a sequential compare: (markdown lines, report.json's "looks"); adds to each contrast of the
+    family its Holm-adjusted p (statsmodels, over the sequential p-values) and, undecided, the seeds that would
+    decide it (at the level it had at its last look: its look's share of the error over Holm's divisor for the
+    contrasts not rejected)."""
+    from statsmodels.stats.multitest import multipletests
+
     shares = spending(ALPHA, scheduled)
     family = [name for name, c in results.items() if "sequential" in c]
     open_ = [name for name in family if not results[name]["holm_rejected"]]
-    for name in family:
+    adjusted = multipletests([results[name]["sequential"]["p_sequential"] for name in family], method="holm")[1]
+    for name, p_adjusted in zip(family, adjusted):
         c, entry = results[name], results[name]["sequential"]
+        entry["p_adjusted"] = float(p_adjusted)
         if c["verdict"] == "undecided":
             entry["seeds_needed_level"] = c["alpha"] / len(open_)
             entry["seeds_needed"] = _seeds_needed(c, entry["seeds_needed_level"])
