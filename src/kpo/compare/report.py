@@ -377,7 +377,8 @@ def _looks_section(results: dict, scheduled: tuple[int, ...], taken: tuple[int, 
             c["verdict"],
             "-"
             if "seeds_needed_level" not in entry
-            else f"{needed or 'not estimable'} (80% power at level {entry['seeds_needed_level']:.2g})",
+            else f"{f'{needed} seeds in all' if needed else 'not estimable'} (80% power at level "
+            f"{entry['seeds_needed_level']:.2g})",
         ]
         rows.append("| " + " | ".join(cells) + " |")
     md = [
