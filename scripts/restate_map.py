@@ -8,7 +8,7 @@ kpo.compare.stats and the questions of kpo.compare.regimes (its runs are gone, o
 - A map of `kpo compare regimes` (its report.json has ``looks``: docs/results/regimes): rewrites its report.md,
   report.json and figures in place, its looks replayed on the per-seed numbers, the per-run statistics its runs
   logged (mismatch, clip fractions, fitted memory) kept as they were; ``--ended TEXT`` says why it ended before
-  its cap.
+  its cap (kept from its report.json when not given).
 
     python scripts/restate_map.py docs/results/horizon          # writes restated.md and restated.json there
     python scripts/restate_map.py docs/results/regimes-first
@@ -75,6 +75,7 @@ def restate_regimes(folder: Path, ended: str | None) -> Path:
     from kpo.compare.regimes import describe_cell
 
     old = json.loads((folder / "report.json").read_text())
+    ended = ended or (old.get("exploratory") or {}).get("ended")
     cells = [Cell(c["mismatch"], c["depth"], c["lr"]) for c in old["cells"]]
     data = {
         c["cell"]: {
@@ -149,7 +150,9 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path)
-    parser.add_argument("--ended", default=None, help="a kpo compare regimes map: why it ended before its cap")
+    parser.add_argument(
+        "--ended", default=None, help="a kpo compare regimes map: why it ended before its cap (default: as it said)"
+    )
     args = parser.parse_args()
     if "looks" in json.loads((args.folder / "report.json").read_text()):
         print(restate_regimes(args.folder, args.ended))

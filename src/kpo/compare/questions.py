@@ -189,7 +189,10 @@ def decide(
             found.append({"name": q.key, "question": q.text, "verdict": "not asked"})
             continue
         taken = [look for look in LOOKS if look <= seeds_of.get(q.group, 0)]
-        complete = [look for look in taken if _arms_done(data, pooled, (q.a, q.b), look)]
+        if taken and _arms_done(data, pooled, (q.a, q.b), taken[-1]):
+            complete = taken  # a look's seeds include every earlier look's
+        else:
+            complete = [look for look in taken[:-1] if (q.key, look) in memo or _arms_done(data, pooled, (q.a, q.b), look)]
         looks = []
         for look in complete:
             if (q.key, look) not in memo:

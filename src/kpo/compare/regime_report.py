@@ -11,6 +11,7 @@ import statistics
 from pathlib import Path
 
 from kpo._files import replacing
+from kpo.compare.questions import LOOK_SHARES
 from kpo.compare.stats import ALPHA, MARGIN
 
 __all__ = ["answer_line", "contrast_text", "hypotheses", "render_map"]
@@ -315,8 +316,9 @@ def render_map(
     family = hypotheses(answers)
     asked = sum(a["verdict"] != "not asked" for a in answers)
     exploratory = {
-        "why": f"its {family} hypotheses ({asked} questions) are equal members of one Holm family, each tested on "
-        "the cells of its group; an answer here is a lead for a study on new seeds, whose questions and size are "
+        "why": f"its {family} hypotheses ({asked} questions) are equal members of one Holm family, so the first to "
+        f"be decided needs p <= {ALPHA:g} x {LOOK_SHARES[-1]:.0%} / {family} = {ALPHA * LOOK_SHARES[-1] / max(family, 1):.2g} "
+        "even at the last look; an answer here is a lead for a study on new seeds whose questions and size are "
         "fixed before its first run, not a finding",
         "ended": ended,
     }
