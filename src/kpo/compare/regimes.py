@@ -24,8 +24,11 @@ answers to the questions in :data:`QUESTIONS` (:mod:`kpo.compare.questions`: the
 the error spent over looks at 4, 6 and 8 seeds); the cells' own contrasts and picks are descriptive. The rules
 and the questions are printed and written to ``plan.json`` before anything trains. The map (``report.md``,
 ``report.json`` with ``cells``, ``questions`` and ``looks``, ``regimes.png``, ``memory.png``) is rewritten as
-each cell finishes, so a partial map is readable while the rest runs, and a rerun resumes (finished runs are
-reused, the looks replayed).
+each cell finishes, so a partial map is readable while the rest runs (a question whose look is unfinished is
+pending, and claims nothing its complete looks would not), and a rerun resumes (finished runs are reused, the looks
+replayed). plan.json is written once, before the first run: a later command with other flags stops, and
+``--report`` only reads it. The map is exploratory (its report says why): its questions are many equal members of
+one family.
 """
 
 from __future__ import annotations
