@@ -11,7 +11,7 @@ import statistics
 from pathlib import Path
 
 from kpo._files import replacing
-from kpo.compare.questions import LOOK_SHARES
+from kpo.compare.questions import LOOK_SHARES, LOOKS
 from kpo.compare.stats import ALPHA, MARGIN
 
 __all__ = ["answer_line", "contrast_text", "hypotheses", "render_map"]
@@ -315,13 +315,15 @@ def render_map(
     )
     family = hypotheses(answers)
     asked = sum(a["verdict"] != "not asked" for a in answers)
-    exploratory = {
-        "why": f"its {family} hypotheses ({asked} questions) are equal members of one Holm family, so the first to "
-        f"be decided needs p <= {ALPHA:g} x {LOOK_SHARES[-1]:.0%} / {family} = {ALPHA * LOOK_SHARES[-1] / max(family, 1):.2g} "
-        "even at the last look; an answer here is a lead for a study on new seeds whose questions and size are "
-        "fixed before its first run, not a finding",
-        "ended": ended,
-    }
+    lead = "an answer here is a lead for a study on new seeds whose questions and size are fixed before its first run"
+    why = (
+        f"its {family} hypotheses ({asked} questions) are equal members of one Holm family, so the first to be "
+        f"decided needs p <= {ALPHA:g} x {LOOK_SHARES[-1]:.0%} / {family} = {ALPHA * LOOK_SHARES[-1] / family:.2g} "
+        f"even at the last look; {lead}, not a finding"
+        if family
+        else f"no question is asked (they need {LOOKS[0]} seeds a cell); {lead}"
+    )
+    exploratory = {"why": why, "ended": ended}
     batches = plan.get("batches", "?")
     settings = plan.get("settings", {})
     metric = next((e["metric"] for e in entries if e.get("metric")), "held-out accuracy")  # kpo.compare.outcome
