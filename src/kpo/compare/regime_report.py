@@ -82,7 +82,9 @@ def answer_line(a: dict) -> str:
         left_out = last["excluded_by_collapse"]
         excluded = f"; {plural(left_out, 'pair')} left out by a collapse" if left_out else ""
         differ = last.get("cells_differ")
-        cells = f"; cell effect F-test p = {differ['p']:.2g}, not evidence that the cells agree" if differ else ""
+        # a large p is no evidence that the cells agree: with few seeds the F-test has little power
+        agree = "the cells differ" if differ and differ["p"] < ALPHA else "which cannot show that the cells agree"
+        cells = f"; cell-effect F-test p = {differ['p']:.2g}, {agree}" if differ else ""
         detail = (
             f"{_pct(last['mean'], True)} points{interval} over {last['seeds']} seeds ({last['pairs']} pairs{excluded}"
             f"{cells})"
