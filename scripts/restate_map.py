@@ -1,17 +1,23 @@
-"""Restate a regime map made before issue 38 (docs/results/regimes-first: 4 seeds; docs/results/horizon: 3 seeds,
-100 generation batches) with the statistics of kpo.compare.stats and the questions of kpo.compare.regimes, from the
-per-seed final accuracies its report.json kept (its runs, and the horizon's per-seed learning curves, are gone:
-`kpo compare regimes --cells none-depth4-lr0.0001,none-depth4-lr0.0005 --seeds 4 --max-seeds 4 --batches 100
---curve-every 10 --out runs/horizon` reruns the horizon with them).
+"""Restate a regime map from the per-seed final accuracies its report.json kept, with the statistics of
+kpo.compare.stats and the questions of kpo.compare.regimes (its runs are gone, or not on this machine).
+
+- A map made before issue 38 (docs/results/regimes-first: 4 seeds; docs/results/horizon: 3 seeds, 100 generation
+  batches): writes restated.md and restated.json beside it (`kpo compare regimes --cells
+  none-depth4-lr0.0001,none-depth4-lr0.0005 --seeds 4 --max-seeds 4 --batches 100 --curve-every 10 --out
+  runs/horizon` reruns the horizon with them).
+- A map of `kpo compare regimes` (its report.json has ``looks``: docs/results/regimes): rewrites its report.md,
+  report.json and figures in place, its looks replayed on the per-seed numbers, the per-run statistics its runs
+  logged (mismatch, clip fractions, fitted memory) kept as they were; ``--ended TEXT`` says why it ended before
+  its cap (kept from its report.json when not given).
 
     python scripts/restate_map.py docs/results/horizon          # writes restated.md and restated.json there
     python scripts/restate_map.py docs/results/regimes-first
+    python scripts/restate_map.py docs/results/regimes --ended "..."   # rewrites the map's report in place
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from kpo._files import replacing
@@ -58,6 +64,37 @@ def questions(old: dict) -> list[dict]:
     answers = decide(QUESTIONS, data, cells, {"stable": seeds, "stress": seeds})
     describe(QUESTIONS, answers)
     return answers
+
+
+def restate_regimes(folder: Path, ended: str | None) -> Path:
+    """Rewrite the map in ``folder`` from its report.json: every look of its ``looks`` replayed with
+    :func:`kpo.compare.questions.decide` on the per-seed (accuracy, collapsed) of its cells, each cell's
+    descriptive statistics recomputed (:func:`kpo.compare.regimes.describe_cell`), the rest of each cell's entry
+    kept; returns report.md."""
+    from kpo.compare.regime_report import render_map
+    from kpo.compare.regimes import describe_cell
+
+    old = json.loads((folder / "report.json").read_text())
+    ended = ended or (old.get("exploratory") or {}).get("ended")
+    cells = [Cell(c["mismatch"], c["depth"], c["lr"]) for c in old["cells"]]
+    data = {
+        c["cell"]: {
+            arm: [None if acc is None else (acc, fell) for acc, fell in zip(v["accuracy"], v["collapsed"])]
+            for arm, v in c["arms"].items()
+        }
+        for c in old["cells"]
+    }
+    memo: dict = {}
+    looks = []
+    for look in old["looks"]:
+        answers = decide(QUESTIONS, data, cells, look["seeds"], memo=memo)
+        looks.append({"seeds": look["seeds"], "answers": {a["name"]: a["verdict"] for a in answers}})
+    describe(QUESTIONS, answers)
+    entries = []
+    for c in old["cells"]:
+        kept = {k: v for k, v in c.items() if k not in ("contrasts", "pick", "pick_note", "filter_or_band")}
+        entries.append(kept | describe_cell(data[c["cell"]]))
+    return render_map(folder, entries, answers, looks, old["plan"], ended)
 
 
 def main(folder: Path) -> None:
@@ -109,4 +146,15 @@ def main(folder: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument(
+        "--ended", default=None, help="a kpo compare regimes map: why it ended before its cap (default: as it said)"
+    )
+    args = parser.parse_args()
+    if "looks" in json.loads((args.folder / "report.json").read_text()):
+        print(restate_regimes(args.folder, args.ended))
+    else:
+        main(args.folder)

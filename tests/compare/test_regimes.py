@@ -24,6 +24,7 @@ from kpo.compare.regimes import (
     RegimeConfig,
     cell_entry,
     cell_runs,
+    estimate_regimes,
     run_regimes,
 )
 from kpo.train.config import parse_args
@@ -54,6 +55,8 @@ def test_cells_and_their_compares(tmp_path):
         ({"mismatch": ("bf32",)}, "--mismatch \\['bf32'\\]: unknown"),
         ({"seeds": 0}, "--seeds=0 --max-seeds=8: give --seeds >= 1 and --max-seeds >= --seeds"),
         ({"seeds": 8, "max_seeds": 6}, "--max-seeds >= --seeds \\(the questions are answered at 4, 6, 8 seeds"),
+        # main trained 6 seeds here: the next look was taken, then checked against the cap
+        ({"seeds": 4, "max_seeds": 5}, "--max-seeds=5: the cap is a look \\(4, 6, 8 seeds a cell\\) or --seeds"),
         ({"batches": 20, "curve_every": 3}, "--curve-every=3 must divide --batches=20"),
         ({"cells_only": ("none-d4",)}, "write MISMATCH-depthN-lrX"),
         ({"cells_only": ()}, "--cells: no cell named"),
@@ -90,7 +93,6 @@ def test_a_one_seed_map_is_planned_and_reported_without_intervals(tmp_path):
     """A smoke map of one seed a cell (its cells only; the questions need 4): no planned half-width, and the
     report still renders."""
     from kpo.compare.regime_report import render_map
-    from kpo.compare.regimes import estimate_regimes
 
     cfg = RegimeConfig(out=str(tmp_path), cells_only=("none-depth4-lr0.0001",), seeds=1, max_seeds=1).validate()
     plan = estimate_regimes(cfg)
@@ -211,7 +213,7 @@ def test_the_map_adds_seeds_until_the_questions_are_decided(tmp_path, monkeypatc
     assert found["runs"] == 4 * 8 + 5 * 8  # the stable cell's 4 arms, the stress cell's 5 (the clip band too)
     answers = {a["name"]: a for a in found["questions"]}
     # KPO (matched) trails GRPO by 7 points in every seed of the stable cell: decided "yes" (Holm over the family)
-    assert answers["kpo_vs_grpo"]["verdict"] == "yes" and answers["kpo_vs_grpo"]["p"]["difference"] < 0.05
+    assert answers["kpo_vs_grpo"]["verdict"] == "yes" and answers["kpo_vs_grpo"]["p_adjusted"]["difference"] < 0.05
     # nothing collapsed at the stress rate: the collapse questions stay undecided, with no seeds estimate
     assert answers["grpo_collapses"]["verdict"] == "undecided"
     assert answers["grpo_collapses"]["seeds_needed"] is None  # no discordant pair: no basis for an estimate
@@ -221,7 +223,7 @@ def test_the_map_adds_seeds_until_the_questions_are_decided(tmp_path, monkeypatc
     assert stress["arms"][GRPO]["collapse"]["upper95"] == pytest.approx(0.3694, abs=1e-4)
     assert isinstance(stress["pick"], list) and stress["pick"]
     text = report.read_text()
-    assert "## The questions (the map's claims)" in text and "collapses cannot tell them apart" in text
+    assert "## The questions" in text and "collapses cannot tell them apart" in text
     # a rerun trains nothing more: every run is reused, the looks replayed
     before = len(trained)
     run_regimes(cfg)
@@ -239,5 +241,122 @@ def test_the_map_adds_seeds_until_the_questions_are_decided(tmp_path, monkeypatc
 
 def test_report_before_any_look_finished_says_so(tmp_path, no_training):
     cfg = RegimeConfig(out=str(tmp_path / "map"), cells_only=("none-depth4-lr0.0001",), eval_limit=PROBLEMS)
+    cfg.validate()
+    Path(cfg.out).mkdir()
+    (Path(cfg.out) / "plan.json").write_text(json.dumps(estimate_regimes(cfg)))
     with pytest.raises(CompareError, match="no look has finished yet"):
         run_regimes(cfg, report_only=True)
+
+
+# ------------------------------------------------------------------ --report: reads, never writes the plan
+CELLS = ("none-depth4-lr0.0001", "none-depth4-lr0.0005")
+FLAGS = ["--cells", ",".join(CELLS), "--seeds", "4", "--max-seeds", "4", "--eval-limit", str(PROBLEMS)]
+
+
+@pytest.fixture
+def built_map(tmp_path):
+    """A finished 2-cell map at one look of 4 seeds, written without training (plan.json, warm starts, runs with
+    the config.yaml kpo train would write); returns its folder."""
+
+    cfg = RegimeConfig(out=str(tmp_path / "map"), cells_only=CELLS, seeds=4, max_seeds=4, eval_limit=PROBLEMS)
+    cfg.validate()
+    _warm_starts(cfg, 4)
+    for cell in cfg.cells:
+        cell_cfg = cfg.cell_config(cell, 4)
+        for run in cell_runs(cfg, cell, 4):
+            _write_run(cfg, cell, run, 0.5 + 0.01 * run.seed)
+            folder = Path(cfg.out) / cell.name / "runs" / run.name
+            parse_args(train_argv(cell_cfg, run, folder)).save_yaml(folder / "config.yaml")
+    (Path(cfg.out) / "plan.json").write_text(json.dumps(estimate_regimes(cfg), indent=2))
+    return Path(cfg.out)
+
+
+def _refused(capsys, argv: list[str]) -> str:
+    """main's one error line for ``argv``, which it must refuse (exit 2)."""
+    assert main(["regimes", *argv]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("  - ")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_report_with_other_flags_says_which_and_keeps_the_plan(built_map, capsys, no_training):
+    plan = (built_map / "plan.json").read_bytes()
+    # the map's own flags minus --cells and --max-seeds: the default grid, 8 seeds (main wrote its plan here)
+    line = _refused(capsys, ["--out", str(built_map), "--seeds", "4", "--eval-limit", str(PROBLEMS), "--report"])
+    assert "plan.json fixes another design than these flags" in line
+    assert "the cells (--mismatch, --depth, --lr, --cells): plan ['none-depth4-lr0.0001'" in line
+    assert "--max-seeds: plan 4, flags 8" in line
+    # training with other flags stops the same way
+    _refused(capsys, ["--out", str(built_map), *FLAGS[:-2], "--eval-limit", "2"])
+    assert (built_map / "plan.json").read_bytes() == plan
+
+
+def test_report_rewrites_the_map_and_never_the_plan(built_map, capsys, no_training, monkeypatch):
+    monkeypatch.setattr("kpo.compare.regimes.write_cell_report", lambda *a: None)
+    plan = (built_map / "plan.json").read_bytes()
+    assert main(["regimes", "--out", str(built_map), *FLAGS, "--report"]) == 0
+    assert (built_map / "plan.json").read_bytes() == plan
+    found = json.loads((built_map / "report.json").read_text())
+    assert found["runs"] == 4 * 4 + 5 * 4 and found["hypotheses"] == 20
+    report = (built_map / "report.md").read_text()
+    assert report.startswith("# kpo compare regimes: where does KPO help? (exploratory)")
+    assert "adjusted p(difference) = " in report and "the looks alone: " in report
+
+
+def test_report_needs_a_map_and_no_plan_flag(tmp_path, capsys, no_training):
+    line = _refused(capsys, ["--out", str(tmp_path / "none"), *FLAGS, "--report"])
+    assert "no map here (no plan.json)" in line and not (tmp_path / "none").exists()
+    line = _refused(capsys, ["--out", str(tmp_path / "none"), *FLAGS, "--report", "--plan"])
+    assert line == "  - --plan and --report: --plan prints the plan and stops, --report writes the map; give one"
+
+
+@pytest.mark.parametrize(
+    "tear, message",
+    [
+        (lambda m: (m / "plan.json").write_text('{"cells": [{"cell": "none-de'), "plan.json: not readable as JSON"),
+        (lambda m: (m / "plan.json").write_text("[]"), "plan.json: not a regime map's plan"),
+        (
+            lambda m: (m / CELLS[0] / "runs" / "vanilla-seed2" / "eval.json").write_text('{"macro": {"avg@4": 0.'),
+            "vanilla-seed2/eval.json: not readable as JSON",
+        ),
+        (
+            lambda m: (m / CELLS[1] / "runs" / "gspo-seed1" / "config.yaml").write_text("learning_rate: [0.1\n"),
+            "gspo-seed1/config.yaml: not valid YAML",
+        ),
+    ],
+    ids=["truncated plan.json", "plan.json []", "truncated eval.json", "config.yaml not YAML"],
+)
+def test_a_torn_file_is_one_line(built_map, capsys, no_training, tear, message):
+    tear(built_map)
+    line = _refused(capsys, ["--out", str(built_map), *FLAGS, "--report"])
+    assert message in line
+
+
+# ------------------------------------------------------------------ the committed map, recomputed
+COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "results" / "regimes" / "report.json"
+
+
+def _committed_cell(name: str) -> dict:
+    cell = next(c for c in json.loads(COMMITTED.read_text())["cells"] if c["cell"] == name)
+    return {arm: list(zip(v["accuracy"], v["collapsed"])) for arm, v in cell["arms"].items()}
+
+
+def test_both_collapsed_is_a_tie_in_the_committed_map():
+    """bf16-depth16-lr5e-4: KPO (auto) - GRPO, six pairs of collapsed runs (largest difference 0.06 points): sign
+    p = 0.031 on main, no sign here."""
+    from kpo.compare.regimes import describe_cell
+
+    found = describe_cell(_committed_cell("bf16-depth16-lr0.0005"))
+    auto = found["contrasts"]["KPO (auto) - GRPO"]
+    assert max(abs(d) for d in auto["per_seed"]) < 0.001
+    assert auto["method"] == "sign" and auto["ties"] == 6 and auto["p"] == 1.0
+
+
+def test_the_pick_says_when_it_cannot_exclude_an_arm():
+    from kpo.compare.regimes import describe_cell
+
+    stress = describe_cell(_committed_cell("none-depth4-lr0.0005"))
+    assert len(stress["pick"]) == 5
+    assert "cannot exclude any arm" in stress["pick_note"] and "1/64 = 0.0156" in stress["pick_note"]
+    assert "level 0.05 / 4 = 0.0125" in stress["pick_note"]
+    assert describe_cell(_committed_cell("none-depth4-lr0.0001"))["pick_note"] is None

@@ -4,6 +4,7 @@ family-wise rate of false claims with and without runs that collapse, and the po
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -63,6 +64,48 @@ def test_holm_matches_statsmodels():
     for _ in range(8):  # statsmodels' Holm runs gc.collect() on every call: few calls
         p = rng.random(rng.integers(1, 20)) ** 3
         assert stats.holm(p) == multipletests(p, alpha=0.05, method="holm")[0].tolist()
+
+
+def test_holm_adjusted_p_values_are_statsmodels_and_agree_with_the_decisions():
+    from statsmodels.stats.multitest import multipletests
+
+    rng = np.random.default_rng(5)
+    for _ in range(8):
+        p = rng.random(rng.integers(1, 21)) ** 3
+        adjusted = stats.holm_adjusted(p)
+        assert adjusted == pytest.approx(multipletests(p, alpha=0.05, method="holm")[1].tolist(), rel=1e-12)
+        assert [a <= 0.05 for a in adjusted] == stats.holm(p)
+
+
+def test_median_interval_out_of_reach_is_none():
+    # 6 pairs: even [d_(1), d_(6)] covers the median with 1 - 2 / 64 = 0.969 only
+    d = np.arange(6, dtype=float)
+    assert stats._median_interval(d, 0.99) is None
+    assert stats._median_interval(d, 0.95) == (0.0, 5.0)
+
+
+def test_pairs_where_both_runs_collapsed_are_ties():
+    """Six pairs whose runs all collapsed, one arm ahead by a hair in each (the issue's bf16-depth16-lr5e-4 KPO
+    (auto) - GRPO, sign p = 0.031 on main): ties, no sign at all; the pick keeps both arms."""
+    hair = [0.0006, 0.0001, 0.0003, 0.0002, 0.0004, 0.0005]
+    fell = [True] * 6
+    found = stats.paired_accuracy(hair, fell, both=fell)
+    assert found["p"] == 1.0 and found["ties"] == 6 and found["median"] == 0.0
+    assert found["per_seed"] == hair  # the measured differences are kept for the figure
+    # one arm collapsed, the other learned: a sign
+    assert stats.paired_accuracy(hair, fell, both=[False] * 6)["p"] == pytest.approx(2 / 64)
+    assert stats.pick_set({"a": hair, "b": [0.0] * 6}, {"a": fell, "b": fell}) == ["a", "b"]
+    assert stats.pick_set({"a": hair, "b": [0.0] * 6}, {"a": [False] * 6, "b": fell}) == ["a"]
+
+
+def test_the_docstrings_describe_the_split_the_code_uses():
+    from kpo.compare import questions
+
+    # the split is the constant's (main's stats.py said each p-value is multiplied by the number of looks), and
+    # no count the code computes is written out (the family's size, the looks' seeds)
+    for module in (stats, questions):
+        assert "LOOK_SHARES" in module.__doc__ and "number of planned looks" not in module.__doc__
+        assert not re.search(r"\d+ hypotheses|at \d+, \d+ and \d+ seeds", module.__doc__)
 
 
 def test_paired_accuracy_picks_its_method_by_collapses():

@@ -359,7 +359,8 @@ def build_regimes_parser() -> argparse.ArgumentParser:
         "--report",
         action="store_true",
         help="Train nothing: rewrite the map from the finished runs, at the last look every cell of its group has "
-        "finished (a map stopped inside a look: where it stands; the same command without --report continues it).",
+        "finished (a map stopped inside a look: where it stands; the same command without --report continues it). "
+        "Reads the map's plan.json, never writes it: give the map's own flags.",
     )
     p.add_argument(
         "--pilot",

@@ -15,19 +15,22 @@ highest). It is one of three kinds, each with its own test (:mod:`kpo.compare.st
   no change (two-sided) and a change of ``MARGIN`` or more (equivalence, TOST). yes: it changes; no: within
   +-5 points; else undecided.
 
-Multiplicity: every hypothesis of every question is one member of one family, Holm at ALPHA over them. Looks:
-the map trains 4 seeds a cell, then adds seeds in blocks of 2 up to 8 (``LOOKS``) to the cells of a question
-that is undecided. The error is spent over the looks by a weighted Bonferroni split (``LOOK_SHARES``: 10%, 20%
-and 70% of it at 4, 6 and 8 seeds, so that only a clear result stops early, as O'Brien-Fleming's boundary): a
-hypothesis's p-value at look k is its test's p-value divided by share k, and its p-value is the least of these
-over the looks taken. P(some look rejects a true hypothesis) <= sum_k share_k alpha = alpha whatever made the
-map stop, so stopping on what the data show cannot inflate the error. A question undecided at 8 seeds reports
-the seeds per cell that an 80%-power test at the family's least final-look level would need, from the measured
-spread or discordance.
+Multiplicity: every hypothesis of every question is one member of one family, Holm at ALPHA over them; a report
+states each hypothesis's Holm step-down adjusted p-value. Looks: the map trains ``LOOKS[0]`` seeds a cell, then
+adds seeds look by look up to ``LOOKS[-1]`` to the cells of a question that is undecided. The error is spent over
+the looks by a weighted Bonferroni split (``LOOK_SHARES``, the share of the error at each look, rising to the
+last, so that only a clear result stops early, as with O'Brien-Fleming's boundary): a hypothesis's p-value at
+look k is its test's p-value divided by share k, and its p-value is the least of these over the looks taken.
+P(some look rejects a true hypothesis) <= sum_k share_k alpha = alpha whatever made the map stop, so stopping on
+what the data show cannot inflate the error. A question whose latest look is not complete keeps its last complete
+look's p-values in the family. A question undecided reports the seeds per cell that an 80%-power test at the
+family's least final-look level would need, from the measured spread (scaled up by the pairs a collapse left out
+of a survivors-only test) or discordance: post-hoc, at the effect measured.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +41,7 @@ from kpo.compare.stats import (
     cells_differ,
     discordance_seeds,
     holm,
+    holm_adjusted,
     mcnemar_exact,
     pooled_accuracy,
     seeds_for_effect,
@@ -166,40 +170,61 @@ def decide(
     alpha: float = ALPHA,
     memo: dict | None = None,
 ) -> list[dict]:
-    """Every question answered on the data so far: ``seeds_of[group]`` seeds are finished in every cell of the
-    group (looks at LOOKS up to it). Returns one dict per question (name, text, test, p (Holm-ready, over looks),
-    the estimate at the last look, the looks, verdict "yes"/"no"/"undecided"/"not asked", answer text, and for
-    a question still undecided its ``level``, the family's least final-look level, at which :func:`describe`
-    plans the seeds that would decide it: at an early look as at the last, the seeds that the measured spread
-    asks for). ``memo``: a dict kept between the calls of one
-    map, so that a look's tests, which later seeds cannot change, run once."""
+    """Every question answered on the data so far: ``seeds_of[group]`` seeds are asked of every cell of the group
+    (looks at LOOKS up to it). Returns one dict per question: name, text, test, ``p_looks`` (per hypothesis, the
+    least over the looks of p / the look's share: adjusted for the looks only), ``p_adjusted`` (those, Holm
+    step-down adjusted over the family: the p-values a report states), the estimate at the last look, the looks,
+    verdict "yes"/"no"/"undecided"/"pending"/"not asked", answer text, and for a question still undecided its
+    ``level``, the family's least final-look level, at which :func:`describe` plans the seeds that would decide
+    it. A question whose latest look has unfinished runs is "pending" and stays in the family with its last
+    complete look's p-values (1 before any), so a map written while runs finish claims no more than its complete
+    looks would: Holm rejects no fewer where p-values fall, and a pending one's can only fall. ``memo``: a dict
+    kept between the calls of one map, so that a look's tests, which later seeds cannot change, run once."""
     memo = {} if memo is None else memo
     by_group = groups(cells)
     found, members = [], []  # members: (question index, hypothesis, sequential p)
     for i, q in enumerate(questions):
         pooled = by_group[q.group]
-        taken = [look for look in LOOKS if look <= seeds_of.get(q.group, 0)]
-        if not pooled or not taken or not _arms_done(data, pooled, (q.a, q.b), taken[-1]):
-            found.append({"name": q.key, "question": q.text, "verdict": "not asked" if not pooled else "pending"})
+        if not pooled:
+            found.append({"name": q.key, "question": q.text, "verdict": "not asked"})
             continue
+        taken = [look for look in LOOKS if look <= seeds_of.get(q.group, 0)]
+        if taken and _arms_done(data, pooled, (q.a, q.b), taken[-1]):
+            complete = taken  # a look's seeds include every earlier look's
+        else:
+            complete = [look for look in taken[:-1] if (q.key, look) in memo or _arms_done(data, pooled, (q.a, q.b), look)]
         looks = []
-        for look in taken:
+        for look in complete:
             if (q.key, look) not in memo:
                 memo[(q.key, look)] = {"seeds": look, **_test(q, data, pooled, look)}
             looks.append(memo[(q.key, look)])
-        p_seq = {}
+        p_seq, at_look = {}, {}
         for h in q.hypotheses():
-            ps = [look["p"][h] / share for look, share in zip(looks, LOOK_SHARES) if look["p"].get(h) is not None]
-            p_seq[h] = min(1.0, min(ps)) if ps else 1.0
+            ps = [(look["p"][h] / share, k) for k, (look, share) in enumerate(zip(looks, LOOK_SHARES))
+                  if look["p"].get(h) is not None]
+            p_seq[h], at_look[h] = min(ps) if ps else (1.0, None)
+            p_seq[h] = min(1.0, p_seq[h])
             members.append((i, h, p_seq[h]))
-        found.append({"name": q.key, "question": q.text, "looks": looks, "p": p_seq, "last": looks[-1]})
-    rejected = dict(zip(((i, h) for i, h, _ in members), holm([p for _, _, p in members], alpha)))
+        entry = {"name": q.key, "question": q.text, "looks": looks, "p_looks": p_seq}
+        if not taken or len(complete) < len(taken):
+            entry["verdict"] = "pending"
+        else:
+            entry.update(last=looks[-1], rejecting_look={h: None if k is None else looks[k]["seeds"]
+                                                         for h, k in at_look.items()})
+        found.append(entry)
+    family = [p for _, _, p in members]
+    rejected = dict(zip(((i, h) for i, h, _ in members), holm(family, alpha)))
+    adjusted = dict(zip(((i, h) for i, h, _ in members), holm_adjusted(family)))
     least = alpha * LOOK_SHARES[-1] / max(len(members), 1)  # Holm's first step at the last look
     for i, q in enumerate(questions):
         entry = found[i]
+        if "p_looks" in entry:
+            entry["p_adjusted"] = {h: adjusted[(i, h)] for h in q.hypotheses()}
         if "last" not in entry:
             continue
-        entry.update(_verdict(q, entry["last"], {h: rejected[(i, h)] for h in q.hypotheses()}))
+        by_look = {look["seeds"]: look for look in entry["looks"]}
+        rejecting = {h: by_look.get(seeds) for h, seeds in entry["rejecting_look"].items()}
+        entry.update(_verdict(q, rejecting, {h: rejected[(i, h)] for h in q.hypotheses()}))
         entry["test"] = entry["last"]["test"]
         entry["seeds"] = entry["last"].get("seeds", seeds_of.get(q.group))
         if entry["verdict"] == "undecided":
@@ -207,20 +232,23 @@ def decide(
     return found
 
 
-def _verdict(q: Question, last: dict, rejected: dict[str, bool]) -> dict:
-    """yes / no / undecided and the answer's words, from the hypotheses Holm rejected and their direction."""
+def _verdict(q: Question, looks: dict[str, dict | None], rejected: dict[str, bool]) -> dict:
+    """yes / no / undecided and the answer's words, from the hypotheses Holm rejected and the direction each
+    showed at the look that rejected it (``looks``: hypothesis -> that look's test; the least p / share). A
+    rejection without a direction (equal counts, a mean of 0) decides nothing."""
     if q.kind == "collapse":
-        if rejected["difference"]:
-            more = q.a if last["a_only"] > last["b_only"] else q.b
+        look = looks["difference"]
+        if rejected["difference"] and look["a_only"] != look["b_only"]:
+            more = q.a if look["a_only"] > look["b_only"] else q.b
             verdict = "yes" if more == q.a else "no"
             return {"verdict": verdict, "answer": f"{verdict}: {more} collapses more often"}
         return {"verdict": "undecided", "answer": "undecided"}
-    worse = last["mean"] is not None and last["mean"] < 0
+    mean = None if looks["difference"] is None else looks["difference"].get("mean")
     if q.kind == "accuracy":
-        if rejected["difference"] and worse:
+        if rejected["difference"] and mean is not None and mean < 0:
             by = ", by less than 5 points" if rejected["margin"] else ""
             return {"verdict": "yes", "answer": f"yes: {q.a} is worse than {q.b}{by}"}
-        if rejected["difference"]:
+        if rejected["difference"] and mean is not None and mean > 0:
             return {"verdict": "no", "answer": f"no: {q.a} is better than {q.b}"}
         if rejected["margin"]:
             return {"verdict": "no", "answer": f"no: {q.a} is not worse than {q.b} by 5 points or more"}
@@ -255,7 +283,11 @@ def _seeds_needed(q: Question, last: dict, level: float) -> int | None:
     # the nearer of the two decisions: the difference itself, or the margin on the side the estimate lies
     distance = MARGIN - abs(mean) if q.kind == "interaction" else mean + MARGIN
     options = [n for n in (seeds_for_effect(sd, mean, level), seeds_for_effect(sd, distance, level)) if n]
-    return min(options) if options else None
+    if not options:
+        return None
+    # the test reads the surviving pairs only: seeds in proportion to the pairs a collapse left out
+    kept = last["pairs"]
+    return math.ceil(min(options) * (kept + last["excluded_by_collapse"]) / kept)
 
 
 def groups_to_extend(answers: list[dict], questions: list[Question], seeds_of: dict[str, int]) -> list[str]:
@@ -283,13 +315,16 @@ def rules_text() -> dict[str, str]:
         "pooled cells, with a non-inferiority test at -5 points; interaction (does bf16 change a contrast): the "
         "per-seed difference of the contrast between the bf16 and float32 cell of each depth, t-test and TOST at "
         "+-5 points",
-        "multiplicity": f"Holm at {ALPHA:g} over every hypothesis of every question",
+        "multiplicity": f"Holm at {ALPHA:g} over every hypothesis of every question; the p-values reported are "
+        "Holm step-down adjusted; a question whose latest look has unfinished runs keeps its last complete look's "
+        "p-values in the family (1 before any)",
         "sequential": f"looks at {', '.join(map(str, LOOKS))} seeds a cell; the cells of a question still "
         "undecided get the next block; the error is split over the looks "
         f"({', '.join(f'{s:.0%}' for s in LOOK_SHARES)}, weighted Bonferroni): a p-value at a look is divided by "
         "its look's share and a hypothesis takes the least over its looks",
         "seeds needed": "for a question undecided at a look: the seeds per cell an 80%-power test at "
-        "alpha x 70% / hypotheses would need, from the measured seed-to-seed sd (statsmodels TTestPower) or "
-        "discordance (exact binomial power)",
+        f"alpha x {LOOK_SHARES[-1]:.0%} / hypotheses would need, from the measured seed-to-seed sd (statsmodels "
+        "TTestPower; for a test on the surviving pairs, in proportion to the pairs a collapse left out) or "
+        "discordance (exact binomial power); post-hoc, at the measured effect",
     }
 

@@ -11,9 +11,10 @@ import statistics
 from pathlib import Path
 
 from kpo._files import replacing
-from kpo.compare.stats import MARGIN
+from kpo.compare.questions import LOOK_SHARES, LOOKS
+from kpo.compare.stats import ALPHA, MARGIN
 
-__all__ = ["answer_line", "contrast_text", "render_map"]
+__all__ = ["answer_line", "contrast_text", "hypotheses", "render_map"]
 
 PANELS = ("KPO (matched) - GRPO", "KPO (matched) - GSPO", "KPO (auto) - KPO (matched)", "KPO (matched) - clip band")
 
@@ -54,7 +55,8 @@ def contrast_text(c: dict | None) -> str:
             return f"{_pct(c['mean'], True)} (t)"
         return f"{_pct(c['mean'], True)} [{_pct(c['low'], True)}, {_pct(c['high'], True)}] (t)"
     interval = f" [{_pct(c['low'], True)}, {_pct(c['high'], True)}]" if c["low"] is not None else ""
-    return f"median {_pct(c['median'], True)}{interval} (sign p={c['p']:.2g})"
+    ties = f", {plural(c['ties'], 'pair')} both collapsed: ties" if c.get("ties") else ""
+    return f"median {_pct(c['median'], True)}{interval} (sign p={c['p']:.2g}{ties})"
 
 
 def plural(n: int, noun: str) -> str:
@@ -63,11 +65,13 @@ def plural(n: int, noun: str) -> str:
 
 
 def answer_line(a: dict) -> str:
-    """One question: its answer and the test behind it (p over the looks, estimate, seeds)."""
+    """One question: its answer and the test behind it (Holm-adjusted p, the look-split p beside it labelled as
+    such, estimate, seeds)."""
     if a["verdict"] in ("pending", "not asked"):
         return f"- **{a['question']}** {a['verdict']}."
     last = a["last"]
-    p = ", ".join(f"p({h}) = {v:.2g}" for h, v in a["p"].items())
+    p = ", ".join(f"adjusted p({h}) = {v:.2g}" for h, v in a["p_adjusted"].items())
+    looks_only = ", ".join(f"{v:.2g}" for v in a["p_looks"].values())
     if "a_only" in last:
         detail = (
             f"{plural(last['a_only'], 'pair')} where only the first collapsed, {last['b_only']} where only the "
@@ -78,7 +82,9 @@ def answer_line(a: dict) -> str:
         left_out = last["excluded_by_collapse"]
         excluded = f"; {plural(left_out, 'pair')} left out by a collapse" if left_out else ""
         differ = last.get("cells_differ")
-        cells = f"; do the cells differ: F-test p = {differ['p']:.2g}" if differ else ""
+        # a large p is no evidence that the cells agree: with few seeds the F-test has little power
+        agree = "the cells differ" if differ and differ["p"] < ALPHA else "which cannot show that the cells agree"
+        cells = f"; cell-effect F-test p = {differ['p']:.2g}, {agree}" if differ else ""
         detail = (
             f"{_pct(last['mean'], True)} points{interval} over {last['seeds']} seeds ({last['pairs']} pairs{excluded}"
             f"{cells})"
@@ -86,8 +92,20 @@ def answer_line(a: dict) -> str:
     needed = ""
     if a["verdict"] == "undecided":
         n = a.get("seeds_needed")
-        needed = f" Seeds per cell that would decide it: {'about ' + str(n) if n else 'no estimate (no spread or no discordant pair measured)'}."
-    return f"- **{a['question']}** {a['answer']}. {a['test']}: {detail}; {p} (Holm over the family, error split over looks).{needed}"
+        needed = (
+            f" Seeds per cell for 80% power if the measured effect were the true one (post-hoc): about {n}."
+            if n
+            else " Seeds per cell: no estimate (no spread or no discordant pair measured)."
+        )
+    return (
+        f"- **{a['question']}** {a['answer']}. {a['test']}: {detail}; {p} (Holm step-down over the family's "
+        f"hypotheses, after the error's split over the looks; the looks alone: {looks_only}).{needed}"
+    )
+
+
+def hypotheses(answers: list[dict]) -> int:
+    """The hypotheses in the Holm family of ``answers`` (those of every question asked, pending ones included)."""
+    return sum(len(a.get("p_adjusted", {})) for a in answers)
 
 
 def _table(out: Path, entries: list[dict]) -> str:
@@ -274,11 +292,14 @@ def _planned(plan: dict) -> str:
     )
 
 
-def render_map(out: Path, entries: list[dict], answers: list[dict], looks: list[dict], plan: dict) -> Path:
+def render_map(
+    out: Path, entries: list[dict], answers: list[dict], looks: list[dict], plan: dict, ended: str | None = None
+) -> Path:
     """Write report.md, report.json, regimes.png and memory.png into ``out``; returns report.md. report.json holds
-    what report.md states: ``runs`` (finished runs at the cells' current seeds), ``cells_finished``,
-    ``measured_half_width`` (points: min, median, max over the cells' t-intervals), ``questions``, ``looks``,
-    ``cells``, ``plan``."""
+    what report.md states: ``runs`` (finished runs at the cells' current seeds), ``hypotheses`` (the Holm
+    family's members), ``cells_finished``, ``measured_half_width`` (points: min, median, max over the cells'
+    t-intervals), ``exploratory`` (why the map is one; ``ended``: why it stopped where it did, when it was ended
+    before its cap), ``questions``, ``looks``, ``cells``, ``plan``."""
     figure = _plot(entries, out / "regimes.png")
     memory = _plot_memory(entries, out / "memory.png")
     done = sum(e["done"] for e in entries)
@@ -294,11 +315,24 @@ def render_map(out: Path, entries: list[dict], answers: list[dict], looks: list[
         if measured
         else None
     )
+    family = hypotheses(answers)
+    asked = sum(a["verdict"] != "not asked" for a in answers)
+    lead = "an answer here is a lead for a study on new seeds whose questions and size are fixed before its first run"
+    why = (
+        f"its {family} hypotheses ({asked} questions) are equal members of one Holm family, so the first to be "
+        f"decided needs p <= {ALPHA:g} x {LOOK_SHARES[-1]:.0%} / {family} = {ALPHA * LOOK_SHARES[-1] / family:.2g} "
+        f"even at the last look; {lead}, not a finding"
+        if family
+        else f"no question is asked (they need {LOOKS[0]} seeds a cell); {lead}"
+    )
+    exploratory = {"why": why, "ended": ended}
     batches = plan.get("batches", "?")
     settings = plan.get("settings", {})
     metric = next((e["metric"] for e in entries if e.get("metric")), "held-out accuracy")  # kpo.compare.outcome
     md = [
-        "# kpo compare regimes: where does KPO help?",
+        "# kpo compare regimes: where does KPO help? (exploratory)",
+        "",
+        f"**Exploratory**: {exploratory['why']}." + (f" {ended}" if ended else ""),
         "",
         f"{len(entries)} cells ({done} finished at their current seeds), {runs} finished runs: GRPO, GSPO, KPO at "
         "the length-matched memory and KPO with its memory fitted by maximum likelihood (auto) in every cell, the "
@@ -307,7 +341,10 @@ def render_map(out: Path, entries: list[dict], answers: list[dict], looks: list[
         "their tests and the sequential design were printed and written to plan.json before the runs. Each cell "
         "links its own kpo compare report (Table 1, Figure 3, Table 2).",
         "",
-        "## The questions (the map's claims)",
+        "## The questions",
+        "",
+        f"{family} hypotheses of {asked} questions, Holm at {ALPHA:g}; each p-value below is Holm step-down "
+        "adjusted over all of them after the error's split over the looks.",
         "",
         *(answer_line(a) for a in answers),
         "",
@@ -336,6 +373,7 @@ def render_map(out: Path, entries: list[dict], answers: list[dict], looks: list[
             for e in entries
             if e.get("filter_or_band")
         ),
+        *(f"- {e['cell']}, pick: {e['pick_note']}." for e in entries if e.get("pick_note")),
         "",
         *_curves_section(out, entries),
         "## Planned against measured",
@@ -358,6 +396,8 @@ def render_map(out: Path, entries: list[dict], answers: list[dict], looks: list[
             json.dumps(
                 {
                     "runs": runs,
+                    "hypotheses": family,
+                    "exploratory": exploratory,
                     "cells_finished": done,
                     "measured_half_width": widths,
                     "questions": answers,

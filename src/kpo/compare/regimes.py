@@ -24,8 +24,11 @@ answers to the questions in :data:`QUESTIONS` (:mod:`kpo.compare.questions`: the
 the error spent over looks at 4, 6 and 8 seeds); the cells' own contrasts and picks are descriptive. The rules
 and the questions are printed and written to ``plan.json`` before anything trains. The map (``report.md``,
 ``report.json`` with ``cells``, ``questions`` and ``looks``, ``regimes.png``, ``memory.png``) is rewritten as
-each cell finishes, so a partial map is readable while the rest runs, and a rerun resumes (finished runs are
-reused, the looks replayed).
+each cell finishes, so a partial map is readable while the rest runs (a question whose look is unfinished is
+pending, and claims nothing its complete looks would not), and a rerun resumes (finished runs are reused, the looks
+replayed). plan.json is written once, before the first run: a later command with other flags stops, and
+``--report`` only reads it. The map is exploratory (its report says why): its questions are many equal members of
+one family.
 """
 
 from __future__ import annotations
@@ -232,6 +235,13 @@ class RegimeConfig:
                 f"--seeds={self.seeds} --max-seeds={self.max_seeds}: give --seeds >= 1 and --max-seeds >= --seeds (the "
                 f"questions are answered at {', '.join(map(str, LOOKS))} seeds a cell: a map of fewer has its cells "
                 "only)"
+            )
+        elif self.max_seeds > self.seeds and self.max_seeds not in LOOKS:
+            # seeds are added a look at a time: a cap between looks would be passed by the next look
+            errors.append(
+                f"--max-seeds={self.max_seeds}: the cap is a look ({', '.join(map(str, LOOKS))} seeds a cell) or "
+                "--seeds itself (no look added); give one of "
+                + ", ".join(str(k) for k in (*(k for k in LOOKS if k > self.seeds), self.seeds))
             )
         for name, value, low in (("batches", self.batches, 1), ("curve-every", self.curve_every, 0)):
             if value < low:
@@ -448,9 +458,18 @@ def format_regime_plan(cfg: RegimeConfig, est: dict) -> str:
 
 
 # ------------------------------------------------------------------ outcomes
+def _outcome(folder: Path) -> dict | None:
+    """:func:`kpo.compare.outcome.load_outcome` of ``folder``; CompareError (one line) where its file is torn."""
+    try:
+        return load_outcome(folder)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, ZeroDivisionError) as e:
+        raise CompareError([f"{folder}: its expected.json or eval.json is not a finished evaluation "
+                            f"({type(e).__name__}: {e}); delete the folder to redo it"]) from None
+
+
 def _expected(folder: Path) -> float | None:
     """The mean outcome of the model in ``folder`` (kpo.compare.outcome), None when it is not scored yet."""
-    found = load_outcome(folder)
+    found = _outcome(folder)
     return None if found is None else found["mean"]
 
 
@@ -494,20 +513,30 @@ def run_regimes(
     from kpo.compare.plan import parallel_runs, pilot_sd
     from kpo.compare.run import Job, _done, _stale_run_errors, train_jobs
 
+    if plan_only and report_only:
+        raise CompareError(["--plan and --report: --plan prints the plan and stops, --report writes the map; give one"])
     cfg.validate()
+    out = Path(cfg.out)
+    on_disk = _read_plan(out / "plan.json")
+    if report_only and on_disk is None:
+        raise CompareError([f"{out}: no map here (no plan.json); --report rewrites a map: give its --out, or run "
+                            "without --report to start one"])
     est = estimate_regimes(cfg, pilot_sd(pilot) if pilot is not None else DIFF_SD, pilot)
     print(format_regime_plan(cfg, est), flush=True)
+    if on_disk is not None:
+        _check_plan(out / "plan.json", on_disk, est)
     if plan_only:
         return None
-    out = Path(cfg.out)
-    errors = []
-    for cell in cfg.cells:
+    errors = _torn_files(cfg)
+    for cell in cfg.cells if not errors else ():
         cell_cfg = cfg.cell_config(cell, cfg.max_seeds)
         errors += _stale_run_errors(cell_cfg, plan_runs(cell_cfg), Path(cell_cfg.out))
     if errors:
         raise CompareError(errors)
-    out.mkdir(parents=True, exist_ok=True)
-    _write_plan(out / "plan.json", est)
+    if on_disk is None:
+        out.mkdir(parents=True, exist_ok=True)
+        with replacing(out / "plan.json") as partial:
+            partial.write_text(json.dumps(est, indent=2) + "\n")
     seeds_of = {g: cfg.seeds for g, members in groups(cfg.cells).items() if members}
     looks: list[dict] = []
 
@@ -563,23 +592,100 @@ def run_regimes(
         print(f"undecided questions: {', '.join(extend)} cells get seeds up to {seeds_of}", flush=True)
 
 
+def _torn_files(cfg: RegimeConfig) -> list[str]:
+    """One line per file of the map's models (runs up to the cap, warm starts) that a stop mid-write left torn:
+    an evaluation that is not JSON (or not a finished one), a kpo train config.yaml that is not one."""
+    from kpo.compare.outcome import EVAL_FILE, EXPECTED_FILE
+    from kpo.train.config import ConfigError, TrainConfig
+
+    out = Path(cfg.out)
+    folders = [out / f"warm_start-seed{s}" for s in range(cfg.max_seeds)]
+    folders += [out / c.name / "runs" / r.name for c in cfg.cells for r in cell_runs(cfg, c, cfg.max_seeds)]
+    errors = []
+    for folder in (f for f in folders if f.is_dir()):
+        fix = f"delete {folder} to redo it"
+        torn = []
+        for name in (EVAL_FILE, EXPECTED_FILE):
+            try:
+                if (folder / name).exists():
+                    json.loads((folder / name).read_text())
+            except (OSError, UnicodeDecodeError, ValueError) as e:
+                torn.append(f"{folder / name}: not readable as JSON ({e}); {fix}")
+        try:
+            if not torn:
+                _outcome(folder)
+        except CompareError as e:
+            torn = e.errors
+        if cfg.engine == "kpo" and (folder / "config.yaml").exists():
+            try:
+                TrainConfig.from_yaml(folder / "config.yaml")
+            except ConfigError as e:
+                torn.append(" ".join(f"{'; '.join(e.errors)}; {fix}".split()))  # YAML's message spans lines
+        errors += torn
+    return errors
+
+
 def _data(cfg: RegimeConfig, seeds_of: dict[str, int]) -> dict:
     """The map's outcomes as the questions read them: cell name -> arm -> per seed (accuracy, collapsed)."""
     return {cell.name: outcomes(cfg, cell, seeds_of[cfg.group(cell)]) for cell in cfg.cells}
 
 
-def _write_plan(path: Path, est: dict) -> None:
-    """Write the plan unless ``path`` holds one of the same design (cells, first look, cap, batches, questions):
-    what was fixed before the runs stays when the map resumes."""
+# What a plan fixes: a command whose flags give another value of one of these is another map.
+PLAN_DESIGN = {
+    "cells": "the cells (--mismatch, --depth, --lr, --cells)",
+    "seeds": "--seeds",
+    "max_seeds": "--max-seeds",
+    "batches": "--batches",
+    "questions": "the questions (kpo.compare.regimes.QUESTIONS)",
+}
+PLAN_SETTINGS = ("curve_every", "eval_n", "eval_limit", "train_args", "engine", "model", "dataset", "eval_data",
+                 "verl_config")
 
-    def design(plan: dict) -> tuple:
-        questions = [q["name"] for q in plan.get("questions", [])]
-        return [c["cell"] for c in plan["cells"]], plan["seeds"], plan.get("max_seeds"), plan["batches"], questions
 
-    if path.exists() and design(json.loads(path.read_text())) == design(est):
-        return
-    with replacing(path) as partial:
-        partial.write_text(json.dumps(est, indent=2) + "\n")
+def _read_plan(path: Path) -> dict | None:
+    """The plan on disk, None where there is none; CompareError (one line) where it is torn or not a plan."""
+    if not path.exists():
+        return None
+    try:
+        plan = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CompareError([f"{path}: not readable as JSON ({e}); restore it from where the map was committed "
+                            "(docs/results/...) or from its report.json's 'plan'"]) from None
+    needed = ("cells", "seeds", "batches")
+    missing = [k for k in needed if k not in plan] if isinstance(plan, dict) else list(needed)
+    if missing or "unreadable" in _design(plan).values():
+        raise CompareError([f"{path}: not a regime map's plan (its {', '.join(missing) or 'cells or questions'} "
+                            "missing or malformed); restore it from where the map was committed or from its "
+                            "report.json's 'plan'"])
+    return plan
+
+
+def _design(plan: dict) -> dict:
+    """What ``plan`` fixes (:data:`PLAN_DESIGN`, the settings of :data:`PLAN_SETTINGS` it records), as JSON
+    values."""
+    try:
+        found = {"cells": [c["cell"] for c in plan["cells"]], "seeds": plan["seeds"], "batches": plan["batches"]}
+        if "max_seeds" in plan:
+            found["max_seeds"] = plan["max_seeds"]
+        if "questions" in plan:
+            found["questions"] = [q["name"] for q in plan["questions"]]
+        settings = plan.get("settings", {})
+        found |= {k: settings[k] for k in PLAN_SETTINGS if k in settings}
+    except (KeyError, TypeError, AttributeError):
+        return {"cells": "unreadable"}
+    return json.loads(json.dumps(found))
+
+
+def _check_plan(path: Path, on_disk: dict, est: dict) -> None:
+    """CompareError naming every setting of this command that differs from the plan on disk: a plan written before
+    the runs is never rewritten, and a command with other flags would be another map under its name."""
+    was, now = _design(on_disk), _design(est)
+    differ = [k for k in now if k in was and was[k] != now[k]]
+    if differ:
+        named = "; ".join(f"{PLAN_DESIGN.get(k, '--' + k.replace('_', '-'))}: plan {was[k]}, flags {now[k]}"
+                          for k in differ)
+        raise CompareError([f"{path} fixes another design than these flags ({named}): give the plan's flags, or a "
+                            "new --out for a new map"])
 
 
 def write_cell_report(cfg: RegimeConfig, cell: Cell, seeds: int) -> Path | None:
@@ -663,9 +769,9 @@ def contrast_name(a: str, b: str) -> str:
 
 def cell_entry(cfg: RegimeConfig, cell: Cell, seeds: int) -> dict:
     """A cell of the map at ``seeds`` seeds: its settings, the warm starts, each arm's per-seed accuracy and
-    collapses (count and exact bound), the per-cell contrasts (descriptive: t where no run of the pair
-    collapsed, else sign test), the pick set and what collapses say of filter or band."""
-    from kpo.compare.stats import collapse_count, mcnemar_exact, paired_accuracy, pick_set
+    collapses (count and exact bound) and what its runs logged, with :func:`describe_cell`'s contrasts, pick and
+    filter or band."""
+    from kpo.compare.stats import collapse_count
 
     runs = cell_runs(cfg, cell, seeds)
     found = outcomes(cfg, cell, seeds)
@@ -681,12 +787,6 @@ def cell_entry(cfg: RegimeConfig, cell: Cell, seeds: int) -> dict:
             **_arm_stats(cfg, cell, [r for r in runs if r.arm == arm]),
         }
     finished = [s for s in range(seeds) if all(found[arm][s] is not None for arm in found)]
-    contrasts = {}
-    for a, b in CONTRASTS:
-        if a in found and b in found and len(finished) >= 2:
-            d = [found[a][s][0] - found[b][s][0] for s in finished]
-            fell = [found[a][s][1] or found[b][s][1] for s in finished]
-            contrasts[contrast_name(a, b)] = paired_accuracy(d, fell)
     entry = {
         "cell": cell.name,
         "group": cfg.group(cell),
@@ -698,23 +798,68 @@ def cell_entry(cfg: RegimeConfig, cell: Cell, seeds: int) -> dict:
         "finished_seeds": len(finished),
         "warm_start": [_warm(cfg, s) for s in range(seeds)],
         "arms": arms,
-        "contrasts": contrasts,
         "done": len(finished) == seeds,
+        **describe_cell(found),
     }
-    scored = [load_outcome(Path(cfg.out) / cell.name / "runs" / r.name) for r in runs]
+    scored = [_outcome(Path(cfg.out) / cell.name / "runs" / r.name) for r in runs]
     entry["metric"] = next((o["metric"] for o in scored if o is not None), None)  # what "accuracy" is
+    if cfg.curve_every and entry["done"]:
+        entry["curve"] = _curve(cfg, cell, runs)
+    return entry
+
+
+def describe_cell(found: dict[str, list[tuple[float, bool] | None]]) -> dict:
+    """A cell's descriptive statistics over the seeds every arm finished, from ``found`` (arm -> per seed
+    (accuracy, collapsed), None unfinished): ``contrasts`` (t where no run of the pair collapsed, else the sign
+    test, a seed where both collapsed a tie), from 2 seeds the ``pick`` set, ``pick_note`` where the pick cannot
+    exclude any arm (:func:`_pick_note`), and ``filter_or_band`` where the clip band ran."""
+    from kpo.compare.stats import mcnemar_exact, paired_accuracy, pick_set
+
+    seeds = len(next(iter(found.values()), []))
+    finished = [s for s in range(seeds) if all(found[arm][s] is not None for arm in found)]
+    contrasts = {}
+    for a, b in CONTRASTS:
+        if a in found and b in found and len(finished) >= 2:
+            d = [found[a][s][0] - found[b][s][0] for s in finished]
+            fell = [found[a][s][1] or found[b][s][1] for s in finished]
+            both = [found[a][s][1] and found[b][s][1] for s in finished]
+            contrasts[contrast_name(a, b)] = paired_accuracy(d, fell, both=both)
+    entry: dict = {"contrasts": contrasts}
     if len(finished) >= 2:
         per_arm = {arm: [found[arm][s][0] for s in finished] for arm in found}
         flags = {arm: [found[arm][s][1] for s in finished] for arm in found}
         entry["pick"] = pick_set(per_arm, flags)
+        entry["pick_note"] = _pick_note(flags)
         if CLIP_BAND in found:
             entry["filter_or_band"] = {
                 subject: _filter_or_band(mcnemar_exact(flags[CLIP_BAND], flags[subject]), LABELS[subject])
                 for subject in (KPO, AUTO)
             }
-    if cfg.curve_every and entry["done"]:
-        entry["curve"] = _curve(cfg, cell, runs)
     return entry
+
+
+def _pick_note(flags: dict[str, list[bool]]) -> str | None:
+    """Why the pick cannot exclude any arm, or None where it can: every pair of arms has a collapse (so the sign
+    test compares them) and even a sign in every untied seed, p = 1 / 2^seeds, stays above the pick's level."""
+    from kpo.compare.stats import ALPHA
+
+    arms = list(flags)
+    level = ALPHA / max(len(arms) - 1, 1)
+    floors = []
+    for i, a in enumerate(arms):
+        for b in arms[i + 1 :]:
+            pairs = list(zip(flags[a], flags[b]))
+            if not any(x or y for x, y in pairs):
+                return None  # a t-test compares these two: it can reach any level
+            floors.append(0.5 ** sum(not (x and y) for x, y in pairs))
+    if not floors or min(floors) <= level:
+        return None
+    untied = round(-math.log2(min(floors)))
+    return (
+        f"cannot exclude any arm: every pair of arms has a collapse, so the one-sided sign test compares them, and "
+        f"its least p-value at {plural(untied, 'untied seed')}, 1/{2**untied} = {min(floors):.3g}, is above the "
+        f"pick's level {ALPHA:g} / {len(arms) - 1} = {level:.3g}"
+    )
 
 
 def _filter_or_band(test: dict, subject: str) -> str:
@@ -795,7 +940,7 @@ def write_regime_report(cfg: RegimeConfig, seeds_of: dict[str, int], looks: list
     from kpo.compare.regime_report import render_map
 
     out = Path(cfg.out)
-    plan = json.loads((out / "plan.json").read_text()) if (out / "plan.json").exists() else {}
+    plan = _read_plan(out / "plan.json") or {}
     entries = [cell_entry(cfg, cell, seeds_of[cfg.group(cell)]) for cell in cfg.cells]
     answers = decide(QUESTIONS, _data(cfg, seeds_of), cfg.cells, seeds_of)
     describe(QUESTIONS, answers)

@@ -8,17 +8,22 @@ seeds of such a mixture says little, so collapse and accuracy are separate outco
   discordant pair is a fair coin under "no difference", so the pooled exact test is the stratified one);
 - **accuracy** where no run of a pair collapsed: the paired Student-t interval over seeds; where some did: the
   exact sign test, with the distribution-free interval of the median difference (order statistics of the
-  per-seed differences) once there are 6 pairs or more;
+  per-seed differences) once there are ``MEDIAN_CI_MIN`` pairs or more; a pair where both runs collapsed is a tie
+  (its difference is two collapsed runs' noise about 0, not a sign);
 - **pooled accuracy** over cells (cell a fixed effect, the seed, whose warm start every cell shares, a random
   effect): in the map's balanced design the mixed model's inference for the pooled contrast is the t-test on
   the seeds' mean differences over the cells (S - 1 degrees of freedom; ``tests/compare/test_stats.py`` checks
   it against statsmodels' MixedLM), and its test of whether the cells differ is the two-way ANOVA F-test of the
   cell effect with seeds as blocks (statsmodels OLS);
-- **multiplicity**: Holm over the family of pre-registered hypotheses; over the looks of the sequential design
-  each hypothesis's p-value is multiplied by the number of planned looks (Bonferroni), so that a p-value taken
-  at any look, after any data-dependent stop, stays valid;
+- **multiplicity**: Holm over the family of pre-registered hypotheses, its decisions (:func:`holm`) and its
+  step-down adjusted p-values (:func:`holm_adjusted`); over the looks of the sequential design the error is split
+  unequally (weighted Bonferroni, the shares in :data:`kpo.compare.questions.LOOK_SHARES`: most of it at the last
+  look), a hypothesis's p-value at a look divided by that look's share, so that a p-value taken at any look, after
+  any data-dependent stop, stays valid;
 - **the pick**: the arms that no other arm beats significantly (paired one-sided tests against each other arm,
-  Bonferroni over them: multiple comparisons with the best), each with its collapse bound;
+  Bonferroni over them: multiple comparisons with the best), each with its collapse bound; with few pairs the
+  sign test cannot reach the level at all (its least one-sided p is 1 / 2^pairs), and the pick then excludes
+  nothing;
 - **seeds to decide**: the seeds a 80%-power test needs, from the measured spread (statsmodels' TTestPower) or
   the measured discordance (exact binomial power).
 
@@ -40,6 +45,7 @@ __all__ = [
     "collapse_count",
     "discordance_seeds",
     "holm",
+    "holm_adjusted",
     "mcnemar_exact",
     "paired_accuracy",
     "pick_set",
@@ -125,22 +131,30 @@ def _t_interval(x: np.ndarray, level: float) -> tuple[float, float]:
 
 def _median_interval(d: np.ndarray, level: float = 0.95) -> tuple[float, float] | None:
     """The distribution-free interval of the median from order statistics: [d_(j), d_(n+1-j)] with the largest j
-    whose coverage 1 - 2 P(Bin(n, 1/2) < j) is at least ``level``; None below MEDIAN_CI_MIN values."""
+    whose coverage 1 - 2 P(Bin(n, 1/2) < j) is at least ``level``; None below MEDIAN_CI_MIN values, or where even
+    [d_(1), d_(n)] covers less than ``level`` (6 values at 0.99: 1 - 2 / 2^6 = 0.969)."""
     from scipy.stats import binom
 
     n = d.size
-    if n < MEDIAN_CI_MIN:
+    reach = [k for k in range(1, n // 2 + 1) if 1 - 2 * binom.cdf(k - 1, n, 0.5) >= level]
+    if n < MEDIAN_CI_MIN or not reach:  # too few values for any interval at this level
         return None
-    j = max(k for k in range(1, n // 2 + 1) if 1 - 2 * binom.cdf(k - 1, n, 0.5) >= level)
+    j = max(reach)
     s = np.sort(d)
     return float(s[j - 1]), float(s[n - j])
 
 
-def paired_accuracy(d: Sequence[float], collapsed: Sequence[bool] | None = None, level: float = 0.95) -> dict:
+def paired_accuracy(
+    d: Sequence[float],
+    collapsed: Sequence[bool] | None = None,
+    level: float = 0.95,
+    both: Sequence[bool] | None = None,
+) -> dict:
     """One contrast from its per-seed paired differences ``d`` (fractions), ``collapsed[s]`` True where a run of
-    pair s collapsed: where none did, the paired t-interval and test ("t"); else the exact sign test with the
-    median and its order-statistic interval from 6 pairs ("sign"; low/high None below). Returns {method, seeds,
-    mean, median, low, high, p, sd (points), per_seed}."""
+    pair s collapsed, ``both[s]`` True where both did: where none did, the paired t-interval and test ("t"); else
+    the exact sign test with the median and its order-statistic interval from 6 pairs ("sign"; low/high None
+    below), a pair where both runs collapsed counted as a tie (difference 0: two collapsed runs' accuracies differ
+    by noise). Returns {method, seeds, mean, median, low, high, p, sd (points), per_seed (as measured), ties}."""
     d = np.asarray(d, dtype=np.float64)
     n = d.size
     out = {
@@ -151,9 +165,18 @@ def paired_accuracy(d: Sequence[float], collapsed: Sequence[bool] | None = None,
         "sd": float(d.std(ddof=1)) * 100 if n > 1 else None,
     }
     if collapsed is not None and any(collapsed):
-        interval = _median_interval(d, level)
+        tied = np.zeros(n, dtype=bool) if both is None else np.asarray(both, dtype=bool)
+        signed = np.where(tied, 0.0, d)
+        interval = _median_interval(signed, level)
         low, high = interval if interval else (None, None)
-        return out | {"method": "sign", "low": low, "high": high, "p": shifted_sign_test(d, 0.0, "two-sided")}
+        return out | {
+            "method": "sign",
+            "median": float(np.median(signed)),
+            "low": low,
+            "high": high,
+            "p": shifted_sign_test(signed, 0.0, "two-sided"),
+            "ties": int(tied.sum()),
+        }
     if n < 2:
         return out | {"method": "t", "low": None, "high": None, "p": None}
     if np.all(d == d[0]):  # no spread: the interval is the point, and a test has nothing to say
@@ -214,6 +237,18 @@ def cells_differ(rows: list[tuple[str, int, float]]) -> dict | None:
     }
 
 
+def holm_adjusted(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values: the i-th smallest p-value times (m - i), made non-decreasing along the
+    order and capped at 1; a hypothesis is rejected at family-wise level alpha where its adjusted p-value is at
+    most alpha. The values of statsmodels' ``multipletests(method="holm")[1]`` (a test checks it), without its
+    per-call ``gc.collect()`` (:func:`holm`)."""
+    p = np.asarray(pvalues, dtype=np.float64)
+    order = np.argsort(p, kind="stable")
+    adjusted = np.empty(p.size)
+    adjusted[order] = np.minimum(1.0, np.maximum.accumulate(p[order] * np.arange(p.size, 0, -1)))
+    return adjusted.tolist()
+
+
 def holm(pvalues: Sequence[float], alpha: float = ALPHA) -> list[bool]:
     """Which hypotheses Holm's step-down procedure rejects at family-wise level ``alpha``: the i-th smallest
     p-value is compared with alpha / (m - i), and the procedure stops at the first that fails. The same
@@ -231,8 +266,9 @@ def holm(pvalues: Sequence[float], alpha: float = ALPHA) -> list[bool]:
 def pick_set(per_arm: dict[str, list[float]], collapsed: dict[str, list[bool]], alpha: float = ALPHA) -> list[str]:
     """Multiple comparisons with the best, per cell: the arms that no other arm beats significantly. Arms are
     paired by seed (``per_arm``: arm -> per-seed accuracy, equal lengths); arm i leaves the set when some arm j
-    beats it in a one-sided paired test (t where no run of the pair collapsed, else the exact sign test) at
-    ``alpha`` / (arms - 1). The set holds the truly best arm with probability >= 1 - alpha."""
+    beats it in a one-sided paired test (t where no run of the pair collapsed, else the exact sign test, a seed
+    where both collapsed a tie) at ``alpha`` / (arms - 1). The set holds the truly best arm with probability
+    >= 1 - alpha."""
     arms = list(per_arm)
     level = alpha / max(len(arms) - 1, 1)
     keep = []
@@ -245,7 +281,8 @@ def pick_set(per_arm: dict[str, list[float]], collapsed: dict[str, list[bool]], 
             if d.size < 2:
                 continue
             if any(a or b for a, b in zip(collapsed[i], collapsed[j])):
-                p = shifted_sign_test(d, 0.0, "greater")
+                tied = np.array([a and b for a, b in zip(collapsed[i], collapsed[j])], dtype=bool)
+                p = shifted_sign_test(np.where(tied, 0.0, d), 0.0, "greater")
             elif np.all(d == d[0]):
                 p = 0.0 if d[0] > 0 else 1.0
             else:
