@@ -46,6 +46,7 @@ from kpo.compare.stats import (
     collapse_count,
     discordance_seeds,
     holm,
+    holm_adjusted,
     mcnemar_exact,
     paired_accuracy,
     seeds_for_effect,
@@ -330,15 +331,13 @@ def _seeds_needed(c: dict, level: float) -> int | None:
 
 def _looks_section(results: dict, scheduled: tuple[int, ...], taken: tuple[int, ...], stopped: bool):
     """The looks of a sequential compare: (markdown lines, report.json's "looks"); adds to each contrast of the
-    family its Holm-adjusted p (statsmodels, over the sequential p-values) and, undecided, the seeds that would
+    family its Holm-adjusted p (:func:`kpo.compare.stats.holm_adjusted`, over the sequential p-values) and, undecided, the seeds that would
     decide it (at the level it had at its last look: its look's share of the error over Holm's divisor for the
     contrasts not rejected)."""
-    from statsmodels.stats.multitest import multipletests
-
     shares = spending(ALPHA, scheduled)
     family = [name for name, c in results.items() if "sequential" in c]
     open_ = [name for name in family if not results[name]["holm_rejected"]]
-    adjusted = multipletests([results[name]["sequential"]["p_sequential"] for name in family], method="holm")[1]
+    adjusted = holm_adjusted([results[name]["sequential"]["p_sequential"] for name in family])
     for name, p_adjusted in zip(family, adjusted):
         c, entry = results[name], results[name]["sequential"]
         entry["p_adjusted"] = float(p_adjusted)
