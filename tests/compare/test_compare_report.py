@@ -168,3 +168,18 @@ def test_figure_headings_say_the_curves_are_trailing_means(compare_config, fake_
     for figure in ("## Figure 3 analog", "## Figure 4 analog"):
         [heading] = [line for line in text.splitlines() if line.startswith(figure)]
         assert "(5-step trailing means; mean over seeds, band = min-max)" in heading, heading
+
+
+def test_a_pair_where_both_runs_collapsed_is_a_tie_in_the_compare_report():
+    """kpo compare's contrasts as the map's: two collapsed runs' accuracies differ by noise, so their pair is a tie
+    of the sign test, not a sign (six pairs, all both collapsed, a hair apart: p = 1, not 2/64)."""
+    from kpo.compare.report import _contrast
+
+    def entry(mean):
+        return {"outcome": {"per_problem": [mean, mean]}}
+
+    warm = {s: entry(0.2) for s in range(6)}
+    a = [entry(0.0005 * (s + 1)) for s in range(6)]
+    b = [entry(0.0) for _ in range(6)]
+    found = _contrast(a, b, warm)
+    assert found["method"] == "sign" and found["p"] == 1.0

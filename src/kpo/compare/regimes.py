@@ -894,7 +894,8 @@ def _curve(cfg: RegimeConfig, cell: Cell, runs: list[Run]) -> dict:
         for i in range(len(steps)):
             a, b = per_seed[KPO][i], per_seed[arm][i]
             fell = [x < w or y < w for x, y, w in zip(a, b, warm)]
-            found_i = paired_accuracy([x - y for x, y in zip(a, b)], fell)
+            both = [x < w and y < w for x, y, w in zip(a, b, warm)]
+            found_i = paired_accuracy([x - y for x, y in zip(a, b)], fell, both=both)
             points.append(found_i | {"verdict": _interval_verdict(found_i)})
         contrasts[contrast_name(KPO, arm)] = points
     best = max((GRPO, GSPO), key=lambda arm: means[arm][-1])

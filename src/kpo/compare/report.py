@@ -231,7 +231,8 @@ def _contrast(
         found = {"method": "t over problems", "mean": mean, "median": mean, "low": low, "high": high, "p": None}
     else:
         pairs = [x or y for x, y in zip(fell_a, fell_b)] if known else None
-        found = paired_accuracy(per_seed, pairs, level)
+        both = [x and y for x, y in zip(fell_a, fell_b)] if known else None  # ties: two collapsed runs
+        found = paired_accuracy(per_seed, pairs, level, both=both)
     return {
         **found,
         "seeds": seeds,
