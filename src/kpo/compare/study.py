@@ -170,15 +170,15 @@ def _mcnemar_many(a_only: np.ndarray, b_only: np.ndarray) -> np.ndarray:
 
 def gate_and_holm(p_seq: dict[str, float], questions=QUESTIONS, alpha: float = ALPHA) -> tuple[dict, dict]:
     """The decisions on sequential p-values ``p_seq`` (question key -> p): the primary at ``alpha``; if rejected,
-    Holm at ``alpha`` over the family (statsmodels ``multipletests``). Returns (rejected, adjusted p): a family
-    member's adjusted p is the larger of the primary's p and its Holm-adjusted p (the least level at which the
-    gatekept procedure rejects it)."""
-    from statsmodels.stats.multitest import multipletests
+    Holm at ``alpha`` over the family (:func:`kpo.compare.stats.holm_adjusted`, statsmodels' values). Returns
+    (rejected, adjusted p): a family member's adjusted p is the larger of the primary's p and its Holm-adjusted p
+    (the least level at which the gatekept procedure rejects it)."""
+    from kpo.compare.stats import holm_adjusted
 
     primary = next(q.key for q in questions if q.role == "primary")
     family = [q.key for q in questions if q.role == "family"]
     adjusted = {primary: min(1.0, p_seq[primary])}
-    holm_p = multipletests([p_seq[k] for k in family], alpha=alpha, method="holm")[1] if family else []
+    holm_p = holm_adjusted([p_seq[k] for k in family]) if family else []
     for key, p in zip(family, holm_p):
         adjusted[key] = float(max(adjusted[primary], p))
     return {k: bool(p <= alpha) for k, p in adjusted.items()}, adjusted
