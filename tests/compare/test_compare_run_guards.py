@@ -18,7 +18,7 @@ import pytest
 from kpo.compare.engines import KEEP, KpoEngine, engine_of, keep_errors
 from kpo.compare.plan import CompareConfig, CompareError, Run
 from kpo.compare.regimes import Cell, RegimeConfig, _arm_stats
-from kpo.compare.run import LOCK_FILE, Job, _execute, disk_bytes, lock_run, train_jobs, unlock_run
+from kpo.compare.run import LOCK_FILE, Job, _execute, _size, disk_bytes, lock_run, train_jobs, unlock_run
 from kpo.compare.verl_engine import merge_rows, metrics_rows
 
 
@@ -136,7 +136,7 @@ def test_kpo_runs_keep_their_final_model_and_drop_checkpoints(tmp_path, keep):
     for name in ("final/model.safetensors", "checkpoint-4/optimizer.pt", "metrics.jsonl", "eval.json"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(b"x" * 10)
-    assert disk_bytes(tmp_path) == 40
+    assert disk_bytes(tmp_path) == 40 and _size(40) == "0.04 kB" and _size(1_234_000_000) == "1.23 GB"
     KpoEngine().prune(CompareConfig(keep=keep), tmp_path)
     left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     expected = {

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -166,7 +167,7 @@ def test_the_report_pairs_the_arms_by_seed_on_held_out_problems(compare):
         # --keep's default: the final checkpoint's Hugging Face weights alone stay
         kept = {p.parent for p in (out / "runs" / name / "checkpoints").rglob("*") if p.is_file()}
         assert kept == {out / "runs" / name / "checkpoints" / "global_step_2" / "actor" / "huggingface"}
-    assert "GB written" in compare["rerun"] and "GB kept" in compare["rerun"]  # each run's disk, as it finished
+    assert re.search(r"; disk [\d.]+ [kMG]B written, [\d.]+ [kMG]B kept", compare["rerun"])  # as each finished
     # the resumed run: its first attempt's training row at the checkpointed step kept its metrics, and gained the
     # validation the second attempt logged there
     second = compare["second"]

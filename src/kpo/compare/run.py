@@ -167,9 +167,8 @@ def _execute_locked(cfg: CompareConfig, run: Run, out: Path, resume: bool) -> di
             traceback.print_exc(file=log)
         raise
     disk = {"written": written, "kept": disk_bytes(out)}
-    print(
-        f"kpo compare: {run.name} disk: {_gb(disk['written'])} written, {_gb(disk['kept'])} kept (--keep {cfg.keep})"
-    )
+    kept = f"{_size(disk['written'])} written, {_size(disk['kept'])} kept (--keep {cfg.keep})"
+    print(f"kpo compare: {run.name} disk: {kept}", flush=True)  # to the run's log
     return {"run": run.name, "seconds": time.time() - start, "macro": results["macro"], "disk": disk}
 
 
@@ -184,8 +183,10 @@ def disk_bytes(folder: Path) -> int:
     return total
 
 
-def _gb(size: int) -> str:
-    return f"{size / 1e9:.3g} GB"
+def _size(size: int) -> str:
+    """``size`` bytes to read: 1.23 GB, 441 MB, 12.5 kB."""
+    scale, unit = next(((s, u) for s, u in ((1e9, "GB"), (1e6, "MB")) if size >= s), (1e3, "kB"))
+    return f"{size / scale:.3g} {unit}"
 
 
 def _evaluate(cfg: CompareConfig, model: Path, output: Path) -> dict:
@@ -388,13 +389,8 @@ def _await_runs(
         warm.setdefault(job.run.seed, job.cfg)
     first = min(warm, default=0)
     # with a start model every seed shares (--model), it is evaluated once, for the first seed
-    own = [
-        seed for seed, cfg in sorted(warm.items()) if seed == first or not engine_of(cfg).shared_start(cfg)
-    ]
-    print(
-        f"start models of seeds {sorted(warm)} (warm starts: cached once built) and their evaluation",
-        flush=True,
-    )
+    own = [seed for seed, cfg in sorted(warm.items()) if seed == first or not engine_of(cfg).shared_start(cfg)]
+    print(f"start models of seeds {sorted(warm)} (warm starts: cached once built) and their evaluation", flush=True)
     for fut in [pool.submit(_warm_start, warm[seed], seed) for seed in own]:
         fut.result()
     for seed in sorted(set(warm) - set(own)):
@@ -418,7 +414,7 @@ def _await_runs(
                     failures.append(_failure(job.run, e, job.folder / "log.txt"))
                     continue
                 macro = ", ".join(f"{k} {v:.3f}" for k, v in info["macro"].items() if "@" in k)
-                disk = f"{_gb(info['disk']['written'])} written, {_gb(info['disk']['kept'])} kept"
+                disk = f"{_size(info['disk']['written'])} written, {_size(info['disk']['kept'])} kept"
                 bar.write(f"done {job.label} in {info['seconds'] / 60:.1f} min: {macro}; disk {disk}")
                 for new in on_done(job) if on_done is not None else ():
                     jobs.append(new)

@@ -402,9 +402,8 @@ class VerlEngine:
         out.mkdir(parents=True, exist_ok=True)
         from kpo.compare.run import LOCK_FILE, die_with_parent, held_lock
 
-        if (
-            not resume
-        ):  # the run starts over: what an earlier attempt left would be resumed or read as its own
+        # the run starts over: what an earlier attempt left would be resumed or read as its own
+        if not resume:
             for path in out.iterdir():
                 if path.name not in ("log.txt", LOCK_FILE):  # the log keeps every attempt; the lock is held
                     shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
@@ -412,9 +411,7 @@ class VerlEngine:
         done = _checkpointed_step(out) * per_batch if resume else 0
         overrides = self.overrides(cfg, run, out, start_step=done)
         with replacing(out / RUN_FILE) as partial:  # what a rerun compares (and resumes with)
-            partial.write_text(
-                json.dumps({"verl_config": _yaml(cfg), "overrides": overrides}, indent=1) + "\n"
-            )
+            partial.write_text(json.dumps({"verl_config": _yaml(cfg), "overrides": overrides}, indent=1) + "\n")
         from omegaconf import OmegaConf
 
         with replacing(out / "config.yaml") as partial:
@@ -485,12 +482,7 @@ class VerlEngine:
         """The overrides of the run in ``out`` (``run.json``) against now's, by key, leaving out where it writes and
         where a resumed run's dumps start."""
         saved = json.loads((out / RUN_FILE).read_text())
-        mine = (
-            "trainer.default_local_dir",
-            "hydra.run.dir",
-            f"{ACTOR}.dump_ratios_dir",
-            f"{ACTOR}.dump_ratios_start",
-        )
+        mine = ("trainer.default_local_dir", "hydra.run.dir", f"{ACTOR}.dump_ratios_dir", f"{ACTOR}.dump_ratios_start")
 
         def keyed(overrides) -> dict[str, str]:
             pairs = (o.split("=", 1) if "=" in o else (o, "") for o in overrides)
