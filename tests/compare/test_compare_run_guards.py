@@ -38,12 +38,11 @@ def test_a_validation_row_never_replaces_a_training_row():
         _train_row(3),
     ]
     merged = metrics_rows(merge_rows(rows), 2)
-    assert [r["step"] for r in merged] == [0, 2, 4, 6]
-    assert merged[0]["reward_mean"] is None and merged[0]["val-core/test/reward/mean@1"] == 0.1  # the start model
-    assert merged[1]["reward_mean"] == 0.5 and merged[1]["clip_frac"] == 0.1  # kept its training metrics
-    assert merged[1]["val-core/test/reward/mean@1"] == 0.3  # and got the resumed attempt's validation
-    assert merged[2]["clip_frac"] == 0.2  # the step the resumed attempt redid: its row
-    assert all(r["reward_mean"] == 0.5 for r in merged[1:])
+    assert [r["step"] for r in merged] == [2, 4, 6]  # training rows only (the start model's validation: step 0)
+    assert merged[0]["reward_mean"] == 0.5 and merged[0]["clip_frac"] == 0.1  # kept its training metrics
+    assert merged[0]["val-core/test/reward/mean@1"] == 0.3  # and got the resumed attempt's validation
+    assert merged[1]["clip_frac"] == 0.2  # the step the resumed attempt redid: its row
+    assert all(r["reward_mean"] == 0.5 for r in merged)
 
 
 def test_the_engines_declare_what_a_metrics_row_covers():

@@ -165,11 +165,12 @@ _compose = lru_cache(maxsize=32)(_compose_fresh)
 
 def merge_rows(rows: list[dict]) -> list[dict]:
     """verl's file-logger rows (``{"step": s, "data": {...}}``) of every attempt of a run, in the order written,
-    as one row per step. A row with training metrics (any not verl's validation's ``val-*``) is its step's
-    training row, a later attempt's replacing an earlier's (a resumed run redoes the steps after its checkpoint);
-    validation metrics join their step's row and never replace its training metrics (``val_before_train`` logs a
-    validation-only row at the step a resumed run starts from: its checkpoint's, already trained). A step with
-    validation only (step 0: the start model) keeps its own row."""
+    as one row per trained step. A row with training metrics (any not verl's validation's ``val-*``) is its
+    step's training row, a later attempt's replacing an earlier's (a resumed run redoes the steps after its
+    checkpoint); validation metrics join their step's row and never replace its training metrics
+    (``val_before_train`` logs a validation-only row at the step a resumed run starts from: its checkpoint's,
+    already trained). A step with validation only (step 0: the start model) has no training row, so no row here:
+    it stays in its ``verl_metrics-K.jsonl``."""
     train: dict[int, dict] = {}
     val: dict[int, dict] = {}
     for row in rows:
@@ -178,7 +179,7 @@ def merge_rows(rows: list[dict]) -> list[dict]:
         if trained:
             train[row["step"]] = trained
         val.setdefault(row["step"], {}).update({k: v for k, v in data.items() if k.startswith(VALIDATION)})
-    return [{"step": s, "data": train.get(s, {}) | val[s]} for s in sorted(val)]
+    return [{"step": s, "data": train[s] | val[s]} for s in sorted(train)]
 
 
 def metrics_rows(rows: list[dict], steps_per_batch: int) -> list[dict]:
@@ -451,10 +452,13 @@ class VerlEngine:
         rows = []
         for path in sorted(out.glob("verl_metrics-*.jsonl"), key=lambda p: int(p.stem.split("-")[1])):
             rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        merged = merge_rows(rows)
+        lost = sorted(set(range(1, cfg.steps // per_batch + 1)) - {r["step"] for r in merged})
+        if lost:  # verl saves a step's checkpoint before it logs the step: a kill between the two loses the row
+            print(f"kpo compare: verl logged no training row for its step(s) {lost} (killed between a checkpoint "
+                  "and its row?): metrics.jsonl has none for them", flush=True)  # fmt: skip
         with replacing(out / "metrics.jsonl") as partial:  # the run is trained once this is there
-            partial.write_text(
-                "".join(json.dumps(r) + "\n" for r in metrics_rows(merge_rows(rows), per_batch))
-            )
+            partial.write_text("".join(json.dumps(r) + "\n" for r in metrics_rows(merged, per_batch)))
         return final
 
     def checkpoint(self, cfg, out: Path, step: int) -> Path:
