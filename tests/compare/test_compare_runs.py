@@ -84,7 +84,7 @@ def fake_execute(cfg, run, out, resume=False) -> dict:
             (out / "interrupted").write_text("stopped by a signal")
             raise
     write_fake_run(cfg, run)
-    return {"run": run.name, "seconds": 0.0, "macro": {"avg@2": 0.5}}
+    return {"run": run.name, "seconds": 0.0, "macro": {"avg@2": 0.5}, "disk": {"written": 0, "kept": 0}}
 
 
 def no_warm_start(cfg, seed) -> None:

@@ -4,8 +4,10 @@ the CPU platform and transformers rollout of test_verl_e2e.py (``VERL_USE_EXTERN
 the loss calls, one folder per run (``KPO_VERL_CAPTURE_DIR={KPO_COMPARE_RUN}/capture``).
 
 One compare of 2 arms (verl's vanilla, KPO at the matched memory) x 2 seeds, 4 optimizer steps each (2 verl
-steps of 6 prompts x 8 samples, 2 mini-batches), scored by kpo eval on the 2 held-out problems, is run once for
-the module: killed (SIGTERM) while its second run trains, then run again to the end. The regime map then runs
+steps of 6 prompts x 8 samples, 2 mini-batches; verl's validation before training, a checkpoint every verl step),
+scored by kpo eval on the 2 held-out problems, is run once for the module: killed (SIGTERM) once its second run
+has checkpointed and logged its first verl step, then run again to the end, which resumes that run (whose
+validation before training logs at the checkpointed step). The regime map then runs
 the cell those runs belong to (none-depth2-lr0.001): it reuses them and trains GSPO (and the clip band, if GRPO
 collapsed in a seed where KPO or GSPO did not). About 1.5 minutes per main_ppo run on 2 shared cores.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -55,7 +58,7 @@ CPU_YAML = ROOT / "examples" / "verl" / "cpu_tiny.yaml"
 def cpu_config(task: dict[str, Path]) -> list[str]:
     """A user's verl configuration for the CPU: examples/verl/cpu_tiny.yaml (test_verl_e2e.py's settings, less
     what kpo compare sets) and the validation file verl opens."""
-    return ["--verl-config", str(CPU_YAML), "--", f"data.val_files={task['test']}"]
+    return ["--verl-config", str(CPU_YAML), "--", f"data.val_files={task['test']}", "trainer.save_freq=1"]
 
 
 def kpo_command(*args: str) -> list[str]:
@@ -99,8 +102,9 @@ def compare_argv(task: dict[str, Path], out: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def compare(task, tmp_path_factory) -> dict:
-    """The compare, killed while its second run trains, then run to the end: {"out", "killed" (the first
-    attempt's exit status), "stamps" (the first run's files after the kill), "rerun" (the second's output)}."""
+    """The compare, killed once its second run has checkpointed and logged its first verl step, then run to the
+    end: {"out", "killed" (the first attempt's exit status), "stamps" (the first run's files after the kill),
+    "rerun" (the second's output), "second" (the resumed run's folder)}."""
     out = tmp_path_factory.mktemp("verl-compare") / CELL
     runs = out / "runs"
     first, second = runs / "vanilla-seed0", runs / "kpo-memorymatched-seed0"
@@ -109,10 +113,11 @@ def compare(task, tmp_path_factory) -> dict:
         proc = subprocess.Popen(compare_argv(task, out), env=ENV, start_new_session=True, stdout=sink, stderr=sink)
     try:
         deadline = time.time() + RUN_TIMEOUT_S
-        while not (second / "run.json").exists():  # written just before the second run's main_ppo starts
+        # verl saves a step's checkpoint before it logs the step's row: both are there once the row is
+        first_rows = second / "verl_metrics-0.jsonl"
+        while not (first_rows.exists() and "actor/pg_clipfrac" in first_rows.read_text()):
             assert proc.poll() is None and time.time() < deadline, log.read_text()[-6000:]
             time.sleep(1)
-        time.sleep(15)  # main_ppo and Ray are up
         os.kill(proc.pid, signal.SIGTERM)
         killed = proc.wait(timeout=300)
     finally:
@@ -131,6 +136,7 @@ def test_a_kill_during_the_second_run_keeps_the_first(compare):
     out = compare["out"]
     assert compare["killed"] == 130  # kpo's status for an interrupt
     assert "4 runs, 1 already done" in compare["rerun"], compare["rerun"][-3000:]
+    assert "resuming kpo-memorymatched-seed0 from its checkpoint" in compare["rerun"]
     first = out / "runs" / "vanilla-seed0"
     assert {p.name: p.stat().st_mtime_ns for p in first.iterdir() if p.is_file()} == compare["stamps"]
     # the interrupted main_ppo took every process of its run with it
@@ -155,7 +161,21 @@ def test_the_report_pairs_the_arms_by_seed_on_held_out_problems(compare):
         results = json.loads((out / "runs" / name / "eval.json").read_text())
         assert results["benchmarks"]["test"]["problems"] == 2 and results["params"]["n"] == 2
         rows = [json.loads(line) for line in (out / "runs" / name / "metrics.jsonl").read_text().splitlines()]
+        # one row per verl step, each with its training metrics (the start model's validation, verl's step 0,
+        # stays in verl's own file)
         assert [r["step"] for r in rows] == [2, 4] and all(0 <= r["reward_mean"] <= 1 for r in rows)
+        logged = (out / "runs" / name / "verl_metrics-0.jsonl").read_text().splitlines()
+        assert json.loads(logged[0])["step"] == 0 and all(k.startswith("val-") for k in json.loads(logged[0])["data"])
+        # --keep's default: the final checkpoint's Hugging Face weights alone stay
+        kept = {p.parent for p in (out / "runs" / name / "checkpoints").rglob("*") if p.is_file()}
+        assert kept == {out / "runs" / name / "checkpoints" / "global_step_2" / "actor" / "huggingface"}
+    assert re.search(r"; disk [\d.]+ [kMG]B written, [\d.]+ [kMG]B kept", compare["rerun"])  # as each finished
+    # the resumed run: its first attempt's training row at the checkpointed step kept its metrics, and gained the
+    # validation the second attempt logged there
+    second = compare["second"]
+    assert len(list(second.glob("verl_metrics-*.jsonl"))) == 2
+    resumed = [json.loads(line) for line in (second / "metrics.jsonl").read_text().splitlines()]
+    assert resumed[0]["clip_frac"] is not None and any(k.startswith("val-core/") for k in resumed[0])
     # the arms of a seed trained on the same prompts: the seed, not the arm, sets verl's data order and sampling
     for seed in (0, 1):
         settings = [json.loads((out / "runs" / f"{arm}-seed{seed}" / "run.json").read_text())["overrides"]
@@ -172,7 +192,10 @@ def test_each_run_trained_on_its_arm_s_loss(compare, arm):
     for seed in (0, 1):
         calls = load_calls(compare["out"] / "runs" / f"{arm}-seed{seed}" / "capture")
         (rank,) = calls
-        assert len(calls[rank]) == STEPS  # one call per optimizer step (one micro-batch each)
+        # one call per optimizer step (one micro-batch each); the resumed run also has its killed attempt's calls
+        # of the verl step it redid
+        resumed = (arm, seed) == ("kpo-memorymatched", 0)
+        assert STEPS <= len(calls[rank]) <= STEPS + MINIBATCHES if resumed else len(calls[rank]) == STEPS
         for call in calls[rank]:
             if arm == "vanilla":  # verl's own vanilla at its paper clip range
                 assert call["loss_mode"] == "vanilla" and call["loss_agg_mode"] == "token-mean"
@@ -225,4 +248,9 @@ def test_a_one_cell_regime_map_on_verl_reuses_the_compare_s_runs(compare, task, 
     (cell,) = found["cells"]
     assert cell["done"] and set(cell["arms"]) == {"vanilla", "gspo", "kpo (memory=matched)", "kpo (memory=auto)"}
     assert cell["metric"].startswith("held-out avg@2")
+    # verl's rows are generation batches: no on/off-policy split, and KPO (auto)'s memory from the plugin's
+    # actor/kpo/memory_tokens (memory.png's data), its off-policy steps' fit in each of the 2 batches
+    auto = cell["arms"]["kpo (memory=auto)"]
+    assert auto["on_policy_clip_frac"] is None and auto["clip_frac"] is not None
+    assert set(auto["memory_tokens"]["by_batch"]) == {"1", "2"}
     assert {q["verdict"] for q in found["questions"]} <= {"pending", "not asked"}

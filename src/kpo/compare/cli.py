@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from kpo.compare.engines import KEEP
 from kpo.compare.plan import (
     AA_SEEDS,
     ABLATION_SEEDS,
@@ -149,6 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="Ratio dump period in optimizer steps (default: %(default)s).",
     )
     p.add_argument(
+        "--keep",
+        choices=tuple(KEEP),
+        default=d.keep,
+        help="What stays of each run once it is scored, besides its metrics, scores, ratio dumps and log: "
+        + "; ".join(f"{k}: {v}" for k, v in KEEP.items())
+        + ". Each run's disk use, written and kept, is printed as it finishes.",
+    )
+    p.add_argument(
         "--jobs",
         type=int,
         default=None,
@@ -269,6 +278,7 @@ def _config(args) -> CompareConfig:
         jobs=args.jobs,
         train_args=tuple(extra),
         quick=args.quick,
+        keep=args.keep,
         **_setup(args),
     )
 

@@ -1,9 +1,10 @@
 """What trains the runs of ``kpo compare``: an engine, one seam (:class:`Engine`) between the comparison and a
 trainer. The plan, the evaluation, the statistics and the reports never branch on which engine ran: an engine
 checks its settings before anything trains, trains one run into its folder (or resumes it), and hands back its
-final model (a Hugging Face directory that ``kpo eval`` scores), its metrics (``metrics.jsonl``, one row per
-logged step with at least ``step``, ``reward_mean``, ``entropy``, ``clip_frac``) and its ratio dumps
-(``ratios/``, :mod:`kpo.analysis.dumps`).
+final model (a Hugging Face directory that ``kpo eval`` scores), its metrics (``metrics.jsonl``: rows with at
+least ``step``, ``reward_mean``, ``entropy``, ``clip_frac``, each covering what :attr:`Engine.rows` declares) and
+its ratio dumps (``ratios/``, :mod:`kpo.analysis.dumps`); once the run is scored, it removes what ``--keep``
+(:data:`KEEP`) does not keep.
 
 - ``kpo`` (:class:`KpoEngine`, the default): ``kpo train`` (TRL) in the worker process, on the embedded task or on
   ``--model``/``--dataset``; the ``--`` flags are kpo train's.
@@ -16,7 +17,27 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["COMPARE_OWNED", "Engine", "KpoEngine", "engine_of", "train_argv"]
+__all__ = [
+    "BATCH_ROWS",
+    "COMPARE_OWNED",
+    "KEEP",
+    "STEP_ROWS",
+    "Engine",
+    "KpoEngine",
+    "engine_of",
+    "train_argv",
+]
+
+# What one row of a run's metrics.jsonl covers (Engine.rows): one optimizer step (the row's step), or one
+# generation batch (the row's step is the optimizer step that ends it; each metric is the mean over the batch's
+# optimizer steps, so a row holds its on-policy and off-policy steps together).
+STEP_ROWS, BATCH_ROWS = "optimizer step", "generation batch"
+# --keep: what stays of a run once it is scored (its metrics, scores, ratio dumps and log always stay)
+KEEP = {
+    "hf": "the final model's Hugging Face weights only (the default)",
+    "all": "everything the trainer wrote (every checkpoint, optimizer states included)",
+    "none": "no weights at all",
+}
 
 # `kpo train` fields that kpo compare sets from its own options (or its run plan); a `--` flag for one of them
 # would override compare's value after compare.json recorded it.
@@ -42,6 +63,8 @@ class Engine(Protocol):
     """One trainer behind ``kpo compare``. ``cfg`` is the :class:`kpo.compare.CompareConfig`, ``run`` a
     :class:`kpo.compare.Run`, ``out`` the run's folder. Methods marked "worker" run in a worker process."""
 
+    rows: str  # what one metrics.jsonl row covers: STEP_ROWS or BATCH_ROWS
+
     def flag_errors(self, cfg) -> list[str]:
         """What is wrong with the settings alone (the ``--`` flags setting what the comparison owns, files the
         engine needs): checked before :meth:`config_errors`."""
@@ -66,6 +89,10 @@ class Engine(Protocol):
     def checkpoint(self, cfg, out: Path, step: int) -> Path:
         """The model folder of the run's checkpoint after optimizer step ``step`` (learning curves)."""
 
+    def prune(self, cfg, out: Path) -> None:
+        """Worker, once the run is scored: remove what ``cfg.keep`` (:data:`KEEP`) does not keep; the run stays
+        done (:meth:`trained`) and is no longer resumable."""
+
     def trained(self, cfg, out: Path) -> bool:
         """Whether the run in ``out`` finished training (its metrics and final model are there)."""
 
@@ -86,8 +113,10 @@ class Engine(Protocol):
 class KpoEngine:
     """``kpo train`` in the worker process (TRL), one torch thread per run; see :mod:`kpo.compare.run`."""
 
+    rows = STEP_ROWS
+
     def flag_errors(self, cfg) -> list[str]:
-        return _owned_flag_errors(cfg.train_args)
+        return _owned_flag_errors(cfg.train_args) + keep_errors(cfg)
 
     def config_errors(self, cfg, runs) -> list[str]:
         return _train_config_errors(cfg, runs)
@@ -118,6 +147,19 @@ class KpoEngine:
 
     def checkpoint(self, cfg, out: Path, step: int) -> Path:
         return out / f"checkpoint-{step}"
+
+    def prune(self, cfg, out: Path) -> None:
+        """``checkpoint-*`` (kpo train's, with their optimizer states: resume points and learning-curve models)
+        go unless ``all``; ``final/`` goes with ``none``."""
+        import shutil
+
+        from kpo.train.checkpoints import SET_ASIDE_PREFIX
+
+        if cfg.keep == "all":
+            return
+        doomed = [*out.glob("checkpoint-*"), *out.glob(f"{SET_ASIDE_PREFIX}checkpoint-*")]
+        for path in doomed + ([out / "final"] if cfg.keep == "none" else []):
+            shutil.rmtree(path, ignore_errors=True)
 
     def trained(self, cfg, out: Path) -> bool:
         return (out / "config.yaml").exists() and (out / "metrics.jsonl").exists()
@@ -163,6 +205,13 @@ class KpoEngine:
             # per parallel worker, each claiming most of the GPU's memory
             "backend": "transformers",
         }
+
+
+def keep_errors(cfg) -> list[str]:
+    """``--keep`` names one of :data:`KEEP`."""
+    if cfg.keep in KEEP:
+        return []
+    return [f"--keep {cfg.keep}: unknown; use {', '.join(f'{k} ({v})' for k, v in KEEP.items())}"]
 
 
 def _owned_flag_errors(train_args: tuple[str, ...]) -> list[str]:

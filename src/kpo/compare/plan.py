@@ -91,6 +91,7 @@ class CompareConfig:
     # split (the running task: by its exact expected accuracy)
     eval_data: tuple[str, ...] = ()
     verl_config: str | None = None  # --engine verl: the user's verl YAML (its overrides go after `--`)
+    keep: str = "hf"  # what stays of a run once scored (kpo.compare.engines.KEEP): its final HF weights
 
     def __post_init__(self) -> None:
         if self.quick:

@@ -712,27 +712,38 @@ def write_cell_report(cfg: RegimeConfig, cell: Cell, seeds: int) -> Path | None:
 
 # ------------------------------------------------------------------ a cell of the map
 def _arm_stats(cfg: RegimeConfig, cell: Cell, runs: list[Run]) -> dict:
-    """One arm of a cell, from metrics.jsonl: the mean mismatch (rollout_corr/k3_kl), clip fraction of the
-    batches' first (on-policy) steps and of the others, and for KPO (auto) its fitted memory per generation
-    batch over the arm's finished seeds (:func:`_memory_by_batch`)."""
+    """One arm of a cell, from metrics.jsonl: the mean mismatch (rollout_corr/k3_kl), the clip fraction of every
+    step, of the batches' first (on-policy) steps and of the others, and for KPO (auto) its fitted memory per
+    generation batch over the arm's finished seeds (:func:`_memory_by_batch`). Rows of one optimizer step (kpo
+    train's) are classified by their step; rows of a generation batch (verl's: each metric the mean over the
+    batch's steps, :data:`kpo.compare.engines.BATCH_ROWS`) hold both kinds together, so the on-policy and
+    off-policy figures are None unless every step is on-policy (depth 1), and the memory is each batch's mean."""
+    from kpo.compare.engines import BATCH_ROWS, engine_of
     from kpo.train.config import on_policy_step
     from kpo.train.metrics import load_metrics
 
-    k3, first, rest, memory = [], [], [], {}
+    per_batch = engine_of(cfg).rows == BATCH_ROWS
+    k3, every, first, rest, memory = [], [], [], [], {}
     for run in runs:
         folder = Path(cfg.out) / cell.name / "runs" / run.name
         if _expected(folder) is None:
             continue
         for r in load_metrics(folder):
+            on_policy = cell.depth == 1 if per_batch else on_policy_step(r["step"], cell.depth)
             if r.get("rollout_corr/k3_kl") is not None:
                 k3.append(r["rollout_corr/k3_kl"])
             if r.get("clip_frac") is not None:
-                (first if on_policy_step(r["step"], cell.depth) else rest).append(r["clip_frac"])
-            if r.get("kpo/memory_tokens") is not None and not on_policy_step(r["step"], cell.depth):
+                every.append(r["clip_frac"])
+                if on_policy:
+                    first.append(r["clip_frac"])
+                elif not per_batch:
+                    rest.append(r["clip_frac"])
+            if r.get("kpo/memory_tokens") is not None and (per_batch or not on_policy):
                 memory.setdefault(-(-r["step"] // cell.depth), []).append(r["kpo/memory_tokens"])
     mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
     return {
         "k3_kl": mean(k3),
+        "clip_frac": mean(every),
         "on_policy_clip_frac": mean(first),
         "off_policy_clip_frac": mean(rest),
         "memory_tokens": _memory_by_batch(memory) if memory else None,

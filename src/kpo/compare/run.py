@@ -1,9 +1,15 @@
 """The execution of ``kpo compare``: each seed's warm start, then the runs in parallel worker processes (one torch
 thread each), each trained and evaluated on the held-out split; finished runs are reused, and a finished run made
-with other settings is an error."""
+with other settings is an error.
+
+No trainer outlives its compare and no two processes write one run: a worker dies with kpo compare and a trainer
+it starts dies with it (:func:`die_with_parent`), and a worker holds its run's lock (:data:`LOCK_FILE`) while it
+trains, scores and prunes the run; a compare finding a run locked stops before anything trains."""
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import json
 import os
 import shutil
@@ -41,6 +47,66 @@ from kpo.compare.plan import (
 )
 from kpo.compare.report import looks_decided, write_report
 
+LOCK_FILE = "kpo-compare.lock"  # in a run's folder: the pid of the process that writes the run
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_locks: dict[Path, int] = {}  # run folder -> the fd of its lock, while this process holds it
+
+
+def die_with_parent() -> None:
+    """In a child process (a pool initializer, a Popen ``preexec_fn``): get SIGKILL when the parent that started it
+    ends, however it ends (Linux's ``prctl(PR_SET_PDEATHSIG)``; a SIGKILL of kpo compare runs no handler that could
+    stop its trainers). If the parent is already gone, exit at once."""
+    parent = os.getppid()
+    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:  # the parent died before the call
+        os._exit(1)
+
+
+def lock_run(folder: Path) -> int | None:
+    """Take the lock of the run in ``folder`` (an exclusive ``flock`` on ``folder/LOCK_FILE``, which then holds
+    this pid): its fd, kept until :func:`unlock_run`, or None when another process holds it. The kernel drops the
+    lock when the last process holding the fd ends (the worker, and a trainer it passes the fd to): a killed
+    compare leaves no stale lock."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _locks[folder] = fd
+    return fd
+
+
+def unlock_run(folder: Path) -> None:
+    os.close(_locks.pop(folder))
+
+
+def held_lock(folder: Path) -> int | None:
+    """The fd of the lock this process holds on the run in ``folder`` (a trainer it starts keeps it), or None."""
+    return _locks.get(folder)
+
+
+def _busy(folder: Path) -> str | None:
+    """Why the run in ``folder`` cannot be written now (another process holds its lock); None when it is free."""
+    if not (folder / LOCK_FILE).exists():
+        return None
+    if lock_run(folder) is not None:
+        unlock_run(folder)
+        return None
+    return _busy_line(folder)
+
+
+def _busy_line(folder: Path) -> str:
+    holder = (folder / LOCK_FILE).read_text().strip() or "?"
+    return (
+        f"run {folder.name} ({folder}) is being written by process {holder} or a trainer it started (lock: "
+        f"{folder / LOCK_FILE}): wait for it to end or stop it; two processes must not write one run"
+    )
+
 
 def _log_to(out: Path) -> None:
     """Worker: send this process's output (fds 1 and 2) to ``out/log.txt``, after a line that starts the run
@@ -69,9 +135,18 @@ def _execute(cfg: CompareConfig, run: Run, out: Path, resume: bool = False) -> d
     evaluate its final model. Output goes to ``out/log.txt``, and so does the traceback of an error (SystemExit
     included) before it reaches kpo compare, which prints one line of it. After an interrupt the worker starts
     no other run."""
-    global _interrupted
     if _interrupted:
         raise KeyboardInterrupt(f"{run.name} not started: kpo compare was interrupted")
+    if lock_run(out) is None:
+        raise RuntimeError(_busy_line(out))
+    try:
+        return _execute_locked(cfg, run, out, resume)
+    finally:
+        unlock_run(out)
+
+
+def _execute_locked(cfg: CompareConfig, run: Run, out: Path, resume: bool) -> dict:
+    global _interrupted
     _log_to(out)
     start = time.time()
     engine = engine_of(cfg)
@@ -82,6 +157,8 @@ def _execute(cfg: CompareConfig, run: Run, out: Path, resume: bool = False) -> d
             _evaluate_exact(cfg, final, out / EXPECTED_FILE)
         if cfg.curve_every:
             _evaluate_curve(cfg, out)
+        written = disk_bytes(out)
+        engine.prune(cfg, out)
         with replacing(out / TIMING_FILE) as partial:  # what the next plan of this setup reads
             partial.write_text(json.dumps({"seconds": time.time() - start}) + "\n")
     except BaseException as e:
@@ -91,7 +168,27 @@ def _execute(cfg: CompareConfig, run: Run, out: Path, resume: bool = False) -> d
         with open(out / "log.txt", "a") as log:
             traceback.print_exc(file=log)
         raise
-    return {"run": run.name, "seconds": time.time() - start, "macro": results["macro"]}
+    disk = {"written": written, "kept": disk_bytes(out)}
+    kept = f"{_size(disk['written'])} written, {_size(disk['kept'])} kept (--keep {cfg.keep})"
+    print(f"kpo compare: {run.name} disk: {kept}", flush=True)  # to the run's log
+    return {"run": run.name, "seconds": time.time() - start, "macro": results["macro"], "disk": disk}
+
+
+def disk_bytes(folder: Path) -> int:
+    """Bytes of the files under ``folder`` (each hard link once, symbolic links not followed)."""
+    seen, total = set(), 0
+    for path in folder.rglob("*"):
+        st = path.lstat()
+        if path.is_file() and not path.is_symlink() and (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_size
+    return total
+
+
+def _size(size: int) -> str:
+    """``size`` bytes to read: 1.23 GB, 441 MB, 12.5 kB."""
+    scale, unit = next(((s, u) for s, u in ((1e9, "GB"), (1e6, "MB")) if size >= s), (1e3, "kB"))
+    return f"{size / scale:.3g} {unit}"
 
 
 def _evaluate(cfg: CompareConfig, model: Path, output: Path) -> dict:
@@ -319,7 +416,8 @@ def _await_runs(
                     failures.append(_failure(job.run, e, job.folder / "log.txt"))
                     continue
                 macro = ", ".join(f"{k} {v:.3f}" for k, v in info["macro"].items() if "@" in k)
-                bar.write(f"done {job.label} in {info['seconds'] / 60:.1f} min: {macro}")
+                disk = f"{_size(info['disk']['written'])} written, {_size(info['disk']['kept'])} kept"
+                bar.write(f"done {job.label} in {info['seconds'] / 60:.1f} min: {macro}; disk {disk}")
                 for new in on_done(job) if on_done is not None else ():
                     jobs.append(new)
                     bar.total += new.cfg.steps
@@ -333,18 +431,24 @@ OnDone = Callable[[Job], list[Job]]
 
 
 def _worker_start() -> None:
-    """A worker's own process group (signals reach it through :func:`_stop_workers` alone), and SIGINT's
+    """A worker's own process group (signals reach it through :func:`_stop_workers` alone), its death with kpo
+    compare's (:func:`die_with_parent`: in its own group, no terminal's signal reaches it), and SIGINT's
     default handler: a kpo compare started in the background (``&``, nohup) passes its ignored SIGINT on to the
     processes it spawns, and a worker that ignores it finished its run, however long, before stopping."""
     os.setpgrp()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def train_jobs(jobs: list[Job], workers: int | None, on_done: OnDone | None = None) -> None:
     """Train and evaluate ``jobs`` (and those ``on_done`` adds) in parallel worker processes (``workers``; None =
-    one per CPU); RuntimeError listing every failed run (after the others ended) when any failed. An interrupt is
-    passed on to the workers (:func:`_stop_workers`)."""
+    one per CPU); RuntimeError listing every failed run (after the others ended) when any failed, CompareError
+    before anything starts when another process writes one of them (its lock). An interrupt is passed on to the
+    workers (:func:`_stop_workers`)."""
     jobs = list(jobs)
+    busy = [why for job in jobs if (why := _busy(job.folder))]
+    if busy:  # before anything is written to them
+        raise CompareError(busy)
     log_sizes = {}  # a run's worker adds a line to its log at start: which of the runs a dead worker stopped had begun
     workers = workers if workers is not None else os.cpu_count() or 1
     # Workers run in process groups of their own, so a signal reaches them only through _stop_workers: once,

@@ -1,7 +1,9 @@
 """``kpo compare --engine verl``: every run is verl's ``python -m verl.trainer.main_ppo`` (its default v1 trainer,
 on the Ray cluster the configuration names) on the user's own verl configuration, a YAML file
 (``--verl-config``) and/or Hydra overrides (after ``--``), passed through untouched. kpo adds only what the
-comparison owns per run (:data:`OWNED`; an override of one of those is an error before anything trains):
+comparison owns per run (:data:`OWNED`). One rule for those keys, wherever the user sets them: an override
+after ``--``, a key of the YAML file, or a value the YAML's configuration composes to that differs from verl's
+``ppo_trainer`` is refused before anything trains, with one line naming the key and what sets it instead.
 
 - the loss: ``actor_rollout_ref.actor.policy_loss.loss_mode``, its paper clip range (:data:`PAPER_CLIP`) and
   aggregation, and for kpo's losses kpo's actor config and parameters (``memory=matched`` resolved at
@@ -11,20 +13,32 @@ comparison owns per run (:data:`OWNED`; an override of one of those is an error 
 - the run's length and depth: ``trainer.total_training_steps`` = ``--steps`` / (``--minibatches`` x ppo_epochs)
   (and as many ``trainer.total_epochs``, so that the step count ends the run),
   ``actor_rollout_ref.actor.ppo_mini_batch_size`` = ``data.train_batch_size`` / ``--minibatches``;
-- where it writes: ``trainer.default_local_dir`` (the run's ``checkpoints/``), ``trainer.experiment_name`` (the
-  user's, then the run's name), Hydra's own output folder; and what it writes: verl's ``file`` logger added to
-  the user's loggers (its rows, one per training step, become the run's ``metrics.jsonl``), ``hf_model`` added to
-  the actor's ``checkpoint.save_contents`` (the final checkpoint's Hugging Face weights are what ``kpo eval``
-  scores), ``trainer.save_freq`` = the run's length where the user set none, ``trainer.resume_mode=auto``;
+- where it writes: ``trainer.default_local_dir`` (the run's ``checkpoints/``), Hydra's own output folder; and what
+  it writes: verl's ``file`` logger added to the user's loggers (its rows become the run's ``metrics.jsonl``),
+  ``hf_model`` added to the actor's ``checkpoint.save_contents`` (the final checkpoint's Hugging Face weights are
+  what ``kpo eval`` scores), ``trainer.save_freq`` = the run's length where the user set none,
+  ``trainer.resume_mode=auto``;
 - ``--model`` / ``--dataset``, where given: ``actor_rollout_ref.model.path`` / ``data.train_files`` (else the
   configuration's are used, and ``--model`` defaults to its model: the "start" row).
 
+What the user names is kept and made the run's own: ``trainer.experiment_name`` gets the run's name appended, and
+every output folder the user sets (:data:`USER_DIRS`, TensorBoard's ``TENSORBOARD_DIR``) gets a subfolder per
+run. A Megatron actor is refused (kpo's actor config and the checkpoint kpo eval scores are the FSDP actor's).
+
+The plan composes each distinct run's configuration as main_ppo does (Hydra) and checks it with verl's own
+checks (main_ppo's ``validate_config``, which builds the actor's config class) and the field types of verl's
+config classes (a learning rate "abc" is refused, with OmegaConf's reason), plus what the comparison's arithmetic
+needs (a batch and ppo_epochs >= 1): each error is shown in full, before any run.
+
 A run's folder: ``run.json`` (the overrides kpo composed and the YAML's text, written before training: what a
 rerun compares), ``config.yaml`` (verl's composed configuration), ``checkpoints/`` (verl's),
-``verl_metrics-K.jsonl`` (verl's file logger, one file per attempt K), ``metrics.jsonl`` (kpo's rows),
-``ratios/``, ``log.txt``. A run with its final
-checkpoint and metrics is done and reused; an unfinished run with verl checkpoints and unchanged settings
-resumes from them (verl's own resume), else starts over.
+``verl_metrics-K.jsonl`` (verl's file logger, one file per attempt K), ``metrics.jsonl`` (kpo's rows:
+:func:`merge_rows`, one per generation batch, :data:`kpo.compare.engines.BATCH_ROWS`), ``ratios/``, ``log.txt``.
+A run with its final checkpoint and metrics is done and reused; an unfinished run with verl checkpoints and
+unchanged settings resumes from them (verl's own resume), else starts over. Once scored, ``--keep`` says what
+stays of ``checkpoints/``: the final Hugging Face weights (``hf``, the default), everything (``all``), nothing
+(``none``). main_ppo dies with the worker that started it (:func:`kpo.compare.run.die_with_parent`) and keeps
+the run's lock while it lives.
 """
 
 from __future__ import annotations
@@ -39,8 +53,17 @@ from functools import lru_cache
 from pathlib import Path
 
 from kpo._files import replacing
+from kpo.compare.engines import BATCH_ROWS, keep_errors
 
-__all__ = ["OWNED", "PAPER_CLIP", "VerlEngine", "cell_overrides", "metrics_rows", "override_key"]
+__all__ = [
+    "OWNED",
+    "PAPER_CLIP",
+    "VerlEngine",
+    "cell_overrides",
+    "merge_rows",
+    "metrics_rows",
+    "override_key",
+]
 
 ACTOR = "actor_rollout_ref.actor"
 # kpo compare's methods on verl -> verl's loss_mode (kpo's own losses are registered under their names by kpo's
@@ -70,10 +93,12 @@ OWNED = {
     "trainer.total_epochs": "--steps (a run ends at its step count)",
     f"{ACTOR}.ppo_mini_batch_size": "--minibatches (data.train_batch_size / minibatches)",
     "trainer.default_local_dir": "--out",
-    "trainer.experiment_name": "nothing (each run's is the configuration's plus the run's name)",
     "trainer.resume_mode": "nothing (an interrupted run resumes from its checkpoints)",
     "hydra.run.dir": "--out",
 }
+# Output folders a user may set: each run writes in its own subfolder of the user's (named as the run).
+USER_DIRS = ("trainer.rollout_data_dir", "trainer.validation_data_dir", "trainer.default_hdfs_dir")
+TENSORBOARD_ENV = "TENSORBOARD_DIR"  # verl's TensorBoard logger's folder, from the environment
 # What --model / --dataset set, when given.
 MODEL_KEY, DATA_KEY = "actor_rollout_ref.model.path", "data.train_files"
 # verl's metric -> kpo's metrics.jsonl name (kpo.train.metrics; the report reads these)
@@ -86,6 +111,9 @@ METRICS = {
     "response_length": "response_length/mean",
     "step_time": "timing_s/step",
 }
+# the plugin's fitted memory (memory=auto) -> kpo's names, where a row has them
+FITTED = {"kpo/q": "actor/kpo/q", "kpo/memory_tokens": "actor/kpo/memory_tokens"}
+VALIDATION = "val-"  # verl's validation metrics: val-core/..., val-aux/...
 RUN_FILE = "run.json"
 STOP_SECONDS = 60  # after an interrupt, how long main_ppo may take to stop before it is killed
 
@@ -135,21 +163,49 @@ def _compose_fresh(verl_config: str | None, overrides: tuple[str, ...]):
 _compose = lru_cache(maxsize=32)(_compose_fresh)
 
 
+def merge_rows(rows: list[dict]) -> list[dict]:
+    """verl's file-logger rows (``{"step": s, "data": {...}}``) of every attempt of a run, in the order written,
+    as one row per trained step. A row with training metrics (any not verl's validation's ``val-*``) is its
+    step's training row, a later attempt's replacing an earlier's (a resumed run redoes the steps after its
+    checkpoint); validation metrics join their step's row and never replace its training metrics
+    (``val_before_train`` logs a validation-only row at the step a resumed run starts from: its checkpoint's,
+    already trained). A step with validation only (step 0: the start model) has no training row, so no row here:
+    it stays in its ``verl_metrics-K.jsonl``."""
+    train: dict[int, dict] = {}
+    val: dict[int, dict] = {}
+    for row in rows:
+        data = row["data"]
+        trained = {k: v for k, v in data.items() if not k.startswith(VALIDATION)}
+        if trained:
+            train[row["step"]] = trained
+        val.setdefault(row["step"], {}).update({k: v for k, v in data.items() if k.startswith(VALIDATION)})
+    return [{"step": s, "data": train[s] | val[s]} for s in sorted(train)]
+
+
 def metrics_rows(rows: list[dict], steps_per_batch: int) -> list[dict]:
-    """kpo's metrics rows from verl's file logger's (``{"step": s, "data": {...}}``, one per training step):
-    ``step`` = s x steps_per_batch (the optimizer step that ends the batch), kpo's names (:data:`METRICS`) and
-    every verl metric under its own name."""
+    """kpo's metrics rows from verl's merged rows (:func:`merge_rows`, one per training step = generation batch):
+    ``step`` = s x steps_per_batch (the optimizer step that ends the batch), kpo's names (:data:`METRICS`, and
+    :data:`FITTED` where the row has them) and every verl metric under its own name. verl averages each metric
+    over the batch's optimizer steps: a row is a generation batch (:data:`kpo.compare.engines.BATCH_ROWS`)."""
     out = []
     for row in rows:
         data = row["data"]
+        fitted = {k: data[v] for k, v in FITTED.items() if v in data}
         out.append(
-            {"step": row["step"] * steps_per_batch, **{k: data.get(v) for k, v in METRICS.items()}, **data}
+            {
+                "step": row["step"] * steps_per_batch,
+                **{k: data.get(v) for k, v in METRICS.items()},
+                **fitted,
+                **data,
+            }
         )
     return out
 
 
 class VerlEngine:
     """verl's ``main_ppo`` as a subprocess, one run at a time by default (each takes the cluster)."""
+
+    rows = BATCH_ROWS
 
     # ------------------------------------------------------------------ settings
     def _user(self, cfg) -> tuple[str, ...]:
@@ -197,22 +253,32 @@ class VerlEngine:
             errors.append(
                 "--engine verl: give the held-out benchmarks with --eval-data FILE... (kpo eval scores each run)"
             )
-        return errors
+        return errors + keep_errors(cfg)
 
     def config_errors(self, cfg, runs) -> list[str]:
-        """verl's own checks (main_ppo's ``validate_config``, kpo's actor config) on every distinct arm's
-        composed configuration, and what the comparison needs of it."""
+        """The user's configuration composed as main_ppo composes it, then: a Megatron actor, a key kpo owns set
+        by it (:meth:`_owned_in_config`), a value of the wrong type for verl's config classes, what the
+        comparison's arithmetic needs; then every distinct arm's composed configuration through main_ppo's own
+        check (``validate_config``, kpo's actor config). Each error in full."""
         try:
             composed = self._composed(cfg)
-        except Exception as e:  # noqa: BLE001 - Hydra's and OmegaConf's many errors: one line each
-            return [f"verl configuration: {type(e).__name__}: {e}".splitlines()[0]]
-        errors = []
+        except Exception as e:  # noqa: BLE001 - Hydra's and OmegaConf's many errors, each shown in full
+            return [f"verl configuration: {_reason(e)}"]
+        errors = _megatron_errors(composed) or self._owned_in_config(cfg) + _type_errors(composed)
+        if errors:
+            return errors
         batch, epochs = int(composed.data.train_batch_size), int(composed.actor_rollout_ref.actor.ppo_epochs)
-        if batch % cfg.minibatches:
+        if epochs < 1:
             errors.append(
-                f"--minibatches={cfg.minibatches}: must divide data.train_batch_size={batch} (equal mini-batches)"
+                f"{ACTOR}.ppo_epochs={epochs}: must be >= 1 (a verl training step is --minibatches x ppo_epochs "
+                "optimizer steps)"
             )
-        if cfg.steps % (cfg.minibatches * epochs):
+        if batch < cfg.minibatches or batch % cfg.minibatches:
+            errors.append(
+                f"--minibatches={cfg.minibatches}: must divide data.train_batch_size={batch} (equal mini-batches "
+                "of at least one prompt)"
+            )
+        if epochs >= 1 and cfg.steps % (cfg.minibatches * epochs):
             errors.append(
                 f"--steps={cfg.steps}: must be a multiple of --minibatches x ppo_epochs = "
                 f"{cfg.minibatches * epochs} (a verl training step is one generation batch)"
@@ -233,6 +299,33 @@ class VerlEngine:
             ):
                 first_run.setdefault(err, run.name)
         return [f"run {name}: {err}" for err, name in first_run.items()]
+
+    def _owned_in_config(self, cfg) -> list[str]:
+        """The keys kpo owns (:data:`OWNED`) that the user's YAML sets: written in the file, or composed (from a
+        file it includes) to a value other than verl's ``ppo_trainer`` default. The same rule as for ``--``
+        overrides (:meth:`flag_errors`): refused, naming the key."""
+        if cfg.verl_config is None:
+            return []
+        from omegaconf import OmegaConf
+
+        written, mine, verl = (
+            OmegaConf.load(cfg.verl_config),
+            _compose(cfg.verl_config, ()),
+            _compose(None, ()),
+        )
+        errors = []
+        for key, instead in OWNED.items():
+            value = _unresolved(written, key)
+            if value is _ABSENT and not key.startswith("hydra."):
+                value = _unresolved(mine, key)
+                if value == _unresolved(verl, key):
+                    continue
+            if value is not _ABSENT:
+                errors.append(
+                    f"--verl-config {cfg.verl_config}: sets {key} ({value}); kpo compare sets it for every run: "
+                    f"remove it there and use {instead}"
+                )
+        return errors
 
     def overrides(self, cfg, run, out: Path, start_step: int = 0) -> tuple[str, ...]:
         """Every override of one run: the user's (with --model/--dataset), then what kpo owns (module docstring)."""
@@ -261,6 +354,10 @@ class VerlEngine:
             f"{ACTOR}.checkpoint.save_contents=[{','.join(dict.fromkeys([*contents, 'hf_model']))}]",
             "trainer.resume_mode=auto",
             f"hydra.run.dir={out / 'hydra'}",
+        ]
+        # the user's output folders, one subfolder per run
+        owned += [
+            f"{key}={Path(str(folder)) / run.name}" for key in USER_DIRS if (folder := _select(composed, key))
         ]
         # verl saves nothing by default; any positive period also saves the last step
         if int(trainer.save_freq) <= 0:
@@ -297,9 +394,12 @@ class VerlEngine:
         """Run main_ppo for ``run`` into ``out``; an interrupt (KeyboardInterrupt: kpo compare passes its SIGINT
         on) stops it, and with it every process it started."""
         out.mkdir(parents=True, exist_ok=True)
-        if not resume:  # the run starts over: what an earlier attempt left would be resumed or read as its own
+        from kpo.compare.run import LOCK_FILE, die_with_parent, held_lock
+
+        # the run starts over: what an earlier attempt left would be resumed or read as its own
+        if not resume:
             for path in out.iterdir():
-                if path.name != "log.txt":  # the log keeps every attempt
+                if path.name not in ("log.txt", LOCK_FILE):  # the log keeps every attempt; the lock is held
                     shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
         per_batch = self._steps_per_batch(cfg)
         done = _checkpointed_step(out) * per_batch if resume else 0
@@ -315,17 +415,17 @@ class VerlEngine:
         if cfg.verl_config:
             path = Path(cfg.verl_config).resolve()
             where = ["--config-path", str(path.parent), "--config-name", path.stem]
-        env = {
-            **os.environ,
-            "VERL_FILE_LOGGER_PATH": str(out / f"verl_metrics-{attempt}.jsonl"),
-            "KPO_COMPARE_RUN": str(out),
-        }
+        env = _env(out, run, attempt)
         sys.stdout.flush()
-        # its own session: an interrupt stops main_ppo and every process it started (Ray's too), and nothing else
+        lock = held_lock(out)
+        # its own session: an interrupt stops main_ppo and every process it started (Ray's too), and nothing else;
+        # it dies with this worker (Ray's processes share its fate) and holds the run's lock while it lives
         proc = subprocess.Popen(
             [sys.executable, "-m", "verl.trainer.main_ppo", *where, *overrides],
             env=env,
             start_new_session=True,
+            preexec_fn=die_with_parent,
+            pass_fds=() if lock is None else (lock,),
         )
         try:
             code = proc.wait()
@@ -337,19 +437,21 @@ class VerlEngine:
                 f"verl's main_ppo exited with status {code} (its output is above, in this log)"
             )
         final = self.checkpoint(cfg, out, cfg.steps)
-        if not (final / "config.json").is_file():
-            raise RuntimeError(f"verl's main_ppo finished without the final Hugging Face checkpoint {final}")
+        if not _has_weights(final):
+            raise RuntimeError(
+                f"verl's main_ppo finished without the final checkpoint's Hugging Face weights in {final} "
+                "(*.safetensors or pytorch_model*.bin): kpo eval has no model to score"
+            )
         rows = []
         for path in sorted(out.glob("verl_metrics-*.jsonl"), key=lambda p: int(p.stem.split("-")[1])):
             rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        by_step = {row["step"]: row for row in rows}  # a resumed attempt's rows replace the steps it redid
+        merged = merge_rows(rows)
+        lost = sorted(set(range(1, cfg.steps // per_batch + 1)) - {r["step"] for r in merged})
+        if lost:  # verl saves a step's checkpoint before it logs the step: a kill between the two loses the row
+            print(f"kpo compare: verl logged no training row for its step(s) {lost} (killed between a checkpoint "
+                  "and its row?): metrics.jsonl has none for them", flush=True)  # fmt: skip
         with replacing(out / "metrics.jsonl") as partial:  # the run is trained once this is there
-            partial.write_text(
-                "".join(
-                    json.dumps(r) + "\n"
-                    for r in metrics_rows(sorted(by_step.values(), key=lambda r: r["step"]), per_batch)
-                )
-            )
+            partial.write_text("".join(json.dumps(r) + "\n" for r in metrics_rows(merged, per_batch)))
         return final
 
     def checkpoint(self, cfg, out: Path, step: int) -> Path:
@@ -358,6 +460,17 @@ class VerlEngine:
 
     def trained(self, cfg, out: Path) -> bool:
         return (out / RUN_FILE).exists() and (out / "metrics.jsonl").exists()
+
+    def prune(self, cfg, out: Path) -> None:
+        """``hf``: of ``checkpoints/`` only the final checkpoint's Hugging Face folder stays (verl's tracker file
+        goes with the rest: nothing is left to resume); ``none``: ``checkpoints/`` goes."""
+        folder = out / "checkpoints"
+        if cfg.keep == "all" or not folder.is_dir():
+            return
+        if cfg.keep == "none":
+            shutil.rmtree(folder)
+        else:
+            _prune_to(folder, self.checkpoint(cfg, out, cfg.steps))
 
     def resumable(self, cfg, run, out: Path) -> bool:
         return (out / RUN_FILE).exists() and _checkpointed_step(out) > 0 and not self.changed(cfg, run, out)
@@ -391,9 +504,11 @@ class VerlEngine:
 
     def eval_settings(self, cfg) -> dict:
         """verl feeds each prompt of its parquet as it is (the instruction is in it, as
-        examples/verl/prepare_data.py writes it), so kpo eval adds none; runs go one at a time, so kpo eval may
-        take vLLM where it is installed (on a GPU)."""
-        return {"prompt_template": "{problem}", "max_new_tokens": None, "backend": "auto"}
+        examples/verl/prepare_data.py writes it), so kpo eval adds none; a response gets the budget it trained
+        with (``data.max_response_length``); runs go one at a time, so kpo eval may take vLLM where it is
+        installed (on a GPU)."""
+        budget = int(self._composed(cfg).data.max_response_length)
+        return {"prompt_template": "{problem}", "max_new_tokens": budget, "backend": "auto"}
 
 
 def _yaml(cfg) -> str | None:
@@ -405,6 +520,121 @@ def _select(composed, key: str):
     from omegaconf import OmegaConf
 
     return OmegaConf.select(composed, key)
+
+
+_ABSENT = object()  # no such key (a value may be None)
+
+
+def _unresolved(config, key: str):
+    """The value at ``key`` as written (interpolations unresolved, so that ``${...}`` compares as text), or
+    :data:`_ABSENT`."""
+    from omegaconf import DictConfig, OmegaConf
+
+    parent, _, leaf = key.rpartition(".")
+    node = (
+        OmegaConf.select(config, parent, default=None, throw_on_resolution_failure=False)
+        if parent
+        else config
+    )
+    if not isinstance(node, DictConfig) or leaf not in node:
+        return _ABSENT
+    child = node._get_node(leaf)
+    return (
+        child._value() if not isinstance(child, DictConfig) else OmegaConf.to_container(child, resolve=False)
+    )
+
+
+def _reason(e: BaseException) -> str:
+    """An exception in one line, in full (Hydra's and verl's messages span lines)."""
+    return f"{type(e).__name__}: {' '.join(str(e).split())}"
+
+
+def _megatron_errors(composed) -> list[str]:
+    if _select(composed, f"{ACTOR}.strategy") != "megatron":
+        return []
+    return [
+        f"{ACTOR}.strategy=megatron: kpo compare runs verl's FSDP actor only (kpo's actor config extends "
+        "FSDPActorConfig, and kpo eval scores the FSDP checkpoint's Hugging Face weights); use fsdp or fsdp2"
+    ]
+
+
+def _type_errors(composed) -> list[str]:
+    """Every value of ``composed`` that the field of verl's config class reading it (the ``_target_`` of its
+    section) does not take: an int, float or bool field given something else, refused as OmegaConf's typed merge
+    refuses it (verl's ``omega_conf_to_dataclass`` with a class; main_ppo's ``_target_`` instantiation skips the
+    check, and a learning rate "abc" would fail in the optimizer, minutes into the run)."""
+    import dataclasses
+    import types
+    import typing
+
+    from hydra.utils import get_class
+    from omegaconf import DictConfig, ValidationError
+    from omegaconf.nodes import BooleanNode, FloatNode, IntegerNode
+
+    nodes = {int: IntegerNode, float: FloatNode, bool: BooleanNode}
+    errors = []
+
+    def walk(node: DictConfig, path: str) -> None:
+        target = node._get_node("_target_")._value() if "_target_" in node else None
+        try:
+            cls = get_class(target) if isinstance(target, str) and target else None
+            hints = typing.get_type_hints(cls) if cls is not None and dataclasses.is_dataclass(cls) else {}
+        except Exception:  # noqa: BLE001 - not a class verl can import here: main_ppo's own check says so
+            cls, hints = None, {}
+        for key in node:
+            child = node._get_node(key)
+            if isinstance(child, DictConfig):
+                walk(child, f"{path}{key}.")
+                continue
+            hint = hints.get(key)
+            union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+            kinds = [k for k in (typing.get_args(hint) if union else (hint,)) if k in nodes]
+            value = getattr(child, "_value", lambda: None)()
+            if not kinds or value is None or (isinstance(value, str) and "${" in value):
+                continue
+            try:
+                nodes[kinds[0]](value)
+            except ValidationError:
+                errors.append(
+                    f"{path}{key}={value}: verl's {cls.__name__}.{key} takes a {kinds[0].__name__}, not "
+                    f"{type(value).__name__} {value!r}; give one"
+                )
+
+    walk(composed, "")
+    return errors
+
+
+def _env(out: Path, run, attempt: int) -> dict[str, str]:
+    """main_ppo's environment: this one, with verl's file logger writing the attempt's own file, the run's folder
+    (``KPO_COMPARE_RUN``), and the user's TensorBoard folder (``TENSORBOARD_DIR``), where set, a subfolder per
+    run."""
+    env = {
+        **os.environ,
+        "VERL_FILE_LOGGER_PATH": str(out / f"verl_metrics-{attempt}.jsonl"),
+        "KPO_COMPARE_RUN": str(out),
+    }
+    if env.get(TENSORBOARD_ENV):
+        env[TENSORBOARD_ENV] = str(Path(env[TENSORBOARD_ENV]) / run.name)
+    return env
+
+
+def _has_weights(folder: Path) -> bool:
+    """Whether the Hugging Face folder holds model weights (verl writes its config.json and tokenizer there
+    even when ``hf_model`` is not saved)."""
+    return any(folder.glob("*.safetensors")) or any(folder.glob("pytorch_model*.bin"))
+
+
+def _prune_to(root: Path, keep: Path) -> None:
+    """Remove everything under ``root`` except ``keep`` (a path under it) and the folders leading to it."""
+    for path in root.iterdir():
+        if path == keep:
+            continue
+        if keep.is_relative_to(path):
+            _prune_to(path, keep)
+        elif path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def _hydra_free(overrides: tuple[str, ...]) -> tuple[str, ...]:
@@ -422,8 +652,8 @@ def _verl_check(verl_config: str | None, overrides: tuple[str, ...]) -> list[str
         validate_config(
             composed, use_reference_policy=need_reference_policy(composed), use_critic=need_critic(composed)
         )
-    except Exception as e:  # noqa: BLE001 - verl asserts and raises many types; each is one line to the user
-        return [f"verl's configuration check: {type(e).__name__}: {e}".splitlines()[0]]
+    except Exception as e:  # noqa: BLE001 - verl asserts and raises many types; each is shown in full
+        return [f"verl's configuration check: {_reason(e)}"]
     return []
 
 

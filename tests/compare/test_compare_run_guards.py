@@ -1,0 +1,152 @@
+"""What guards a comparison's runs, on written folders and small processes (no trainer): verl's rows merged by
+step, the regime statistics of rows that cover a generation batch, the run lock, the death of a trainer with its
+compare, --keep and the disk a run takes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+from kpo.compare.engines import KEEP, KpoEngine, engine_of, keep_errors
+from kpo.compare.plan import CompareConfig, CompareError, Run
+from kpo.compare.regimes import Cell, RegimeConfig, _arm_stats
+from kpo.compare.run import LOCK_FILE, Job, _execute, _size, disk_bytes, lock_run, train_jobs, unlock_run
+from kpo.compare.verl_engine import merge_rows, metrics_rows
+
+
+def _train_row(step: int, **data) -> dict:
+    return {"step": step, "data": {"critic/score/mean": 0.5, "actor/pg_clipfrac": 0.1, **data}}
+
+
+def test_a_validation_row_never_replaces_a_training_row():
+    # attempt 0 trains steps 1-2 (checkpoint at 1), is killed; attempt 1 (val_before_train) validates the
+    # checkpoint at step 1, then redoes step 2 and trains 3
+    rows = [
+        {"step": 0, "data": {"val-core/test/reward/mean@1": 0.1}},
+        _train_row(1),
+        _train_row(2, **{"actor/pg_clipfrac": 0.9}),
+        {"step": 1, "data": {"val-core/test/reward/mean@1": 0.3}},
+        _train_row(2, **{"actor/pg_clipfrac": 0.2}),
+        _train_row(3),
+    ]
+    merged = metrics_rows(merge_rows(rows), 2)
+    assert [r["step"] for r in merged] == [2, 4, 6]  # training rows only (the start model's validation: step 0)
+    assert merged[0]["reward_mean"] == 0.5 and merged[0]["clip_frac"] == 0.1  # kept its training metrics
+    assert merged[0]["val-core/test/reward/mean@1"] == 0.3  # and got the resumed attempt's validation
+    assert merged[1]["clip_frac"] == 0.2  # the step the resumed attempt redid: its row
+    assert all(r["reward_mean"] == 0.5 for r in merged)
+
+
+def test_the_engines_declare_what_a_metrics_row_covers():
+    assert KpoEngine.rows == "optimizer step"
+    assert engine_of(CompareConfig(engine="verl")).rows == "generation batch"
+
+
+def _scored(folder: Path, rows: list[dict]) -> None:
+    folder.mkdir(parents=True)
+    (folder / "expected.json").write_text(json.dumps({"mean": 0.5, "per_problem": [0.5]}))
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_verl_batch_rows_are_neither_on_nor_off_policy_and_map_the_fitted_memory(tmp_path):
+    """verl's row of a batch averages its on-policy and off-policy steps: the arm's clip fraction is theirs
+    together, the split is unknown (not the average labelled off-policy), and the plugin's actor/kpo/* memory is
+    each batch's."""
+    cell = Cell("none", 2, 1e-3)
+    run = Run("kpo", 0, (("memory", "auto"),))
+    verl_rows = [
+        _train_row(b, **{"actor/pg_clipfrac": 0.1 * b, "actor/kpo/memory_tokens": 10.0 * b, "actor/kpo/q": 0.01})
+        for b in (1, 2)
+    ]
+    _scored(tmp_path / cell.name / "runs" / run.name, metrics_rows(merge_rows(verl_rows), cell.depth))
+    stats = _arm_stats(RegimeConfig(out=str(tmp_path), engine="verl"), cell, [run])
+    assert stats["clip_frac"] == pytest.approx(0.15)
+    assert stats["on_policy_clip_frac"] is None and stats["off_policy_clip_frac"] is None
+    by_batch = stats["memory_tokens"]["by_batch"]
+    assert {b: v["median_below_bound"] for b, v in by_batch.items()} == {1: 10.0, 2: 20.0}
+
+
+def test_kpo_step_rows_keep_the_on_and_off_policy_split(tmp_path):
+    cell = Cell("none", 2, 1e-3)
+    run = Run("vanilla", 0)
+    rows = [{"step": s, "clip_frac": 0.0 if s % 2 else 0.4} for s in range(1, 5)]
+    _scored(tmp_path / cell.name / "runs" / run.name, rows)
+    stats = _arm_stats(RegimeConfig(out=str(tmp_path)), cell, [run])
+    assert (stats["on_policy_clip_frac"], stats["off_policy_clip_frac"]) == (0.0, pytest.approx(0.4))
+    assert stats["clip_frac"] == pytest.approx(0.2)
+
+
+# ------------------------------------------------------------------ no two processes write one run
+def test_a_run_is_locked_while_a_process_writes_it(tmp_path):
+    folder = tmp_path / "runs" / "vanilla-seed0"
+    fd = lock_run(folder)
+    assert fd is not None and lock_run(folder) is None  # a second open of the file cannot take it
+    assert (folder / LOCK_FILE).read_text().strip() == str(os.getpid())
+    cfg = CompareConfig(out=str(tmp_path))
+    job = Job(cfg, Run("vanilla", 0), folder, "vanilla-seed0")
+    with pytest.raises(CompareError, match=f"being written by process {os.getpid()}"):
+        train_jobs([job], 1)
+    with pytest.raises(RuntimeError, match="two processes must not write one run"):
+        _execute(cfg, job.run, folder)  # a worker that finds it taken writes nothing
+    assert sorted(p.name for p in folder.iterdir()) == [LOCK_FILE]
+    unlock_run(folder)
+    assert lock_run(folder) is not None  # free again once the holder let go
+    unlock_run(folder)
+
+
+def test_a_trainer_dies_with_the_process_that_started_it(tmp_path):
+    """A SIGKILL of the parent (kpo compare's worker: no handler runs) takes the trainer it started with it."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent("""
+            import subprocess, sys, time
+            from kpo.compare.run import die_with_parent
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                                     preexec_fn=die_with_parent, start_new_session=True)
+            print(child.pid, flush=True)
+            time.sleep(600)
+        """)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    child = psutil.Process(int(parent.stdout.readline()))
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    child.wait(timeout=60)  # returns once the child has ended (psutil.TimeoutExpired if it outlived its parent)
+    assert not child.is_running()
+
+
+# ------------------------------------------------------------------ --keep
+def test_keep_names_what_stays():
+    assert keep_errors(CompareConfig()) == [] and CompareConfig().keep == "hf"
+    (err,) = keep_errors(CompareConfig(keep="weights"))
+    assert err.startswith("--keep weights: unknown; use hf (") and all(k in err for k in KEEP)
+
+
+@pytest.mark.parametrize("keep", ["hf", "all", "none"])
+def test_kpo_runs_keep_their_final_model_and_drop_checkpoints(tmp_path, keep):
+    for name in ("final/model.safetensors", "checkpoint-4/optimizer.pt", "metrics.jsonl", "eval.json"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x" * 10)
+    assert disk_bytes(tmp_path) == 40 and _size(40) == "0.04 kB" and _size(1_234_000_000) == "1.23 GB"
+    KpoEngine().prune(CompareConfig(keep=keep), tmp_path)
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    expected = {
+        "all": ["checkpoint-4/optimizer.pt", "eval.json", "final/model.safetensors", "metrics.jsonl"],
+        "hf": ["eval.json", "final/model.safetensors", "metrics.jsonl"],
+        "none": ["eval.json", "metrics.jsonl"],
+    }
+    assert left == expected[keep] and disk_bytes(tmp_path) == 10 * len(left)
+
+
+def test_compare_takes_keep_on_its_command_line():
+    from kpo.compare.cli import config_from_args
+
+    assert config_from_args(["--keep", "none"]).keep == "none" and config_from_args([]).keep == "hf"
