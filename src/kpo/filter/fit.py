@@ -321,17 +321,14 @@ def fit_q(
 
 def fit_metrics(fit: Fit, stale: bool) -> dict[str, float]:
     """What a loss reports of the q it used: ``kpo/q`` (Q/V), ``kpo/memory_tokens`` (its memory),
-    ``kpo/q_low`` / ``kpo/q_high`` (the 95% likelihood-ratio interval of its fit, on the grid; NaN for a
-    fallback) and ``kpo/q_stale`` (1 where q is not the fit of the data it was meant for: a fallback)."""
+    ``kpo/q_stale`` (1 where q is not the fit of the data it was meant for: an older fit, or a fallback) and,
+    where q was fitted, ``kpo/q_low`` / ``kpo/q_high`` (the fit's 95% likelihood-ratio interval on the grid)."""
     from kpo.filter.memory import filter_memory
 
-    return {
-        "kpo/q": fit.q,
-        "kpo/memory_tokens": filter_memory(fit.q),
-        "kpo/q_low": fit.low,
-        "kpo/q_high": fit.high,
-        "kpo/q_stale": float(stale),
-    }
+    out = {"kpo/q": fit.q, "kpo/memory_tokens": filter_memory(fit.q), "kpo/q_stale": float(stale)}
+    if math.isfinite(fit.low):
+        out |= {"kpo/q_low": fit.low, "kpo/q_high": fit.high}
+    return out
 
 
 class StepFit:
