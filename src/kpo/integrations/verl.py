@@ -39,6 +39,13 @@ Select a loss with ``actor_rollout_ref.actor.policy_loss.loss_mode=kpo`` and, to
 With ``dump_ratios_every``/``dump_ratios_dir`` in the actor config, every rank dumps KPO's raw and filtered token
 ratios in ``kpo analyze``'s format (:class:`RatioDumps`).
 
+With ``memory="auto"`` the loss of every micro-batch of an optimizer step filters at one q (the fixed-q loss at
+it), fitted at the end of the previous step to that whole step's log-ratios, its likelihood's sums all-reduced
+over the ranks (:class:`kpo.filter.fit.StepFit`): the same q on every rank and for any micro-batch size or
+``use_dynamic_bsz``. verl's loss call does not say where a step ends; the plugin counts each rank's rows
+(:class:`_OptimizerSteps`), and verl gives every data-parallel rank the same number of micro-batches, so every
+rank reaches the all-reduce in the same call.
+
 It also lets verl's FSDP engine build models when trl 1.x is installed beside it (kpo's ``train`` extra pins
 trl 1.16): see :func:`tolerate_trl_1`.
 
@@ -337,8 +344,10 @@ class KPOActorConfig(FSDPActorConfig):
         q: process-noise variance Q of the log-ratio random walk (kpo 1e-6, kpo_unclipped 1e-4); larger = the
             filter follows the raw token log-ratio more closely.
         memory: the filter's memory in tokens, which sets q instead (``kpo.filter.memory``; give q or memory), or
-            "auto": q fitted to each micro-batch's log-ratios by maximum likelihood (``kpo.filter.fit``), reported
-            as ``actor/kpo/q`` and ``actor/kpo/memory_tokens``.
+            "auto": one q per optimizer step, fitted by maximum likelihood to the whole previous step's
+            log-ratios over every micro-batch and rank (``kpo.filter.fit.StepFit``; the variant's paper q until
+            a step identifies q), reported as ``actor/kpo/q``, ``actor/kpo/memory_tokens``,
+            ``actor/kpo/q_low``/``q_high`` (its 95% likelihood interval) and ``actor/kpo/q_stale``.
         q_min, q_max: with memory="auto", the bounds of the fitted q (1e-8, 100).
         v: observation-noise variance V (1.0); only Q/V matters for the gains when p0 = 0.
         p0: prior variance of the filter state before the first token (0.0, the authors' choice).
