@@ -118,41 +118,55 @@ def _check(log_ratio, mask) -> None:
         )
 
 
+def _prepared(log_ratio, mask) -> tuple[torch.Tensor, torch.Tensor]:
+    """(z float64 [B, T], mask bool [B, T]) on the CPU, with 0 at masked tokens; ValueError for a non-finite or
+    overflowing value at a valid token."""
+    from kpo._checks import bool_mask
+
+    _check(log_ratio, mask)
+    z = log_ratio.detach().to(device="cpu", dtype=torch.float64)
+    z = z.reshape(1, -1) if z.dim() == 1 else z
+    m = torch.ones_like(z, dtype=torch.bool) if mask is None else bool_mask(mask).cpu().reshape(z.shape)
+    values = z[m]
+    if not bool(torch.isfinite(values).all()):
+        bad = int((~torch.isfinite(values)).sum())
+        raise ValueError(f"log_ratio has {bad} NaN/Inf value(s) at valid positions; mask them or fix them upstream")
+    largest = float(values.abs().max()) if values.numel() else 0.0
+    if largest > _LARGEST:
+        raise ValueError(
+            f"log_ratio reaches |{largest:.3g}| at a valid token, beyond {_LARGEST:.0e}, where the likelihood's "
+            "float64 squares overflow: log-ratios that large mean the two policies do not overlap; check the "
+            "log-probs upstream"
+        )
+    return torch.where(m, z, 0.0), m
+
+
+def _stacked(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batches of any widths as one [sum B, max T]: padding after a row's last token changes no innovation."""
+    width = max(z.shape[1] for z, _ in parts)
+    pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
+    return torch.cat([pad(z) for z, _ in parts]), torch.cat([pad(m) for _, m in parts])
+
+
 class _Part:
     """One batch's observed tokens as the likelihood needs them, whatever q: the filter's input y (float64 [B, T],
     0 at holes), the observed positions (bool [B, T]), the observed values in row order (float64 [N]), each one's
     index among its row's observed tokens (int [N]) and the flat position of the observed token before it in its
-    row (int [N], -1 for a row's first)."""
+    row (int [N], -1 for a row's first). ``y``, ``mask``: :func:`_prepared`'s."""
 
-    def __init__(self, log_ratio: torch.Tensor, mask: torch.Tensor | None, mask_mode: str):
-        from kpo._checks import bool_mask
-
-        _check(log_ratio, mask)
-        z = log_ratio.detach().to(device="cpu", dtype=torch.float64)
-        z = z.reshape(1, -1) if z.dim() == 1 else z
-        m = torch.ones_like(z, dtype=torch.bool) if mask is None else bool_mask(mask).cpu().reshape(z.shape)
+    def __init__(self, y: torch.Tensor, m: torch.Tensor, mask_mode: str):
         observed = m
         if mask_mode == "zero":  # a hole before a row's last valid token is an observation of 0
-            positions = torch.arange(z.shape[1]).expand_as(m)
+            positions = torch.arange(y.shape[1]).expand_as(m)
             last = torch.where(m, positions, -1).max(dim=1, keepdim=True).values
             observed = positions <= last
         self.mode = "advance" if mask_mode == "advance" else "skip"
         self.mask = m.contiguous()
         self.observed = observed.contiguous()
-        self.y = torch.where(m, z, 0.0).contiguous()
+        self.y = y.contiguous()
         flat = observed.reshape(-1).numpy()
         self.flat = flat
         self.values = self.y.reshape(-1).numpy()[flat]
-        if not np.isfinite(self.values).all():
-            bad = int((~np.isfinite(self.values)).sum())
-            raise ValueError(f"log_ratio has {bad} NaN/Inf value(s) at valid positions; mask them or fix them upstream")
-        largest = float(np.abs(self.values).max()) if self.values.size else 0.0
-        if largest > _LARGEST:
-            raise ValueError(
-                f"log_ratio reaches |{largest:.3g}| at a valid token, beyond {_LARGEST:.0e}, where the likelihood's "
-                "float64 squares overflow: log-ratios that large mean the two policies do not overlap; check the "
-                "log-probs upstream"
-            )
         steps = np.cumsum(observed.numpy(), axis=1) - 1  # [B, T] observed tokens before each one in its row
         self.index = steps.reshape(-1)[flat]
         positions = np.flatnonzero(flat)
@@ -203,22 +217,12 @@ class Likelihood:
         self.bounds = check_bounds(bounds)
         _check_settings(p0, x0, mask_mode)
         self.p0, self.x0, self.mask_mode = p0, float(x0), mask_mode
-        self.parts: list[_Part] = []
+        self.parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (z float64, mask bool) [B_i, T_i], CPU
 
     def add(self, log_ratio: torch.Tensor, mask: torch.Tensor | None = None) -> Likelihood:
         """Add one batch: ``log_ratio`` [B, T] or [T] (detached; rows independent), ``mask`` the same shape."""
-        self.parts.append(_Part(log_ratio, mask, self.mask_mode))
+        self.parts.append(_prepared(log_ratio, mask))
         return self
-
-    def _pieces(self, u: float) -> tuple[float, float]:
-        """(sum e^2/f, sum log f) over this process's parts at q = exp(u)."""
-        q = math.exp(u)
-        p0 = _p0_at(self.p0, q)
-        squares = log_f = 0.0
-        for part in self.parts:
-            s, f = part.pieces(q, p0, self.x0)
-            squares, log_f = squares + s, log_f + f
-        return squares, log_f
 
     def fit(self, reduce=_no_reduce) -> Fit:
         """The maximum-likelihood q and its 95% interval; :class:`NotIdentified` where the data cannot tell.
@@ -226,8 +230,15 @@ class Likelihood:
         a, b = (math.log(v) for v in self.bounds)
         points = max(3, math.ceil((b - a) / math.log(10.0) * _GRID_PER_DECADE) + 1)
         grid = np.linspace(a, b, points)
-        local = np.array([self._pieces(u) for u in grid])  # [G, 2]
-        sums = reduce(np.concatenate(([sum(p.values.size for p in self.parts)], local.T.reshape(-1))))
+        # this process's batches as one: one scan a point, however many micro-batches the step had
+        part = _Part(*_stacked(self.parts), self.mask_mode) if self.parts else None
+
+        def pieces(u: float) -> tuple[float, float]:
+            """(sum e^2/f, sum log f) of this process's batches at q = exp(u)."""
+            return part.pieces(math.exp(u), _p0_at(self.p0, math.exp(u)), self.x0) if part else (0.0, 0.0)
+
+        local = np.array([pieces(u) for u in grid])  # [G, 2]
+        sums = reduce(np.concatenate(([0 if part is None else part.values.size], local.T.reshape(-1))))
         n, squares, log_f = float(sums[0]), sums[1 : 1 + points], sums[1 + points :]
         if n < 2:
             raise NotIdentified(
@@ -251,7 +262,7 @@ class Likelihood:
             )
 
         def f(u: float) -> float:
-            s, lf = reduce(np.array(self._pieces(u)))
+            s, lf = reduce(np.array(pieces(u)))
             return float(_loglik(n, s, lf))
 
         lo, hi = grid[max(best - 1, 0)], grid[min(best + 1, points - 1)]
@@ -291,7 +302,7 @@ def local_level_loglik(
     """
     check_params(q, 1.0, 0.0)
     _check_settings(p0, x0, mask_mode)
-    part = _Part(log_ratio, mask, mask_mode)
+    part = _Part(*_prepared(log_ratio, mask), mask_mode)
     n = part.values.size
     if n == 0:
         raise NotIdentified("the likelihood needs at least 1 valid token, got 0")
