@@ -174,3 +174,19 @@ def test_likelihood_grid_reduce_sees_the_same_values_in_any_split():
     calls = []
     whole = Likelihood().add(z, mask).fit(lambda v: calls.append(v) or v)
     assert whole.low <= whole.q <= whole.high and calls and all(isinstance(c, np.ndarray) for c in calls)
+
+
+@pytest.mark.parametrize("mode", ["skip", "advance", "zero"])
+def test_the_compiled_token_loop_and_the_scan_give_the_same_sums(mode):
+    """Two ways to the likelihood's pieces: numba's loop over tokens (the fast path) and the filter's scan (where
+    numba is absent)."""
+    from kpo.filter import fit
+
+    if fit._compiled_sums is None:
+        pytest.skip("numba is not installed: only the scan path exists")
+    z, mask = simulate(1e-2, 6, 50, seed=10), holes(6, 50)
+    mask[2, :4] = False
+    part = fit._Part(*fit._prepared(z, mask), mode)
+    for q, p0, x0 in ((1e-3, 0.0, 0.0), (0.3, 0.7, -0.2)):
+        compiled = part.pieces(q, p0, x0)
+        assert compiled == pytest.approx(part.pieces(q, p0, x0, compiled=False), rel=1e-10)

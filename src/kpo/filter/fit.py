@@ -40,6 +40,11 @@ import torch
 from kpo.filter import scan
 from kpo.filter.gains import check_params, gain_tables
 
+try:  # optional extra `fast`: the likelihood's token loop compiled; without it, one filter scan a point
+    from numba import njit
+except ImportError:  # pragma: no cover - exercised only where numba is absent
+    njit = None
+
 __all__ = [
     "MASK_MODES_FITTED",
     "Q_BOUNDS",
@@ -118,6 +123,31 @@ def _check(log_ratio, mask) -> None:
         )
 
 
+def _innovation_sums(values, starts, gaps, q, p0, x0):
+    """(sum e^2 / f, sum log f) of the observed tokens ``values`` (float64 [N], row after row; ``starts``: bool
+    [N], a row's first; ``gaps``: int [N], time steps without observation just before each: advance mode's
+    holes) at q, with p0 in units of V: the filter's recursion token by token, the reference loop's arithmetic."""
+    squares = 0.0
+    log_f = 0.0
+    x = x0
+    p = p0
+    for i in range(values.shape[0]):
+        if starts[i]:
+            x = x0
+            p = p0
+        prior = p + q * (gaps[i] + 1)
+        f = prior + 1.0
+        e = values[i] - x
+        squares += e * e / f
+        log_f += math.log(f)
+        x = x + prior / f * e
+        p = prior / f
+    return squares, log_f
+
+
+_compiled_sums = njit(cache=True, nogil=True)(_innovation_sums) if njit is not None else None
+
+
 def _prepared(log_ratio, mask) -> tuple[torch.Tensor, torch.Tensor]:
     """(z float64 [B, T], mask bool [B, T]) on the CPU, with 0 at masked tokens; ValueError for a non-finite or
     overflowing value at a valid token."""
@@ -172,11 +202,20 @@ class _Part:
         positions = np.flatnonzero(flat)
         self.previous = np.where(self.index > 0, np.concatenate(([-1], positions[:-1])), -1)
         self.longest = int(self.index.max()) + 1 if self.index.size else 0
+        self.starts = self.index == 0
+        self.gaps = np.zeros(self.values.size, dtype=np.int64)
+        if self.mode == "advance":  # positions since the row's previous valid token, less one (from 0: leading)
+            column = positions % y.shape[1]
+            before = np.where(self.starts, -1, np.concatenate(([-1], column[:-1])))
+            self.gaps = column - before - 1
 
-    def pieces(self, q: float, p0: float, x0: float) -> tuple[float, float]:
-        """(sum e^2 / f, sum log f) of this part at q (p0 in units of V), float64."""
+    def pieces(self, q: float, p0: float, x0: float, compiled: bool = True) -> tuple[float, float]:
+        """(sum e^2 / f, sum log f) of this part at q (p0 in units of V), float64: by the compiled token loop
+        where numba is installed (``compiled``), else from one pass of the filter's torch scan."""
         if self.values.size == 0:
             return 0.0, 0.0
+        if compiled and _compiled_sums is not None:
+            return _compiled_sums(self.values, self.starts, self.gaps, q, p0, x0)
         x = scan.forward(self.y, self.observed if self.mode == "skip" else self.mask, self.mode, q, 1.0, p0, x0)[0]
         x = x.reshape(-1).numpy()
         prediction = np.where(self.previous >= 0, x[np.maximum(self.previous, 0)], x0)
