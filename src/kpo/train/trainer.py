@@ -21,6 +21,10 @@ What is replaced (TRL has no loss plugin API, so this pins the TRL range it was 
 - ``log``: one row per optimizer step appended to ``metrics.jsonl`` with the paper's names; generation-batch
   statistics (reward, response length) are carried to every optimizer step trained on that batch.
 
+- ``memory="auto"`` (KPO's fitted q): every micro-batch of an optimizer step, on every process, is the fixed-q
+  loss at the step's q, and the step's last micro-batch fits the next step's q to all of the step's log-ratios,
+  summed over processes (``kpo.filter.fit.StepFit``); logged as ``kpo/q`` etc., kept in checkpoints.
+
 - ``create_model_card``: kpo's run card (``kpo.train.card``) instead of TRL's, which TRL writes to
   ``output_dir/README.md`` at every checkpoint.
 
