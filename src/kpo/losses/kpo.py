@@ -100,14 +100,14 @@ def step_fit(loss: str, loss_kwargs: dict, fallback_q: float) -> StepFit:
     and filter settings, and ``fallback_q`` (Q/V) until a step identifies q."""
     kwargs = {k: loss_kwargs.get(k, d) for k, d in _FILTER_DEFAULTS.items()}
     bounds = (loss_kwargs.get("q_min", Q_BOUNDS[0]), loss_kwargs.get("q_max", Q_BOUNDS[1]))
-    return StepFit(**_fit_settings(kwargs["v"], kwargs["p0"], kwargs["x0"], kwargs["mask_mode"], *bounds),
-                   fallback_q=fallback_q)
+    settings = _fit_settings(kwargs["v"], kwargs["p0"], kwargs["x0"], kwargs["mask_mode"], *bounds)
+    return StepFit(**settings, fallback_q=fallback_q)
 
 
 def add_to_fit(fit: StepFit, log_prob: torch.Tensor, old_log_prob: torch.Tensor, mask: torch.Tensor) -> None:
     """Give ``fit`` a micro-batch's log-ratios as the loss computes them (float32 at least), [B, T] each."""
     dtype = torch.promote_types(log_prob.dtype, torch.float32)
-    fit.add((log_prob.detach().to(dtype) - old_log_prob.detach().to(dtype)), mask)
+    fit.add(log_prob.detach().to(dtype) - old_log_prob.detach().to(dtype), mask)
 
 
 def fixed_q_kwargs(loss_kwargs: dict, q: float) -> dict:
