@@ -256,11 +256,13 @@ class Likelihood:
         self.bounds = check_bounds(bounds)
         _check_settings(p0, x0, mask_mode)
         self.p0, self.x0, self.mask_mode = p0, float(x0), mask_mode
-        self.parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (z float64, mask bool) [B_i, T_i], CPU
+        self.parts: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # as added, on their device
 
     def add(self, log_ratio: torch.Tensor, mask: torch.Tensor | None = None) -> Likelihood:
-        """Add one batch: ``log_ratio`` [B, T] or [T] (detached; rows independent), ``mask`` the same shape."""
-        self.parts.append(_prepared(log_ratio, mask))
+        """Add one batch: ``log_ratio`` [B, T] or [T] (detached; rows independent), ``mask`` the same shape. It
+        stays where it is until :meth:`fit` copies every batch to the CPU at once (one host sync a fit on a GPU)."""
+        _check(log_ratio, mask)
+        self.parts.append((log_ratio.detach(), mask))
         return self
 
     def fit(self, reduce=_no_reduce) -> Fit:
@@ -270,7 +272,7 @@ class Likelihood:
         points = max(3, math.ceil((b - a) / math.log(10.0) * _GRID_PER_DECADE) + 1)
         grid = np.linspace(a, b, points)
         # this process's batches as one: one scan a point, however many micro-batches the step had
-        part = _Part(*_stacked(self.parts), self.mask_mode) if self.parts else None
+        part = _Part(*_stacked([_prepared(*p) for p in self.parts]), self.mask_mode) if self.parts else None
 
         def pieces(u: float) -> tuple[float, float]:
             """(sum e^2/f, sum log f) of this process's batches at q = exp(u)."""
@@ -386,7 +388,7 @@ class StepFit:
     ``kpo train`` and the verl plugin).
 
     The losses of step k filter with :attr:`q`; each of its micro-batches' log-ratios goes to :meth:`add` (kept
-    on the CPU in float64 until the step ends); :meth:`finish`, called by every process at the end of the step,
+    on its device until the step ends, then copied to the CPU in float64 at once); :meth:`finish`, called by every process at the end of the step,
     maximizes the likelihood of the whole step, its sums all-reduced over processes
     (``kpo._distributed.sum_over_ranks``), and that q is the one of step k + 1. So q lags the log-ratios by one
     optimizer step: the fit needs no forward pass of its own. A step that does not identify q
