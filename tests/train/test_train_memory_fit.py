@@ -14,6 +14,8 @@ import torch
 from kpo.analysis.dumps import load_dump
 from kpo.filter.fit import NotIdentified, fit_q
 
+pytestmark = pytest.mark.slow
+
 
 def test_memory_auto_is_one_q_per_step_fitted_on_the_previous_whole_step(tiny_config):
     from kpo.train import run_training
