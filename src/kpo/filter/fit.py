@@ -17,9 +17,10 @@ one q.
 At a fixed q, N, sum e^2/f and sum log f add over tokens, rows, micro-batches and processes, so l of a whole
 optimizer step is a sum over its pieces wherever they lie (:class:`Likelihood`; a trainer all-reduces them over
 its ranks). :func:`fit_q` / :meth:`Likelihood.fit` maximize l over log q in float64: a fixed grid (3 points a
-decade within the bounds), then golden-section search in the grid's best bracket, each point one pass of the
-filter's torch scan in float64 over every piece (the package's dispatcher imports this module, so the scan is
-called directly). ``reference.py`` has the likelihood as a token-by-token loop, the oracle of
+decade within the bounds), then golden-section search in the grid's best bracket, each point one float64 pass
+over the tokens of every piece, stacked into one batch: the filter's recursion token by token compiled by numba
+(the ``fast`` extra), else one pass of the filter's torch scan (the package's dispatcher imports this module, so
+the scan is called directly). ``reference.py`` has the likelihood as a token-by-token loop, the oracle of
 :func:`local_level_loglik`.
 
 When the data do not identify q (:class:`NotIdentified`, a ValueError): fewer than 2 observed tokens; every
