@@ -21,7 +21,13 @@ def test_memory_auto_is_one_q_per_step_fitted_on_the_previous_whole_step(tiny_co
     from kpo.train import run_training
 
     config = tiny_config(
-        "auto", loss="kpo", loss_kwargs={"memory": "auto"}, micro_batch_size=1, dump_ratios_every=1, max_steps=4
+        "auto",
+        loss="kpo",
+        loss_kwargs={"memory": "auto"},
+        micro_batch_size=1,
+        dump_ratios_every=1,
+        max_steps=4,
+        save_steps=2,
     )
     out = Path(run_training(config))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -41,3 +47,6 @@ def test_memory_auto_is_one_q_per_step_fitted_on_the_previous_whole_step(tiny_co
         assert row["kpo/q"] == pytest.approx(q, rel=1e-6) and row["kpo/q_stale"] == 0.0
         assert row["kpo/q_low"] <= row["kpo/q"] <= row["kpo/q_high"]
     assert fitted >= 1 and math.isfinite(rows[-1]["kpo/q"])
+    # a checkpoint keeps the q the next step filters with, so a resumed run filters as the uninterrupted one
+    saved = json.loads((out / "checkpoint-2" / "memory_fit.json").read_text())
+    assert saved["fit"][0] == rows[2]["kpo/q"] and saved["stale"] == bool(rows[2]["kpo/q_stale"])
