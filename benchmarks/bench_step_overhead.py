@@ -7,8 +7,9 @@ On the task's cached warm start (built on first use) it samples one generation b
 alike:
 - a training step: forward of a 32-sequence mini-batch, per-token log-probs, `kpo.policy_loss`, backward and
   an AdamW step, with `vanilla`, with `kpo` (memory=matched, the filter acting) and with `kpo` at memory=auto
-  (q fitted to the mini-batch by maximum likelihood before the filter);
-- the loss call alone, KPO's filter call alone and memory=auto's fit alone (their shares);
+  as `kpo train` runs it (the loss at the step's q; the step's log-ratios handed to the fit, which at the
+  step's end fits the next step's q: ``kpo.filter.fit.StepFit``, one micro-batch a step here);
+- the loss call alone, KPO's filter call alone and memory=auto's fit of one step alone (their shares);
 - generation as `kpo train`'s rollouts run it (kpo.generation; tokens/s), and the old-log-prob forward
   `kpo train` runs once per generation batch.
 It prints min and median of each, the KPO/vanilla ratios of the training step and of the whole optimizer step
@@ -49,9 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     from kpo import kalman_filter, policy_loss
     from kpo.advantages import compute_advantages
     from kpo.data.synthetic import load_split
-    from kpo.filter import fit_q
+    from kpo.filter.fit import StepFit
     from kpo.generation import MultinomialSampler, generate
-    from kpo.losses.kpo import filter_settings
+    from kpo.losses.kpo import add_to_fit, filter_settings, fixed_q_kwargs, step_fit
     from kpo.train.config import TrainConfig
     from kpo.train.run import model_path
 
@@ -101,12 +102,23 @@ def main(argv: list[str] | None = None) -> int:
     opt = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.0)
     common = dict(loss_agg_mode="seq-mean-token-mean", loss_scale_factor=config.max_completion())
 
+    fit = step_fit("kpo", losses["kpo auto"][1], 1e-6)
+
     def train_step(name: str) -> None:
         opt.zero_grad(set_to_none=True)
         lp = _log_probs(model, ids, prompt_len)
-        loss, _ = policy_loss(losses[name][0], lp, old, adv, m, **common, **losses[name][1])
+        kwargs = losses[name][1] if name != "kpo auto" else fixed_q_kwargs(losses[name][1], fit.q)
+        loss, _ = policy_loss(losses[name][0], lp, old, adv, m, **common, **kwargs)
         loss.backward()
+        if name == "kpo auto":  # kpo train's: the step's log-ratios to the fit, which at the step's end fits
+            add_to_fit(fit, lp, old, m)
+            fit.finish()
         opt.step()
+
+    def fit_one_step() -> None:
+        one = StepFit(fallback_q=1e-6)
+        one.add(z, m)
+        one.finish()
 
     # log-probabilities (<= 0, as policy_loss requires) about 0.01 from the old ones
     lp_fixed = (old + 0.01 * torch.randn_like(old)).clamp(max=0.0).requires_grad_()
@@ -121,10 +133,15 @@ def main(argv: list[str] | None = None) -> int:
         for name in list(losses) if r % 2 == 0 else list(losses)[::-1]:
             step[name].append(_timed(lambda n=name: train_step(n)))
             call[name].append(
-                _timed(lambda n=name: policy_loss(losses[n][0], lp_fixed, old, adv, m, **common, **losses[n][1]))
+                _timed(
+                    lambda n=name: policy_loss(
+                        losses[n][0], lp_fixed, old, adv, m, **common, **(losses[n][1] if n != "kpo auto" else
+                                                                         fixed_q_kwargs(losses[n][1], fit.q))
+                    )
+                )
             )
         filter_times.append(_timed(lambda: kalman_filter(z, m, **filt)))
-        fit_times.append(_timed(lambda: fit_q(z, m)))
+        fit_times.append(_timed(fit_one_step))
 
     def stat(xs):
         return min(xs), statistics.median(xs)
@@ -163,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     fit_med = stat(fit_times)[1]
     print(
         f"kpo auto / kpo: training step {auto[2] / k_step:.3f}, optimizer step with generation {auto[5] / k_total:.3f};"
-        f" the fit of q takes {1e3 * fit_med:.1f} ms, {100 * fit_med / auto[5]:.1f}% of an optimizer step"
+        f" the fit of one step's q takes {1e3 * fit_med:.1f} ms, {100 * fit_med / auto[5]:.1f}% of an optimizer "
+        f"step with generation, {100 * fit_med / auto[2]:.1f}% of a training step"
     )
     return 0
 

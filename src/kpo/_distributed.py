@@ -25,6 +25,7 @@ __all__ = [
     "peer_lost",
     "rank",
     "single_process",
+    "sum_over_ranks",
     "world_size",
 ]
 
@@ -188,3 +189,18 @@ def gather_objects(obj) -> list:
     out = [None] * world_size()
     dist.all_gather_object(out, obj)
     return out
+
+
+def sum_over_ranks(values):
+    """``values`` (float64 numpy [n]) summed over every process of the default torch.distributed group, where
+    one is initialised with more than one process (TRL's under ``kpo launch``, verl's workers); else ``values``.
+    Every process calls it at the same point."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return values
+    tensor = torch.as_tensor(np.asarray(values, dtype=np.float64), device=_device()).clone()
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor.cpu().numpy()

@@ -301,6 +301,7 @@ def test_ratio_dumps_count_each_rank_s_optimizer_steps(tmp_path, monkeypatch):
     from kpo.filter import kalman_filter
 
     monkeypatch.setattr(plugin, "_DUMPS", plugin.RatioDumps())
+    monkeypatch.setattr(plugin, "_STEPS", plugin._OptimizerSteps())
     config = actor_config("kpo", dump_ratios_every=2, dump_ratios_dir=str(tmp_path), memory=4.0)
     config.global_batch_info.update(dp_size=2, batch_num_tokens=40, global_batch_size=8, loss_scale_factor=None)
     new, old, adv, mask, _ = make_batch(B=4, empty_row=False)
@@ -366,9 +367,14 @@ def test_config_subclass_through_verl_hydra_instantiation():
         omega_conf_to_dataclass(_compose(*kpo_keys).actor_rollout_ref.actor)
 
 
-def test_memory_auto_through_verl_hydra_fits_q_and_reports_it():
+def test_memory_auto_through_verl_hydra_fits_q_and_reports_it(monkeypatch):
     """+actor_rollout_ref.actor.memory=auto (a string where memory is otherwise a number): verl's config path
-    keeps it, the loss fits q to the micro-batch, and the fit reaches verl's metrics as actor/kpo/q and actor/kpo/memory_tokens."""
+    keeps it, the loss filters at the step's q (the paper's before any step is fitted) and reports it as
+    actor/kpo/q and actor/kpo/memory_tokens."""
+    import kpo.integrations.verl as plugin
+
+    monkeypatch.setattr(plugin, "_STEPS", plugin._OptimizerSteps())
+    monkeypatch.setattr(plugin, "_FITS", {})
     cfg = _compose(
         "actor_rollout_ref.actor._target_=kpo.integrations.verl.KPOActorConfig",
         "actor_rollout_ref.actor.policy_loss.loss_mode=kpo",
@@ -377,13 +383,14 @@ def test_memory_auto_through_verl_hydra_fits_q_and_reports_it():
     )
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     assert (actor.memory, actor.q_max) == ("auto", 0.5)
+    actor.global_batch_info.update(dp_size=1, batch_num_tokens=None, global_batch_size=6, loss_scale_factor=None)
     new, old, adv, mask, _ = make_batch(seed=5)
     loss, metrics = verl_call(get_policy_loss_fn("kpo"), new, old, adv, mask, actor.loss_agg_mode, actor, None)
-    expected, ours = policy_loss(
-        "kpo", new, old, adv, mask, loss_agg_mode=actor.loss_agg_mode, clip_ratio=0.2, memory="auto", q_max=0.5
+    expected, _ = policy_loss(
+        "kpo", new, old, adv, mask, loss_agg_mode=actor.loss_agg_mode, clip_ratio=0.2, q=1e-6, global_num_seqs=6,
+        dp_size=1,
     )
-    assert torch.equal(loss, expected) and 0 < ours["kpo/q"] <= 0.5
-    assert metrics["actor/kpo/q"] == ours["kpo/q"] and "actor/kpo/memory_tokens" in metrics
+    assert torch.equal(loss, expected) and metrics["actor/kpo/q"] == 1e-6 and "actor/kpo/memory_tokens" in metrics
     with pytest.raises(ValueError, match="give a number of tokens > 0 or 'auto'"):
         actor_config("kpo", memory="fitted")
 
@@ -504,3 +511,62 @@ def test_kpo_with_verls_ppo_clip_defaults_warns():
         warnings.simplefilter("error")
         actor_config("kpo", clip_ratio_low=3e-4, clip_ratio_high=4e-4)
         actor_config("vanilla")
+
+
+def _drifting_batch(seed: int, rows: int = 8, tokens: int = 48):
+    """Log-probs whose ratios drift along each response (a random walk seen with noise), right-padded."""
+    g = torch.Generator().manual_seed(seed)
+    walk = torch.cumsum(0.1 * torch.randn(rows, tokens, generator=g, dtype=torch.float64), dim=1)
+    old = -torch.rand(rows, tokens, generator=g, dtype=torch.float64) - 3.0
+    new = (old + walk + 0.3 * torch.randn(rows, tokens, generator=g, dtype=torch.float64)).requires_grad_(True)
+    mask = torch.arange(tokens)[None, :] < torch.randint(tokens // 2, tokens + 1, (rows, 1), generator=g)
+    adv = torch.randn(rows, 1, generator=g, dtype=torch.float64).expand(rows, tokens).clone()
+    return new, old, adv, mask
+
+
+def test_memory_auto_is_one_q_per_optimizer_step_for_any_micro_batch_size(tmp_path, monkeypatch):
+    """Issue 46: q was fitted per micro-batch, so it changed with ppo_micro_batch_size_per_gpu, and the dumps
+    re-fitted the mini-batch. Now every call of a step filters at one q, fitted on the whole previous step (the
+    paper's q before any), the same for micro-batches of 2 and 8 rows; each call is the fixed-q loss at that q;
+    a dump records the q the step used."""
+    import kpo.integrations.verl as plugin
+    from kpo.analysis.dumps import load_dump
+    from kpo.filter.fit import fit_q
+
+    fn = get_policy_loss_fn("kpo_unclipped")
+    steps = [_drifting_batch(seed) for seed in range(3)]
+    seen = {}
+    for size in (2, 8):
+        monkeypatch.setattr(plugin, "_STEPS", plugin._OptimizerSteps())
+        monkeypatch.setattr(plugin, "_FITS", {})
+        monkeypatch.setattr(plugin, "_DUMPS", plugin.RatioDumps())
+        folder = tmp_path / str(size)
+        config = actor_config("kpo_unclipped", memory="auto", dump_ratios_every=1, dump_ratios_dir=str(folder))
+        config.global_batch_info.update(dp_size=2, batch_num_tokens=None, global_batch_size=16, loss_scale_factor=None)
+        qs = []
+        for new, old, adv, mask in steps:
+            config.global_batch_info["batch_num_tokens"] = tokens = 2 * int(mask.sum())
+            used = set()
+            for first in range(0, 8, size):
+                rows = slice(first, first + size)
+                part = (new[rows], old[rows], adv[rows], mask[rows])
+                loss, metrics = verl_call(fn, *part, "token-mean", config, None)
+                q = metrics["actor/kpo/q"]
+                fixed, _ = policy_loss("kpo_unclipped", *part, loss_agg_mode="token-mean", q=q,
+                                       global_num_seqs=16, global_num_tokens=tokens, dp_size=2)
+                assert torch.equal(loss, fixed)
+                used.add(q)
+            assert len(used) == 1
+            qs.append(used.pop())
+        assert qs[0] == 1e-4  # kpo_unclipped's paper q, before any step is fitted
+        for (new, old, _, mask), q in zip(steps[:-1], qs[1:]):
+            assert q == pytest.approx(fit_q((new - old).detach(), mask), rel=1e-9)
+        dump = load_dump(folder / "step_000002-rank0.safetensors")
+        assert dump.meta_float("q") == pytest.approx(qs[1], rel=1e-12)
+        seen[size] = qs
+    assert seen[2] == pytest.approx(seen[8], rel=1e-9)
+
+
+def test_memory_auto_bounds_are_numbers_not_booleans():
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.actor \(loss_mode='kpo'\): q_max must be a number > 0, got bool"):
+        actor_config("kpo", memory="auto", q_max=True)

@@ -97,9 +97,10 @@ def test_auto_memory_is_the_fixed_q_loss_at_the_fitted_q(loss):
 
 def test_auto_memory_on_policy_and_bounds():
     lp, old, adv, mask = _batch()
-    # ratios exactly 1: nothing to fit and the filtered ratio is 1 whatever q; no kpo/q is reported
+    # ratios exactly 1: nothing to fit and the filtered ratio is 1 whatever q; the paper's q, marked stale
     on_policy, metrics = policy_loss("kpo", old.clone().requires_grad_(), old, adv, mask, memory="auto")
-    assert torch.isfinite(on_policy) and "kpo/q" not in metrics and metrics["filtered_ratio_max"] == 1.0
+    assert torch.isfinite(on_policy) and metrics["filtered_ratio_max"] == 1.0
+    assert (metrics["kpo/q"], metrics["kpo/q_stale"]) == (1e-6, 1.0)
     _, bounded = policy_loss("kpo", lp, old, adv, mask, memory="auto", q_max=1e-5)
     assert bounded["kpo/q"] <= 1e-5
     with pytest.raises(ValueError, match="apply only with memory='auto'"):

@@ -39,6 +39,13 @@ Select a loss with ``actor_rollout_ref.actor.policy_loss.loss_mode=kpo`` and, to
 With ``dump_ratios_every``/``dump_ratios_dir`` in the actor config, every rank dumps KPO's raw and filtered token
 ratios in ``kpo analyze``'s format (:class:`RatioDumps`).
 
+With ``memory="auto"`` the loss of every micro-batch of an optimizer step filters at one q (the fixed-q loss at
+it), fitted at the end of the previous step to that whole step's log-ratios, its likelihood's sums all-reduced
+over the ranks (:class:`kpo.filter.fit.StepFit`): the same q on every rank and for any micro-batch size or
+``use_dynamic_bsz``. verl's loss call does not say where a step ends; the plugin counts each rank's rows
+(:class:`_OptimizerSteps`), and verl gives every data-parallel rank the same number of micro-batches, so every
+rank reaches the all-reduce in the same call.
+
 It also lets verl's FSDP engine build models when trl 1.x is installed beside it (kpo's ``train`` extra pins
 trl 1.16): see :func:`tolerate_trl_1`.
 
@@ -59,8 +66,10 @@ import torch
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
 from verl.workers.config import FSDPActorConfig
 
+from kpo.filter.fit import StepFit
 from kpo.losses import get_loss_spec, policy_loss
 from kpo.losses._core import resolve_clip
+from kpo.losses.kpo import PAPER_Q, add_to_fit, filter_settings, fits_memory, fixed_q_kwargs, step_fit
 
 __all__ = [
     "DUMP_FIELDS",
@@ -176,6 +185,9 @@ def verl_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, f
                 f"kpo loss {name!r} reads its hyperparameters from the actor config; pass config="
             )
         kwargs = loss_hparams(name, config)
+        fit = _memory_fit(name, kwargs) if fits_memory(name, kwargs) else None
+        if fit is not None:  # the loss at this optimizer step's q, fixed: the same on every rank and micro-batch
+            kwargs = fixed_q_kwargs(kwargs, fit.q)
         kwargs.update(_global_batch_kwargs(config.get("global_batch_info", None)))
         if rollout_is_weights is not None:
             kwargs["rollout_is_weights"] = rollout_is_weights
@@ -188,9 +200,20 @@ def verl_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, f
             loss_agg_mode=_agg_mode(name, loss_agg_mode),
             **kwargs,
         )
-        if config.get("dump_ratios_every", None):
-            _DUMPS.observe(name, config, log_prob, old_log_prob, response_mask)
-        return loss, {f"actor/{key}": value for key, value in metrics.items() if key != "pg_loss"}
+        out = {f"actor/{key}": value for key, value in metrics.items() if key != "pg_loss"}
+        dumping = bool(config.get("dump_ratios_every", None))
+        if fit is None and not dumping:
+            return loss, out
+        step = _STEPS.done + 1
+        ends = _STEPS.observe(config, log_prob.shape[0], "dump_ratios_every" if dumping else "memory=auto")
+        if dumping:
+            _DUMPS.observe(step, ends, name, config, log_prob, old_log_prob, response_mask, fit)
+        if fit is not None:
+            out |= {f"actor/{key}": value for key, value in fit.metrics().items()}
+            add_to_fit(fit, log_prob, old_log_prob, response_mask)
+            if ends:
+                fit.finish()  # every rank, at its mini-batch's last micro-batch: the q of the next step
+        return loss, out
 
     fn.__name__ = fn.__qualname__ = f"kpo_{name}"
     fn.__doc__ = f"kpo loss {name!r} in verl's policy-loss signature (kpo.integrations.verl)."
@@ -198,46 +221,73 @@ def verl_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, f
     return fn
 
 
+class _OptimizerSteps:
+    """This worker's optimizer steps, counted from verl's loss calls, which do not say which step they belong to:
+    a rank's micro-batches of one mini-batch (one optimizer step) hold ``global_batch_size / dp_size`` rows
+    together (``config.global_batch_info``, set by verl's v1 trainer), whatever the micro-batch size or
+    ``use_dynamic_bsz`` (verl gives every data-parallel rank the same number of micro-batches)."""
+
+    def __init__(self):
+        self.done = 0  # optimizer steps this rank finished
+        self.rows = 0  # rows of the current mini-batch seen so far
+
+    def observe(self, config, rows: int, setting: str) -> bool:
+        """Count one loss call of ``rows`` rows; whether it ends an optimizer step (``setting``: what needs it)."""
+        info = config.get("global_batch_info", None) or {}
+        if not info.get("global_batch_size"):
+            raise ValueError(
+                f"actor_rollout_ref.actor.{setting}: kpo counts optimizer steps from verl's global_batch_info, "
+                "which only the v1 trainer sets: use trainer.use_v1=True or drop it"
+            )
+        self.rows += rows
+        if self.rows < info["global_batch_size"] // info["dp_size"]:
+            return False  # more micro-batches of this mini-batch to come
+        self.done, self.rows = self.done + 1, 0
+        return True
+
+
+_STEPS = _OptimizerSteps()  # one per worker process: its rank's steps
+_FITS: dict[str, StepFit] = {}  # memory="auto": one StepFit per loss and settings in this worker
+
+
+def _memory_fit(name: str, hparams: dict) -> StepFit:
+    """This worker's :class:`~kpo.filter.fit.StepFit` of loss ``name`` with ``hparams`` (:func:`loss_hparams`,
+    ``memory="auto"``);
+    until a step identifies q it filters at the variant's paper q (verl's actor config does not carry the
+    response length that kpo train's matched memory needs)."""
+    key = f"{name}:{sorted((k, repr(v)) for k, v in hparams.items())}"
+    if key not in _FITS:
+        _FITS[key] = step_fit(name, hparams, PAPER_Q[name])
+    return _FITS[key]
+
+
 class RatioDumps:
     """This worker's ratio dumps (``kpo analyze``'s format, :func:`kpo.analysis.dumps.write_dump`): every
-    ``dump_ratios_every``-th optimizer step of this rank, its raw token log-ratios (log pi_theta - log pi_old, as
-    the loss received them) and their Kalman filter at the loss's settings, as
-    ``<dump_ratios_dir>/step_{step:06d}-rank{rank}.safetensors``.
-
-    verl's loss call does not say which optimizer step it belongs to, so the steps are counted here: a rank's
-    micro-batches of one mini-batch (one optimizer step) hold ``global_batch_size / dp_size`` rows together
-    (``config.global_batch_info``, set by verl's v1 trainer); ``dump_ratios_start`` is the count a resumed run
-    starts from. ``on_policy`` is left unknown: ``kpo analyze --off-policy-only`` then leaves out the rows whose
-    log-ratios are all exactly 0 (the first mini-batch of a batch in verl's default, decoupled mode).
+    ``dump_ratios_every``-th optimizer step of this rank (:class:`_OptimizerSteps`), its raw token log-ratios
+    (log pi_theta - log pi_old, as the loss received them) and their Kalman filter at the loss's settings (with
+    ``memory="auto"``, the q the step's losses used), as
+    ``<dump_ratios_dir>/step_{step:06d}-rank{rank}.safetensors``. ``dump_ratios_start`` is the count a resumed
+    run starts from. ``on_policy`` is left unknown: ``kpo analyze --off-policy-only`` then leaves out the rows
+    whose log-ratios are all exactly 0 (the first mini-batch of a batch in verl's default, decoupled mode).
     """
 
     def __init__(self):
-        self.steps: int | None = None  # optimizer steps this rank finished
-        self.rows = 0  # rows of the current mini-batch seen so far
         self.parts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (log-ratio, mask) [B_i, T_i] of a dumped step
 
-    def observe(self, name: str, config, log_prob, old_log_prob, response_mask) -> None:
+    def observe(self, steps: int, ends: bool, name: str, config, log_prob, old_log_prob, response_mask, fit) -> None:
+        """One loss call of this rank's optimizer step ``steps`` (counted in this process), the last of its step
+        where ``ends``; ``fit``: the StepFit whose q the losses use, or None."""
         import os
         from pathlib import Path
 
         from kpo.analysis.dumps import write_dump
-        from kpo.losses.kpo import dump_settings
 
-        info = config.get("global_batch_info", None) or {}
-        if not info.get("global_batch_size"):
-            raise ValueError(
-                "actor_rollout_ref.actor.dump_ratios_every: ratio dumps count optimizer steps from verl's "
-                "global_batch_info, which only the v1 trainer sets: use trainer.use_v1=True or drop the dumps"
-            )
-        if self.steps is None:
-            self.steps = int(config.get("dump_ratios_start", None) or 0)
-        step = self.steps + 1
+        step = int(config.get("dump_ratios_start", None) or 0) + steps
         if step % int(config.get("dump_ratios_every")) == 0:
             self.parts.append((log_prob.detach().float() - old_log_prob.detach().float(), response_mask.detach()))
-        self.rows += log_prob.shape[0]
-        if self.rows < info["global_batch_size"] // info["dp_size"]:
-            return  # more micro-batches of this mini-batch to come
-        self.steps, self.rows, parts, self.parts = step, 0, self.parts, []
+        if not ends:
+            return
+        parts, self.parts = self.parts, []
         if not parts:
             return
         width = max(z.shape[1] for z, _ in parts)  # v1 pads each micro-batch to its own longest response
@@ -250,13 +300,13 @@ class RatioDumps:
             log_ratio,
             mask,
             step=step,
-            settings=dump_settings(name, loss_hparams(name, config), log_ratio, mask.bool()),
+            settings=filter_settings(name, loss_hparams(name, config), fitted_q=None if fit is None else fit.q),
             loss=name,
             source=f"verl rank {rank}",
         )
 
 
-_DUMPS = RatioDumps()  # one per worker process: its rank's steps
+_DUMPS = RatioDumps()  # one per worker process: its rank's dumps
 
 
 def register_with_verl(names: tuple[str, ...] = VERL_LOSSES) -> tuple[str, ...]:
@@ -294,8 +344,10 @@ class KPOActorConfig(FSDPActorConfig):
         q: process-noise variance Q of the log-ratio random walk (kpo 1e-6, kpo_unclipped 1e-4); larger = the
             filter follows the raw token log-ratio more closely.
         memory: the filter's memory in tokens, which sets q instead (``kpo.filter.memory``; give q or memory), or
-            "auto": q fitted to each micro-batch's log-ratios by maximum likelihood (``kpo.filter.fit``), reported
-            as ``actor/kpo/q`` and ``actor/kpo/memory_tokens``.
+            "auto": one q per optimizer step, fitted by maximum likelihood to the whole previous step's
+            log-ratios over every micro-batch and rank (``kpo.filter.fit.StepFit``; the variant's paper q until
+            a step identifies q), reported as ``actor/kpo/q``, ``actor/kpo/memory_tokens``,
+            ``actor/kpo/q_low``/``q_high`` (its 95% likelihood interval) and ``actor/kpo/q_stale``.
         q_min, q_max: with memory="auto", the bounds of the fitted q (1e-8, 100).
         v: observation-noise variance V (1.0); only Q/V matters for the gains when p0 = 0.
         p0: prior variance of the filter state before the first token (0.0, the authors' choice).

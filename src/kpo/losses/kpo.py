@@ -7,10 +7,14 @@ gradient exp(rho_t) * grad lp_t. ``filter_grad=True`` instead lets the gradient 
 response does to the filter: "skip" (default: no observation, no time step), "advance" (a time step without
 observation), "zero" (observed as 0, the authors' code). ``memory`` sets q from the filter's memory in tokens
 (``kpo.filter.memory``) instead of q itself: ``memory=31.25`` is the paper's memory-to-length ratio at 128 tokens.
-``memory="auto"`` fits q to each call's detached log-ratios by maximum likelihood (``kpo.filter.fit.fit_q``,
-within ``q_min``..``q_max``; no gradient flows through the fit) and filters with it: the metrics ``kpo/q`` and
-``kpo/memory_tokens`` report it. A call whose valid log-ratios are all exactly 0 (an on-policy step: every ratio
-1) has no q to fit, and the filter's output is 0 whatever q, so it reports neither (a trainer keeps the last).
+``memory="auto"`` fits q by maximum likelihood to the detached log-ratios (``kpo.filter.fit``, within
+``q_min``..``q_max``, under the call's own p0, x0 and mask_mode; no gradient flows through the fit) and filters
+with it; the metrics ``kpo/q``, ``kpo/memory_tokens``, ``kpo/q_low``/``kpo/q_high`` (its 95% likelihood-ratio
+interval) and ``kpo/q_stale`` report it. Called directly, the loss fits its own batch; a batch that does not
+identify q (fewer than 2 tokens, ratios all 1, a flat likelihood) is filtered at the variant's paper q, with
+``kpo/q_stale`` 1. ``kpo train`` and the verl plugin instead fit one q per optimizer step over every
+micro-batch and process (:class:`kpo.filter.fit.StepFit`, :func:`step_fit`) and call the loss with that q fixed
+(:func:`fixed_q_kwargs`).
 ``p0="steady"`` starts the filter at its steady-state variance, so every gain is K_inf: a constant-gain moving
 average of the log-ratios, the filter without its ramp from the prior (an ablation).
 """
@@ -22,8 +26,9 @@ import math
 import torch
 
 from kpo.filter import kalman_filter
-from kpo.filter.fit import Q_BOUNDS, check_bounds, fit_q
-from kpo.filter.memory import filter_memory, q_for_memory, steady_state_variance
+from kpo.filter.fit import Q_BOUNDS, Fit, Likelihood, NotIdentified, StepFit, check_bounds, fit_metrics
+from kpo.filter.gains import check_params
+from kpo.filter.memory import q_for_memory, steady_state_variance
 from kpo.losses._core import LossBatch, LossTerms, clipped_surrogate, resolve_clip, token_stats
 from kpo.losses.aggregation import masked_mean
 from kpo.losses.registry import register_loss
@@ -32,8 +37,8 @@ KALMAN_LOSSES = ("kpo", "kpo_unclipped")
 PAPER_Q = {"kpo": 1e-6, "kpo_unclipped": 1e-4}  # each variant's q when neither q nor memory is given
 _FILTER_DEFAULTS = {"v": 1.0, "p0": 0.0, "x0": 0.0, "mask_mode": "skip"}
 STEADY = "steady"  # p0 = the steady-state posterior variance of (q, v)
-AUTO = "auto"  # memory fitted to each batch by maximum likelihood (kpo.filter.fit)
-FIT_METRICS = ("kpo/q", "kpo/memory_tokens")  # what a call with memory="auto" reports of its fit
+AUTO = "auto"  # memory fitted by maximum likelihood (kpo.filter.fit)
+_FIT_KEYS = ("memory", "q_min", "q_max")  # what memory="auto" adds to a loss's keywords
 
 
 def fits_memory(loss: str, loss_kwargs: dict) -> bool:
@@ -61,20 +66,56 @@ def resolve_q(loss: str, q: float | None, memory: float | str | None, v: float) 
     return q_for_memory(memory, v)
 
 
-def _fitted_q(batch: LossBatch, v: float, q_min: float, q_max: float, fixed: bool) -> tuple[float, dict]:
-    """(q, metrics) of ``memory="auto"``: the maximum-likelihood q of the batch's detached log-ratios in units of
-    ``v`` (the fit's q is Q/V); for a batch whose valid log-ratios are all 0, any q (its output is 0) and no
-    metrics. ``fixed``: memory is not "auto", and q_min / q_max must then be left at their defaults."""
+def _fit_settings(v, p0, x0, mask_mode, q_min, q_max) -> dict:
+    """The settings of the fit (``kpo.filter.fit.Likelihood``) of a filter with these: p0 in units of v."""
+    check_params(1.0, v, 0.0)
+    resolve_p0(p0, 1.0, 1.0)  # a string other than "steady" is refused with the filter's own message
+    return {
+        "bounds": check_bounds((q_min, q_max)),
+        "p0": p0 if p0 == STEADY else p0 / v,
+        "x0": x0,
+        "mask_mode": mask_mode,
+    }
+
+
+def _fitted_q(batch: LossBatch, loss: str, fixed: bool, *filter_and_bounds) -> tuple[float, dict]:
+    """(q, metrics) of ``memory="auto"`` called on one batch: the maximum-likelihood q (Q/V) of its detached
+    log-ratios under the filter's settings (``filter_and_bounds``: v, p0, x0, mask_mode, q_min, q_max), or the
+    variant's paper q where the batch does not identify q. ``fixed``: memory is not "auto", and q_min / q_max
+    must then be left at their defaults (then (nan, {}))."""
     if fixed:
-        if (q_min, q_max) != Q_BOUNDS:
+        if tuple(filter_and_bounds[-2:]) != Q_BOUNDS:
             raise ValueError(f"q_min and q_max bound the fitted q: they apply only with memory={AUTO!r}")
         return math.nan, {}
-    check_bounds((q_min, q_max))
-    z, m = batch.log_ratio.detach(), batch.mask
-    if not bool((z[m] != 0).any()):
-        return math.sqrt(q_min * q_max) * v, {}
-    ratio = fit_q(z, m, bounds=(q_min, q_max))
-    return ratio * v, dict(zip(FIT_METRICS, (ratio, filter_memory(ratio))))
+    try:
+        fit = Likelihood(**_fit_settings(*filter_and_bounds)).add(batch.log_ratio.detach(), batch.mask).fit()
+        stale = False
+    except NotIdentified:
+        fit, stale = Fit(PAPER_Q[loss], math.nan, math.nan), True
+    return fit.q, fit_metrics(fit, stale)
+
+
+def step_fit(loss: str, loss_kwargs: dict, fallback_q: float) -> StepFit:
+    """The :class:`~kpo.filter.fit.StepFit` of ``loss`` with ``loss_kwargs`` (``memory="auto"``): its bounds
+    and filter settings, and ``fallback_q`` (Q/V) until a step identifies q."""
+    kwargs = {k: loss_kwargs.get(k, d) for k, d in _FILTER_DEFAULTS.items()}
+    bounds = (loss_kwargs.get("q_min", Q_BOUNDS[0]), loss_kwargs.get("q_max", Q_BOUNDS[1]))
+    settings = _fit_settings(kwargs["v"], kwargs["p0"], kwargs["x0"], kwargs["mask_mode"], *bounds)
+    return StepFit(**settings, fallback_q=fallback_q)
+
+
+def add_to_fit(fit: StepFit, log_prob: torch.Tensor, old_log_prob: torch.Tensor, mask: torch.Tensor) -> None:
+    """Give ``fit`` a micro-batch's log-ratios as the loss computes them (float32 at least), [B, T] each."""
+    dtype = torch.promote_types(log_prob.dtype, torch.float32)
+    fit.add(log_prob.detach().to(dtype) - old_log_prob.detach().to(dtype), mask)
+
+
+def fixed_q_kwargs(loss_kwargs: dict, q: float) -> dict:
+    """``loss_kwargs`` of ``memory="auto"`` with the fit's q (Q/V) fixed instead: the loss of those keywords is
+    the fixed-q loss at that q."""
+    kwargs = {k: value for k, value in loss_kwargs.items() if k not in _FIT_KEYS}
+    kwargs["q"] = q * kwargs.get("v", _FILTER_DEFAULTS["v"])
+    return kwargs
 
 
 def resolve_p0(p0: float | str, q: float, v: float) -> float:
@@ -91,7 +132,7 @@ def resolve_p0(p0: float | str, q: float, v: float) -> float:
 def filter_settings(loss: str, loss_kwargs: dict, *, fitted_q: float | None = None) -> dict:
     """{q, v, p0, x0, mask_mode} that ``loss`` with ``loss_kwargs`` filters with (q resolved from memory, p0 from
     "steady"); a loss without a filter gets KPO's, so its ratios can be analysed as KPO would see them. With
-    ``memory="auto"``, ``fitted_q`` (Q/V, :func:`kpo.filter.fit.fit_q` of the batch) is the q."""
+    ``memory="auto"``, ``fitted_q`` (Q/V: the q the loss filtered with) is the q."""
     name = loss if loss in KALMAN_LOSSES else "kpo"
     kwargs = loss_kwargs if loss in KALMAN_LOSSES else {}
     out = {k: kwargs.get(k, default) for k, default in _FILTER_DEFAULTS.items()}
@@ -102,17 +143,6 @@ def filter_settings(loss: str, loss_kwargs: dict, *, fitted_q: float | None = No
         out["q"] = fitted_q * out["v"]
     out["p0"] = resolve_p0(out["p0"], out["q"], out["v"])
     return out
-
-
-def dump_settings(loss: str, loss_kwargs: dict, log_ratio: torch.Tensor, mask: torch.Tensor, last_q=None) -> dict:
-    """:func:`filter_settings` for a ratio dump of ``log_ratio`` [B, T] (``mask`` bool [B, T]): with
-    ``memory="auto"`` the q fitted to these rows (the loss's own where they are one loss call); where every valid
-    log-ratio is 0 the filtered ratios are 1 whatever q, and the dump records ``last_q`` (the last fit), or 1."""
-    if not fits_memory(loss, loss_kwargs):
-        return filter_settings(loss, loss_kwargs)
-    moved = bool((log_ratio[mask] != 0).any())
-    q = fit_q(log_ratio, mask) if moved else (1.0 if last_q is None else last_q)
-    return filter_settings(loss, loss_kwargs, fitted_q=q)
 
 
 def _filtered_log_ratio(
@@ -153,14 +183,14 @@ def kpo(
     """
     low, high = resolve_clip(clip_ratio, clip_ratio_low, clip_ratio_high, 3e-4, 4e-4)
     q = resolve_q("kpo", q, memory, v)
-    fitted_q, fit_metrics = _fitted_q(batch, v, q_min, q_max, fixed=q is not None)
-    log_r, rho = _filtered_log_ratio(batch, fitted_q if q is None else q, v, p0, x0, mask_mode, filter_grad)
+    fitted_q, fitted = _fitted_q(batch, "kpo", q is not None, v, p0, x0, mask_mode, q_min, q_max)
+    log_r, rho = _filtered_log_ratio(batch, fitted_q * v if q is None else q, v, p0, x0, mask_mode, filter_grad)
     A, m = batch.advantages, batch.mask
     token_loss, is_clipped = clipped_surrogate(A, torch.exp(log_r), low, high)
     return LossTerms(
         token_loss=token_loss,
         clipfrac=masked_mean(is_clipped.to(A.dtype), m),
-        extra=token_stats("filtered_ratio", torch.exp(rho.clamp(max=10.0)), m) | fit_metrics,
+        extra=token_stats("filtered_ratio", torch.exp(rho.clamp(max=10.0)), m) | fitted,
     )
 
 
@@ -181,9 +211,9 @@ def kpo_unclipped(
     """KPO-unclipped: L_t = -A r~_t. Paper defaults: q = 1e-4 (memory 100 tokens), v = 1, seq-mean-token-mean.
     ``memory="auto"``: q fitted to the batch within q_min..q_max (units of v)."""
     q = resolve_q("kpo_unclipped", q, memory, v)
-    fitted_q, fit_metrics = _fitted_q(batch, v, q_min, q_max, fixed=q is not None)
-    log_r, rho = _filtered_log_ratio(batch, fitted_q if q is None else q, v, p0, x0, mask_mode, filter_grad)
+    fitted_q, fitted = _fitted_q(batch, "kpo_unclipped", q is not None, v, p0, x0, mask_mode, q_min, q_max)
+    log_r, rho = _filtered_log_ratio(batch, fitted_q * v if q is None else q, v, p0, x0, mask_mode, filter_grad)
     return LossTerms(
         token_loss=-batch.advantages * torch.exp(log_r),
-        extra=token_stats("filtered_ratio", torch.exp(rho.clamp(max=10.0)), batch.mask) | fit_metrics,
+        extra=token_stats("filtered_ratio", torch.exp(rho.clamp(max=10.0)), batch.mask) | fitted,
     )

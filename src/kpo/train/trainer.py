@@ -21,6 +21,10 @@ What is replaced (TRL has no loss plugin API, so this pins the TRL range it was 
 - ``log``: one row per optimizer step appended to ``metrics.jsonl`` with the paper's names; generation-batch
   statistics (reward, response length) are carried to every optimizer step trained on that batch.
 
+- ``memory="auto"`` (KPO's fitted q): every micro-batch of an optimizer step, on every process, is the fixed-q
+  loss at the step's q, and the step's last micro-batch fits the next step's q to all of the step's log-ratios,
+  summed over processes (``kpo.filter.fit.StepFit``); logged as ``kpo/q`` etc., kept in checkpoints.
+
 - ``create_model_card``: kpo's run card (``kpo.train.card``) instead of TRL's, which TRL writes to
   ``output_dir/README.md`` at every checkpoint.
 
@@ -49,8 +53,9 @@ from safetensors.torch import load_file, save_file
 from kpo._files import writing
 from kpo.advantages import compute_advantages
 from kpo.analysis.dumps import write_dump
+from kpo.filter.memory import matched_memory, q_for_memory
 from kpo.losses import aggregate_entropy, get_loss_spec, policy_loss, rollout_correction
-from kpo.losses.kpo import FIT_METRICS, dump_settings, fits_memory
+from kpo.losses.kpo import add_to_fit, filter_settings, fits_memory, fixed_q_kwargs, step_fit
 from kpo.train.checkpoints import incomplete_reason, save_whole
 from kpo.train.config import on_policy_step
 from kpo.train.interrupt import InterruptGuard, restore_rng, rng_state
@@ -89,6 +94,7 @@ _SAMPLING_KEYS = (
 # The sampler's mismatch (kpo.train.sampler), measured once per generation batch, and the clip fraction of the
 # batch's first (on-policy) optimizer step: above 0 only where the mismatch reaches the ratio.
 SAMPLER_FILE = "rollout_sampler.safetensors"  # a checkpoint's lagging-sampler weights (kpo.train.sampler)
+MEMORY_FIT_FILE = "memory_fit.json"  # a checkpoint's fitted q for the next step (memory="auto")
 _MISMATCH_KEYS = (*(f"rollout_corr/{k}" for k in MISMATCH_METRICS), "rollout_corr/on_policy_clip_frac")
 _GENERATION_KEYS = (
     "reward",
@@ -179,8 +185,14 @@ class KPOTrainer(GRPOTrainer):
         self._step_loss_metrics: dict[str, list[tuple[float, float]]] = defaultdict(list)
         # this optimizer step's entropy pieces, one per micro-batch, each already a share of the whole step
         self._step_entropy: list[float] = []
-        # memory="auto": the last fitted q and memory, logged again on steps that fit none (ratios exactly 1)
-        self._last_fit: dict[str, float] = {}
+        # memory="auto": one q per optimizer step over every micro-batch and process, fitted at the end of a step
+        # for the next (kpo.filter.fit.StepFit); before any step identifies q, the matched memory's
+        self.memory_fit = (
+            step_fit(loss_name, self.loss_kwargs, q_for_memory(matched_memory(self.max_completion_length)))
+            if fits_memory(loss_name, self.loss_kwargs)
+            else None
+        )
+        self._fit_metrics: dict[str, float] = {}  # what the last finished step's losses used
         self.interrupts = interrupts
         self.run_card = run_card
         self._batch_end_rng: dict | None = None  # RNG states where the last finished generation batch ended
@@ -320,9 +332,13 @@ class KPOTrainer(GRPOTrainer):
         def save():
             super(KPOTrainer, self)._save_checkpoint(model, trial)
             state = self.sampler.state_dict()  # a lagging sampler's weights: part of the trajectory
+            folder = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
             if state and self.accelerator.is_main_process:
-                folder = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
                 save_file(state, str(folder / SAMPLER_FILE))
+            if self.memory_fit is not None and self.accelerator.is_main_process:
+                # the q the next step filters with: part of the trajectory too
+                with writing(folder / MEMORY_FIT_FILE), open(folder / MEMORY_FIT_FILE, "w") as f:
+                    json.dump(self.memory_fit.state_dict(), f)
 
         if self.interrupts is None:
             return save_whole(self, save)
@@ -334,6 +350,9 @@ class KPOTrainer(GRPOTrainer):
         path = Path(resume_from_checkpoint) / SAMPLER_FILE
         if path.exists():
             self.sampler.load_state_dict(load_file(str(path)))
+        fit = Path(resume_from_checkpoint) / MEMORY_FIT_FILE
+        if self.memory_fit is not None and fit.exists():
+            self.memory_fit.load_state_dict(json.loads(fit.read_text()))
 
     def checkpoint_abandoned_batch(self) -> Path | None:
         """After :class:`~kpo.train.interrupt.AbandonBatch`: the checkpoint of the last finished generation batch,
@@ -403,7 +422,9 @@ class KPOTrainer(GRPOTrainer):
         old = inputs.get("old_per_token_logps")
         # TRL skips old log-probs only when each generation batch is one optimizer step (fully on-policy).
         old_log_prob = log_prob.detach() if old is None else old
-        hparams = dict(self.loss_kwargs)
+        # memory="auto": the loss at this step's q, fixed (the same on every process and micro-batch)
+        fit = self.memory_fit
+        hparams = dict(self.loss_kwargs) if fit is None else fixed_q_kwargs(self.loss_kwargs, fit.q)
         if self._wants_entropy:
             hparams["token_entropy"] = entropy.detach()
         if "importance_sampling_ratio" in inputs:  # vLLM train/inference mismatch weights (TRL's IS mode)
@@ -458,6 +479,11 @@ class KPOTrainer(GRPOTrainer):
             self._step_loss_metrics[key].append((value, n_tokens))
         if self.dump_ratios_every:
             self._maybe_dump(log_prob, old_log_prob, mask)
+        if self.memory_fit is not None:
+            add_to_fit(self.memory_fit, log_prob, old_log_prob, mask)
+            if (self._step + 1) % self.current_gradient_accumulation_steps == 0:  # the step's last micro-batch
+                self._fit_metrics = self.memory_fit.metrics()
+                self.memory_fit.finish()  # every process: the q of the next step
         return loss
 
     # ------------------------------------------------------------------ ratio dumps
@@ -495,9 +521,9 @@ class KPOTrainer(GRPOTrainer):
             log_ratio,
             mask_u8,
             step=step,
-            # memory=auto: the step's rows as one batch (the loss's own q where the step is one micro-batch)
-            settings=dump_settings(
-                self.loss_name, self.loss_kwargs, log_ratio, mask_u8.bool(), self._last_fit.get("kpo/q")
+            # memory=auto: the q this step's losses used
+            settings=filter_settings(
+                self.loss_name, self.loss_kwargs, fitted_q=None if self.memory_fit is None else self.memory_fit.q
             ),
             loss=self.loss_name,
             on_policy=on_policy_step(step, self.steps_per_batch),
@@ -515,9 +541,7 @@ class KPOTrainer(GRPOTrainer):
             for key, value in self._generation_stats.items():
                 if not metrics.get(key):
                     metrics[key].append(value)
-            if fits_memory(self.loss_name, self.loss_kwargs):
-                self._last_fit |= {k: loss_metrics[k] for k in FIT_METRICS if k in loss_metrics}
-                loss_metrics = self._last_fit | loss_metrics
+            loss_metrics |= self._fit_metrics  # memory="auto": the q the step used, the same on every process
             for key, value in loss_metrics.items():
                 metrics[f"loss/{key}"].append(value)
             self._step_loss_metrics.clear()
