@@ -108,7 +108,7 @@ def _loss(config: TrainConfig) -> str:
         for k, v in kwargs.items()
     ]
     if fits_memory(config.loss, kwargs):
-        parts.append("filter q fitted to each batch by maximum likelihood (kpo/q in metrics.jsonl)")
+        parts.append("filter q fitted by maximum likelihood, one per optimizer step from the step before (kpo/q in metrics.jsonl)")
     elif config.loss in KALMAN_LOSSES:
         settings = filter_settings(config.loss, kwargs)
         settings = {"q": settings.pop("q"), **settings}  # the setting memory resolves to, first

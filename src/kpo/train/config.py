@@ -96,8 +96,9 @@ class TrainConfig:
         "pairs (--loss-kwargs q=1e-4 v=1), in a YAML file a mapping (loss_kwargs: {q: 1.0e-4, v: 1}). KPO's "
         "memory=TOKENS sets q from the filter's memory; memory=matched keeps the paper's memory-to-length ratio "
         "(1000 of 4096 tokens) at this run's response length (the embedded task's longest response, or "
-        "max_completion_length); memory=auto fits q to each mini-batch's log-ratios by maximum likelihood "
-        "(bounds q_min, q_max; logged as kpo/q and kpo/memory_tokens).",
+        "max_completion_length); memory=auto fits one q per optimizer step by maximum likelihood, to the "
+        "previous step's log-ratios over all its micro-batches and processes (bounds q_min, q_max; logged as "
+        "kpo/q and kpo/memory_tokens).",
     )
     loss_agg_mode: str | None = _option(
         None,
