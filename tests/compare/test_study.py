@@ -279,3 +279,34 @@ def test_batch_of_collapse():
     assert batch_of_collapse([0.3, 0.4, 0.1, 0.0, 0.0]) == 3  # below 0.15 from the third batch on
     assert batch_of_collapse([0.3, 0.1, 0.4, 0.1]) == 4
     assert batch_of_collapse([0.3, 0.4, 0.5]) is None
+
+
+def test_report_from_records_alone(tmp_path):
+    """The report reads only the committed folder (plan, seeds, records): no run folders. Not committed here, so it
+    is labelled exploratory, and the look it has not reached stays open."""
+    study = _study(tmp_path)
+    plan = study.plan
+    seeds = list(range(8, 22))
+    _write_json(study.folder / "seeds.json", {"admitted": seeds, "warm": {str(s): 0.2 for s in seeds},
+                                              "dropped": [{"seed": 22, "reason": "expected accuracy 0.0%"}]})
+    records = {}
+    for group in plan["groups"].values():
+        for cell in group["cells"]:
+            for arm in group["arms"]:
+                for i, s in enumerate(seeds[:3]):
+                    acc = 0.0 if arm == "GRPO" and i == 0 else 0.5 + 0.01 * i
+                    records[f"{cell}/{_run(arm, s).name}"] = {
+                        "cell": cell, "arm": arm, "seed": s, "accuracy": acc, "warm": 0.2,
+                        "reward_by_batch": [0.3, 0.1, 0.0] if acc == 0 else [0.3, 0.5], "started": time.time()}
+    _write_json(study.folder / "runs.json", records)
+    report_md = run_study(study, report_only=True)
+    report = json.loads((study.folder / "report.json").read_text())
+    assert report["study"] == "exploratory" and "not committed" in report["why"]
+    assert report["runs"] == len(records) and report["hypotheses"] == 4
+    assert report["seeds"]["drop_rate"] == pytest.approx(1 / 15)
+    assert all(q["verdict"] == "open" for q in report["questions"].values())
+    stress = report["descriptive"]["stress"]["cells"]["none-depth4-lr0.0005"]["GRPO"]
+    assert stress["collapse"]["k"] == 1 and stress["batch_of_collapse"] == [2, None, None]
+    text = report_md.read_text()
+    assert "not confirmatory" in text and "22" in text
+    assert {p.name for p in study.folder.glob("*.png")} == {"collapse.png", "time_to_collapse.png", "accuracy.png"}

@@ -110,7 +110,7 @@ def _descriptive(plan: dict, records: dict) -> dict:
                     for i in range(k)
                 ]))
 
-            ci = bootstrap([*xs, *ys], poi, n_resamples=1000, method="percentile", vectorized=False, random_state=rng)
+            ci = bootstrap([*xs, *ys], poi, n_resamples=500, method="percentile", vectorized=False, random_state=rng)
             improve[a] = {"p_kpo_better": poi(*xs, *ys), "low": float(ci.confidence_interval.low),
                           "high": float(ci.confidence_interval.high)}
         out[group] = {"cells": cells, "iqm": iqm, "probability_of_improvement": improve}

@@ -219,14 +219,22 @@ def _admit(study: Study, wanted: int, build=None) -> list[int]:
 
 
 def _build_in_pool(cfg, candidates: list[int]) -> list[str | None]:
-    from concurrent.futures import ProcessPoolExecutor
+    """Each candidate seed's warm start built and evaluated in parallel worker processes, a line as each ends."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
     from multiprocessing import get_context
 
     from kpo.compare.plan import parallel_runs
 
+    found: dict[int, str | None] = {}
     workers = min(parallel_runs(cfg), len(candidates))
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-        return list(pool.map(_build_warm_start, [cfg] * len(candidates), candidates))
+        futures = {pool.submit(_build_warm_start, cfg, s): s for s in candidates}
+        for done, future in enumerate(as_completed(futures), start=1):
+            seed = futures[future]
+            found[seed] = future.result()
+            state = "ok" if found[seed] is None else "failed its check"
+            print(f"kpo compare study: warm start of seed {seed} {state} ({done}/{len(candidates)})", flush=True)
+    return [found[s] for s in candidates]
 
 
 def _build_warm_start(cfg, seed: int) -> str | None:
