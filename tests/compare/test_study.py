@@ -310,3 +310,17 @@ def test_report_from_records_alone(tmp_path):
     text = report_md.read_text()
     assert "not confirmatory" in text and "22" in text
     assert {p.name for p in study.folder.glob("*.png")} == {"collapse.png", "time_to_collapse.png", "accuracy.png"}
+
+
+def test_probability_of_improvement_is_mann_whitney_u_over_nm():
+    from scipy.stats import mannwhitneyu
+
+    from kpo.compare.study_report import probability_of_improvement
+
+    rng = np.random.default_rng(2)
+    xs = [rng.choice([0.0, 0.5, 0.6], size=7), rng.normal(0.5, 0.1, size=5)]
+    ys = [rng.choice([0.0, 0.5, 0.6], size=6), rng.normal(0.45, 0.1, size=5)]
+    expected = np.mean([mannwhitneyu(x, y).statistic / (x.size * y.size) for x, y in zip(xs, ys)])
+    assert probability_of_improvement(xs, ys) == pytest.approx(expected, abs=1e-12)
+    # hand case: X = [1, 2], Y = [2]: 1 < 2 (0), 2 = 2 (a half) -> 0.25
+    assert probability_of_improvement([np.array([1.0, 2.0])], [np.array([2.0])]) == pytest.approx(0.25)
