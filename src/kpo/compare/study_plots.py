@@ -54,17 +54,31 @@ def plot_study(report: dict, plan: dict, folder: Path) -> list[str]:
     _save(fig, folder / "collapse.png")
     drawn.append("collapse.png")
 
-    # the batch of collapse of each collapsed run, per arm (stress cells)
-    fallen = [(f"{a}\n{c}", b) for g, c, a, v in rows for b in v["batch_of_collapse"] if b is not None]
-    if fallen:
-        labels = sorted({name for name, _ in fallen})
-        fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(labels)), 3.6))
-        for i, name in enumerate(labels):
-            ys = [b for n, b in fallen if n == name]
-            ax.scatter(i + np.linspace(-0.15, 0.15, len(ys)), ys, s=18)
-        ax.set_xticks(range(len(labels)), labels, rotation=35, ha="right", fontsize=8)
-        ax.set_ylabel("generation batch of collapse")
-        ax.set_title("when collapsed runs fell (training reward below half its first batch's, to the end)", fontsize=9)
+    # paired time to collapse: per cell, each seed's arms joined, a survivor drawn above the last batch
+    falls = [(g, c) for g, c in cells if any(b is not None for v in groups[g]["cells"][c].values()
+                                              for b in v["batch_of_collapse"])]
+    if falls:
+        batches = plan["run_settings"]["batches"]
+        fig, axes = plt.subplots(1, len(falls), figsize=(4.2 * len(falls), 3.8), squeeze=False)
+        for ax, (g, c) in zip(axes[0], falls):
+            arms = groups[g]["cells"][c]
+            names = list(arms)
+            by_seed: dict[int, list] = {}
+            for i, a in enumerate(names):
+                for seed, b in zip(arms[a]["seeds"], arms[a]["batch_of_collapse"]):
+                    by_seed.setdefault(seed, []).append((i, batches + 2 if b is None else b))
+            for points in by_seed.values():
+                xs, ys = zip(*sorted(points))
+                ax.plot(xs, ys, color="0.6", lw=0.7, alpha=0.6, marker="o", ms=3)
+            ax.axhline(batches + 1, color="k", lw=0.5, ls=":")
+            ax.set_xticks(range(len(names)), names, rotation=35, ha="right")
+            ax.set_ylim(0, batches + 3)
+            ticks = list(range(0, batches + 1, max(1, batches // 4)))
+            ax.set_yticks([*ticks, batches + 2], [*map(str, ticks), "survived"])
+            ax.set_title(c, fontsize=9)
+        axes[0][0].set_ylabel("generation batch of collapse")
+        fig.suptitle("when runs collapsed, each seed's arms joined (training reward below half its first batch's)",
+                     fontsize=10)
         _save(fig, folder / "time_to_collapse.png")
         drawn.append("time_to_collapse.png")
 

@@ -84,6 +84,7 @@ def _descriptive(plan: dict, records: dict) -> dict:
         for c, arms in per.items():
             cells[c] = {
                 a: {
+                    "seeds": [seed for seed, _ in rows],
                     "accuracy": [r["accuracy"] for _, r in rows],
                     "collapse": collapse_count([collapsed(r["accuracy"], r["warm"], plan["collapse"]) for _, r in rows]),
                     "batch_of_collapse": [
