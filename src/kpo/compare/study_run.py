@@ -162,7 +162,18 @@ def _record(study: Study, cell, label: str, seed: int, folder: Path) -> dict:
         "warm": study.seeds()["warm"][str(seed)],
         "reward_by_batch": _reward_by_batch(folder, cell.depth),
         "started": _started(folder),
+        "code": _code_commit(),
     }
+
+
+@functools.cache
+def _code_commit() -> str | None:
+    """The commit of the checkout whose kpo trained the runs (a study runs from a worktree at a fixed commit, so
+    every record of one session says the same), None outside git."""
+    done = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, check=False
+    )
+    return done.stdout.strip() or None
 
 
 def _jobs(study: Study, answer: dict, admitted: list[int]) -> list:
