@@ -16,9 +16,10 @@ import psutil
 import pytest
 
 from kpo.compare.engines import KEEP, KpoEngine, engine_of, keep_errors
+from kpo.compare.guards import LOCK_FILE, lock_run, unlock_run
 from kpo.compare.plan import CompareConfig, CompareError, Run
 from kpo.compare.regimes import Cell, RegimeConfig, _arm_stats
-from kpo.compare.run import LOCK_FILE, Job, _execute, _size, disk_bytes, lock_run, train_jobs, unlock_run
+from kpo.compare.run import Job, _execute, _size, disk_bytes, train_jobs
 from kpo.compare.verl_engine import merge_rows, metrics_rows
 
 
@@ -107,7 +108,7 @@ def test_a_trainer_dies_with_the_process_that_started_it(tmp_path):
     parent = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent("""
             import subprocess, sys, time
-            from kpo.compare.run import die_with_parent
+            from kpo.compare.guards import die_with_parent
             child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                                      preexec_fn=die_with_parent, start_new_session=True)
             print(child.pid, flush=True)

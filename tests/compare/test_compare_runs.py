@@ -79,6 +79,7 @@ def fake_execute(cfg, run, out, resume=False) -> dict:
         os._exit(3)
     if mode == "slow":  # trains until a signal stops it, as kpo train does
         try:
+            (out / "training").touch()  # inside the try: a signal from now on is caught as kpo train's would be
             time.sleep(120)
         except KeyboardInterrupt:
             (out / "interrupted").write_text("stopped by a signal")
@@ -152,7 +153,7 @@ def test_an_interrupt_of_kpo_compare_stops_its_workers(compare_config, fake_work
     folder = Path(cfg.out) / "runs" / "vanilla-seed0"
 
     def interrupted_wait(*args, **kwargs):
-        while not (folder / "log.txt").exists():  # the worker has started the run
+        while not (folder / "training").exists():  # the worker is training (log.txt alone raced the signal)
             time.sleep(0.05)
         raise KeyboardInterrupt
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
+from kpo.compare.contract import BATCH_ROWS, KEEP, STEP_ROWS, keep_errors  # noqa: F401 - the protocol's names
+
 __all__ = [
     "BATCH_ROWS",
     "COMPARE_OWNED",
@@ -27,17 +29,6 @@ __all__ = [
     "engine_of",
     "train_argv",
 ]
-
-# What one row of a run's metrics.jsonl covers (Engine.rows): one optimizer step (the row's step), or one
-# generation batch (the row's step is the optimizer step that ends it; each metric is the mean over the batch's
-# optimizer steps, so a row holds its on-policy and off-policy steps together).
-STEP_ROWS, BATCH_ROWS = "optimizer step", "generation batch"
-# --keep: what stays of a run once it is scored (its metrics, scores, ratio dumps and log always stay)
-KEEP = {
-    "hf": "the final model's Hugging Face weights only (the default)",
-    "all": "everything the trainer wrote (every checkpoint, optimizer states included)",
-    "none": "no weights at all",
-}
 
 # `kpo train` fields that kpo compare sets from its own options (or its run plan); a `--` flag for one of them
 # would override compare's value after compare.json recorded it.
@@ -205,13 +196,6 @@ class KpoEngine:
             # per parallel worker, each claiming most of the GPU's memory
             "backend": "transformers",
         }
-
-
-def keep_errors(cfg) -> list[str]:
-    """``--keep`` names one of :data:`KEEP`."""
-    if cfg.keep in KEEP:
-        return []
-    return [f"--keep {cfg.keep}: unknown; use {', '.join(f'{k} ({v})' for k, v in KEEP.items())}"]
 
 
 def _owned_flag_errors(train_args: tuple[str, ...]) -> list[str]:

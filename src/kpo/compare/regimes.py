@@ -716,7 +716,7 @@ def _arm_stats(cfg: RegimeConfig, cell: Cell, runs: list[Run]) -> dict:
     step, of the batches' first (on-policy) steps and of the others, and for KPO (auto) its fitted memory per
     generation batch over the arm's finished seeds (:func:`_memory_by_batch`). Rows of one optimizer step (kpo
     train's) are classified by their step; rows of a generation batch (verl's: each metric the mean over the
-    batch's steps, :data:`kpo.compare.engines.BATCH_ROWS`) hold both kinds together, so the on-policy and
+    batch's steps, :data:`kpo.compare.contract.BATCH_ROWS`) hold both kinds together, so the on-policy and
     off-policy figures are None unless every step is on-policy (depth 1), and the memory is each batch's mean."""
     from kpo.compare.engines import BATCH_ROWS, engine_of
     from kpo.train.config import on_policy_step

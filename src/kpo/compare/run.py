@@ -3,13 +3,12 @@ thread each), each trained and evaluated on the held-out split; finished runs ar
 with other settings is an error.
 
 No trainer outlives its compare and no two processes write one run: a worker dies with kpo compare and a trainer
-it starts dies with it (:func:`die_with_parent`), and a worker holds its run's lock (:data:`LOCK_FILE`) while it
-trains, scores and prunes the run; a compare finding a run locked stops before anything trains."""
+it starts dies with it (:func:`kpo.compare.guards.die_with_parent`), and a worker holds its run's lock
+(:data:`kpo.compare.guards.LOCK_FILE`) while it trains, scores and prunes the run; a compare finding a run locked
+stops before anything trains."""
 
 from __future__ import annotations
 
-import ctypes
-import fcntl
 import json
 import os
 import shutil
@@ -26,6 +25,7 @@ from pathlib import Path
 from kpo._files import replacing
 from kpo._progress import progress_bar
 from kpo.compare.engines import engine_of
+from kpo.compare.guards import busy, busy_line, die_with_parent, lock_run, unlock_run
 from kpo.compare.outcome import EVAL_FILE, EXPECTED_FILE, exact_applies, load_outcome, outcome_file
 from kpo.compare.plan import (
     CURVE_FILE,
@@ -46,66 +46,6 @@ from kpo.compare.plan import (
     warm_start_dir,
 )
 from kpo.compare.report import looks_decided, write_report
-
-LOCK_FILE = "kpo-compare.lock"  # in a run's folder: the pid of the process that writes the run
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-_locks: dict[Path, int] = {}  # run folder -> the fd of its lock, while this process holds it
-
-
-def die_with_parent() -> None:
-    """In a child process (a pool initializer, a Popen ``preexec_fn``): get SIGKILL when the parent that started it
-    ends, however it ends (Linux's ``prctl(PR_SET_PDEATHSIG)``; a SIGKILL of kpo compare runs no handler that could
-    stop its trainers). If the parent is already gone, exit at once."""
-    parent = os.getppid()
-    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent:  # the parent died before the call
-        os._exit(1)
-
-
-def lock_run(folder: Path) -> int | None:
-    """Take the lock of the run in ``folder`` (an exclusive ``flock`` on ``folder/LOCK_FILE``, which then holds
-    this pid): its fd, kept until :func:`unlock_run`, or None when another process holds it. The kernel drops the
-    lock when the last process holding the fd ends (the worker, and a trainer it passes the fd to): a killed
-    compare leaves no stale lock."""
-    folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    _locks[folder] = fd
-    return fd
-
-
-def unlock_run(folder: Path) -> None:
-    os.close(_locks.pop(folder))
-
-
-def held_lock(folder: Path) -> int | None:
-    """The fd of the lock this process holds on the run in ``folder`` (a trainer it starts keeps it), or None."""
-    return _locks.get(folder)
-
-
-def _busy(folder: Path) -> str | None:
-    """Why the run in ``folder`` cannot be written now (another process holds its lock); None when it is free."""
-    if not (folder / LOCK_FILE).exists():
-        return None
-    if lock_run(folder) is not None:
-        unlock_run(folder)
-        return None
-    return _busy_line(folder)
-
-
-def _busy_line(folder: Path) -> str:
-    holder = (folder / LOCK_FILE).read_text().strip() or "?"
-    return (
-        f"run {folder.name} ({folder}) is being written by process {holder} or a trainer it started (lock: "
-        f"{folder / LOCK_FILE}): wait for it to end or stop it; two processes must not write one run"
-    )
 
 
 def _log_to(out: Path) -> None:
@@ -138,7 +78,7 @@ def _execute(cfg: CompareConfig, run: Run, out: Path, resume: bool = False) -> d
     if _interrupted:
         raise KeyboardInterrupt(f"{run.name} not started: kpo compare was interrupted")
     if lock_run(out) is None:
-        raise RuntimeError(_busy_line(out))
+        raise RuntimeError(busy_line(out))
     try:
         return _execute_locked(cfg, run, out, resume)
     finally:
@@ -446,9 +386,9 @@ def train_jobs(jobs: list[Job], workers: int | None, on_done: OnDone | None = No
     before anything starts when another process writes one of them (its lock). An interrupt is passed on to the
     workers (:func:`_stop_workers`)."""
     jobs = list(jobs)
-    busy = [why for job in jobs if (why := _busy(job.folder))]
-    if busy:  # before anything is written to them
-        raise CompareError(busy)
+    locked = [why for job in jobs if (why := busy(job.folder))]
+    if locked:  # before anything is written to them
+        raise CompareError(locked)
     log_sizes = {}  # a run's worker adds a line to its log at start: which of the runs a dead worker stopped had begun
     workers = workers if workers is not None else os.cpu_count() or 1
     # Workers run in process groups of their own, so a signal reaches them only through _stop_workers: once,

@@ -33,11 +33,11 @@ needs (a batch and ppo_epochs >= 1): each error is shown in full, before any run
 A run's folder: ``run.json`` (the overrides kpo composed and the YAML's text, written before training: what a
 rerun compares), ``config.yaml`` (verl's composed configuration), ``checkpoints/`` (verl's),
 ``verl_metrics-K.jsonl`` (verl's file logger, one file per attempt K), ``metrics.jsonl`` (kpo's rows:
-:func:`merge_rows`, one per generation batch, :data:`kpo.compare.engines.BATCH_ROWS`), ``ratios/``, ``log.txt``.
+:func:`merge_rows`, one per generation batch, :data:`kpo.compare.contract.BATCH_ROWS`), ``ratios/``, ``log.txt``.
 A run with its final checkpoint and metrics is done and reused; an unfinished run with verl checkpoints and
 unchanged settings resumes from them (verl's own resume), else starts over. Once scored, ``--keep`` says what
 stays of ``checkpoints/``: the final Hugging Face weights (``hf``, the default), everything (``all``), nothing
-(``none``). main_ppo dies with the worker that started it (:func:`kpo.compare.run.die_with_parent`) and keeps
+(``none``). main_ppo dies with the worker that started it (:func:`kpo.compare.guards.die_with_parent`) and keeps
 the run's lock while it lives.
 """
 
@@ -53,7 +53,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from kpo._files import replacing
-from kpo.compare.engines import BATCH_ROWS, keep_errors
+from kpo.compare.contract import BATCH_ROWS, keep_errors
 
 __all__ = [
     "OWNED",
@@ -186,7 +186,7 @@ def metrics_rows(rows: list[dict], steps_per_batch: int) -> list[dict]:
     """kpo's metrics rows from verl's merged rows (:func:`merge_rows`, one per training step = generation batch):
     ``step`` = s x steps_per_batch (the optimizer step that ends the batch), kpo's names (:data:`METRICS`, and
     :data:`FITTED` where the row has them) and every verl metric under its own name. verl averages each metric
-    over the batch's optimizer steps: a row is a generation batch (:data:`kpo.compare.engines.BATCH_ROWS`)."""
+    over the batch's optimizer steps: a row is a generation batch (:data:`kpo.compare.contract.BATCH_ROWS`)."""
     out = []
     for row in rows:
         data = row["data"]
@@ -394,7 +394,7 @@ class VerlEngine:
         """Run main_ppo for ``run`` into ``out``; an interrupt (KeyboardInterrupt: kpo compare passes its SIGINT
         on) stops it, and with it every process it started."""
         out.mkdir(parents=True, exist_ok=True)
-        from kpo.compare.run import LOCK_FILE, die_with_parent, held_lock
+        from kpo.compare.guards import LOCK_FILE, die_with_parent, held_lock
 
         # the run starts over: what an earlier attempt left would be resumed or read as its own
         if not resume:

@@ -1,0 +1,25 @@
+"""What every engine of ``kpo compare`` shares with the rest of compare, below the engines (so that an engine's
+module and :mod:`kpo.compare.engines` both import it, and neither imports the other): what a metrics row covers
+and what ``--keep`` leaves of a scored run."""
+
+from __future__ import annotations
+
+__all__ = ["BATCH_ROWS", "KEEP", "STEP_ROWS", "keep_errors"]
+
+# What one row of a run's metrics.jsonl covers (Engine.rows): one optimizer step (the row's step), or one
+# generation batch (the row's step is the optimizer step that ends it; each metric is the mean over the batch's
+# optimizer steps, so a row holds its on-policy and off-policy steps together).
+STEP_ROWS, BATCH_ROWS = "optimizer step", "generation batch"
+# --keep: what stays of a run once it is scored (its metrics, scores, ratio dumps and log always stay)
+KEEP = {
+    "hf": "the final model's Hugging Face weights only (the default)",
+    "all": "everything the trainer wrote (every checkpoint, optimizer states included)",
+    "none": "no weights at all",
+}
+
+
+def keep_errors(cfg) -> list[str]:
+    """``--keep`` names one of :data:`KEEP`."""
+    if cfg.keep in KEEP:
+        return []
+    return [f"--keep {cfg.keep}: unknown; use {', '.join(f'{k} ({v})' for k, v in KEEP.items())}"]
