@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from kpo.compare.questions import Question
 from kpo.compare.regimes import BATCHES
 from kpo.compare.stats import spending
 
@@ -98,17 +99,11 @@ def rule_text(rule: dict) -> str:
 
 
 @dataclass(frozen=True)
-class StudyQuestion:
-    """A question of the study: ``kind`` "collapse" or "accuracy", arm labels ``a`` and ``b`` (the question asks
-    whether ``a`` collapses more, or is less accurate, than ``b``), the ``group`` of cells it reads and of those
-    the ``cells`` it pools, and its ``role``: "primary" (the gate) or "family"."""
+class StudyQuestion(Question):
+    """A question of the study (:class:`kpo.compare.questions.Question`: ``kind`` "collapse" or "accuracy", arm
+    labels ``a`` and ``b``: whether ``a`` collapses more, or is less accurate, than ``b``), with the ``cells`` of
+    its ``group`` that it pools and its ``role``: "primary" (the gate) or "family"."""
 
-    key: str
-    text: str
-    kind: str
-    a: str
-    b: str
-    group: str
     cells: tuple[str, ...]
     role: str
 

@@ -8,24 +8,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from kpo.train.config import WARM_START_FIELDS
+
 # The kpo train settings kpo task uses (after `--`): the task, and its warm start's seed, shape, SFT round and
 # cache. The others set RL, which kpo task does not run.
-TASK_FIELDS = (
-    "task",
-    "n_terms",
-    "max_value",
-    "seed",
-    "warm_start_seed",
-    "tiny_hidden_size",
-    "tiny_layers",
-    "tiny_heads",
-    "sft_examples",
-    "sft_epochs",
-    "sft_noise",
-    "sft_learning_rate",
-    "cache_dir",
-    "progress",
-)
+TASK_FIELDS = ("task", "n_terms", "max_value", "seed", *WARM_START_FIELDS, "progress")
 # What kpo task writes in --out, each replaced: name -> whether it is a folder
 ENTRIES = {"train.parquet": False, "test.parquet": False, "model": True}
 

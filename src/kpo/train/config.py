@@ -771,6 +771,18 @@ _MISMATCH_FIELDS = (
 # has what it needs). Given (not at its default) where it would be ignored, it is refused.
 _WITH_VLLM = ("without --use-vllm", "add --use-vllm", lambda c: c.use_vllm)
 _WITH_DATASET = ("without --dataset (it reads dataset rows)", "add --dataset FILE", lambda c: c.dataset is not None)
+# The embedded model's warm start: its seed, shape, SFT round and cache (kpo task takes them; --model replaces them)
+WARM_START_FIELDS = (
+    "warm_start_seed",
+    "cache_dir",
+    "tiny_hidden_size",
+    "tiny_layers",
+    "tiny_heads",
+    "sft_examples",
+    "sft_epochs",
+    "sft_noise",
+    "sft_learning_rate",
+)
 _IGNORED_UNLESS: dict[str, tuple[str, str, typing.Callable[[TrainConfig], bool]]] = {
     "rollout_is_threshold": (
         "without --rollout-is (no TIS weight to truncate)",
@@ -795,17 +807,7 @@ _IGNORED_UNLESS: dict[str, tuple[str, str, typing.Callable[[TrainConfig], bool]]
         ("with --dataset (it sets the embedded task)", "drop --dataset", lambda c: c.dataset is None),
     ),
     **dict.fromkeys(
-        (
-            "warm_start_seed",
-            "cache_dir",
-            "tiny_hidden_size",
-            "tiny_layers",
-            "tiny_heads",
-            "sft_examples",
-            "sft_epochs",
-            "sft_noise",
-            "sft_learning_rate",
-        ),
+        WARM_START_FIELDS,
         ("with --model (it sets the embedded model and its warm start)", "drop --model", lambda c: c.model is None),
     ),
 }
