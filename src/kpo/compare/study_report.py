@@ -82,19 +82,17 @@ def _descriptive(plan: dict, records: dict) -> dict:
                    for a in g["arms"]} for c in g["cells"]}
         cells = {}
         for c, arms in per.items():
-            cells[c] = {
-                a: {
+            cells[c] = {}
+            for a, rows in arms.items():
+                fell = [collapsed(r["accuracy"], r["warm"], plan["collapse"]) for _, r in rows]
+                cells[c][a] = {
                     "seeds": [seed for seed, _ in rows],
                     "accuracy": [r["accuracy"] for _, r in rows],
-                    "collapse": collapse_count([collapsed(r["accuracy"], r["warm"], plan["collapse"]) for _, r in rows]),
+                    "collapse": collapse_count(fell),
                     "batch_of_collapse": [
-                        batch_of_collapse(r["reward_by_batch"]) if collapsed(r["accuracy"], r["warm"], plan["collapse"])
-                        else None
-                        for _, r in rows
+                        batch_of_collapse(r["reward_by_batch"]) if f else None for (_, r), f in zip(rows, fell)
                     ],
                 }
-                for a, rows in arms.items()
-            }
         iqm, improve = {}, {}
         rng = np.random.default_rng(0)
         for a in g["arms"]:
@@ -134,9 +132,9 @@ def write_study_report(study, answer: dict, plan_commit: dict) -> Path:
         if entry["verdict"] == "undecided":
             entry["seeds_needed"] = _seeds_needed(entry, plan)
     primary = next(q["key"] for q in plan["questions"] if q["role"] == "primary")
-    sensitivity = []
+    sensitivity, data = [], study.data()
     for rule in [plan["collapse"], *plan["sensitivity"]]:
-        found = analyze(plan, study.data(), seeds["admitted"], rule)["questions"][primary]
+        found = analyze(plan, data, seeds["admitted"], rule)["questions"][primary]
         last = found["looks"][-1] if found["looks"] else {}
         sensitivity.append({"rule": rule, "text": rule_text(rule), "a_only": last.get("a_only"),
                             "b_only": last.get("b_only"), "p_sequential": found["p_sequential"],

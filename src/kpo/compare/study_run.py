@@ -91,8 +91,9 @@ class Study:
     def __post_init__(self) -> None:
         self.folder, self.runs = Path(self.folder), Path(self.runs)
 
-    @property
+    @functools.cached_property
     def plan(self) -> dict:
+        """The plan, read once: it is never rewritten while a study runs."""
         plan = _read_json(self.folder / PLAN, "the plan")
         if not isinstance(plan, dict) or "questions" not in plan:
             raise CompareError([f"{self.folder / PLAN}: no study plan there; write one with --register"])
