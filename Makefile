@@ -44,11 +44,8 @@ install: $(STAMP) $(VERL_STAMP)
 # and the parts of `kpo train` that touch transformers and TRL (runs, resume, TRL's generate path) on the older
 # transformers verl pins. The rest is not run twice: both environments have the same torch, numba, numpy and
 # triton, and kpo's own logic (interrupts, processes, faults, sampler) does not depend on transformers' release.
-# MOVED: kpo's own logic (the statistics' simulations and the regime map's runner on fake runs) run in verl's
-# environment alone, to balance the two halves (the .venv half was the longer by about 1.7 minutes).
-MOVED := tests/compare/test_stats.py tests/compare/test_regimes.py
 VERL_TESTS := tests/losses/test_verl_*.py tests/integrations tests/test_public_api.py \
-	tests/train/test_train_run.py tests/train/test_rollout.py $(MOVED)
+	tests/train/test_train_run.py tests/train/test_rollout.py
 # The two run side by side (each keeps about one of 2 cores busy: subprocesses, compiles, Ray's waits); verl's
 # output goes to VERL_LOG and is printed once the suite has finished, so the two reports do not interleave.
 VERL_LOG ?= .pytest-verl.log
@@ -56,7 +53,7 @@ VERL_PYTEST := $(VERL_PY) -m pytest -q -p no:asyncio -p no:cacheprovider $(VERL_
 test: $(STAMP) $(VERL_STAMP)
 	@$(VERL_PYTEST) > $(VERL_LOG) 2>&1 & verl=$$!; \
 	trap 'kill $$verl 2>/dev/null' INT TERM; \
-	$(PY) -m pytest -q tests $(addprefix --ignore=,$(MOVED)); suite=$$?; \
+	$(PY) -m pytest -q tests; suite=$$?; \
 	wait $$verl; verl_status=$$?; \
 	echo; echo "== .venv-verl: $(VERL_PYTEST)"; cat $(VERL_LOG); \
 	test $$suite -eq 0 && test $$verl_status -eq 0
