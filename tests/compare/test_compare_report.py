@@ -12,7 +12,8 @@ import pytest
 
 from kpo.analysis import write_dump
 from kpo.compare import plan_runs
-from kpo.compare.report import _entropy_claim, _figure3_claim, reward_summary, write_report
+from kpo.compare.claims import _entropy_claim, _figure3_claim
+from kpo.compare.report import reward_summary, write_report
 from kpo.losses.kpo import filter_settings
 
 
@@ -173,7 +174,7 @@ def test_figure_headings_say_the_curves_are_trailing_means(compare_config, fake_
 def test_a_pair_where_both_runs_collapsed_is_a_tie_in_the_compare_report():
     """kpo compare's contrasts as the map's: two collapsed runs' accuracies differ by noise, so their pair is a tie
     of the sign test, not a sign (six pairs, all both collapsed, a hair apart: p = 1, not 2/64)."""
-    from kpo.compare.report import _contrast
+    from kpo.compare.contrasts import contrast
 
     def entry(mean):
         return {"outcome": {"per_problem": [mean, mean]}}
@@ -181,5 +182,5 @@ def test_a_pair_where_both_runs_collapsed_is_a_tie_in_the_compare_report():
     warm = {s: entry(0.2) for s in range(6)}
     a = [entry(0.0005 * (s + 1)) for s in range(6)]
     b = [entry(0.0) for _ in range(6)]
-    found = _contrast(a, b, warm)
+    found = contrast(a, b, warm)
     assert found["method"] == "sign" and found["p"] == 1.0

@@ -12,8 +12,9 @@ import pytest
 
 from kpo.compare import CompareError, plan_runs, run_compare
 from kpo.compare.cli import main
+from kpo.compare.contrasts import decide, verdict
 from kpo.compare.plan import at_look, estimate
-from kpo.compare.report import _decide, verdict, write_report
+from kpo.compare.report import write_report
 from kpo.compare.stats import paired_accuracy, seeds_for_effect, spending
 
 from .conftest import write_fake_run
@@ -33,7 +34,7 @@ def _finish(cfg, run, accuracy: float) -> None:
 def _no_figures(monkeypatch) -> None:
     """The report without its figures, which cost seconds and decide nothing."""
     monkeypatch.setattr("kpo.compare.report.plot_training_dynamics", lambda curves, path, smooth: path)
-    monkeypatch.setattr("kpo.compare.report._plot_contrasts", lambda results, path: path)
+    monkeypatch.setattr("kpo.compare.report.plot_contrasts", lambda results, path: path)
 
 
 def _config(compare_config, methods=("vanilla", "kpo"), **overrides):
@@ -158,7 +159,7 @@ def test_the_verdict_and_its_direction_come_from_the_deciding_look():
         },
     ]
     assert np.mean(per_look[1]["kpo - vanilla"]["per_seed"]) < 0
-    results, stop = _decide(per_look, sequential=True)
+    results, stop = decide(per_look, sequential=True)
     decided = results["kpo - vanilla"]
     assert decided["verdict"] == "better" and decided["seeds"] == 4 and decided["holm_rejected"]
     assert decided["mean"] == pytest.approx(np.mean(DECIDED))

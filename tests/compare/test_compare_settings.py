@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from kpo.compare import CompareConfig, CompareError, Run, run_compare
+from kpo.compare.claims import paper_claims
 from kpo.compare.cli import config_from_args, main
-from kpo.compare.report import _claims, _contrast
+from kpo.compare.contrasts import contrast
 from kpo.compare.run import _stale_run_errors
 from kpo.losses.kpo import KALMAN_LOSSES
 
@@ -229,11 +230,11 @@ def _claim_lines(methods, right=None, sweep=None) -> list[str]:
     groups = _groups(methods, right)
     baselines = [m for m in methods if m not in KALMAN_LOSSES]
     results = (
-        {f"kpo - {b}": {"kind": "key", **_contrast(groups["kpo"], groups[b], {})} for b in baselines}
+        {f"kpo - {b}": {"kind": "key", **contrast(groups["kpo"], groups[b], {})} for b in baselines}
         if "kpo" in methods
         else {}
     )
-    return _claims(list(methods), groups, results, baselines, {}, sweep or {}, "kpo")
+    return paper_claims(list(methods), groups, results, baselines, {}, sweep or {}, "kpo")
 
 
 @pytest.mark.parametrize(
