@@ -24,8 +24,8 @@ def trainer(tmp_path_factory):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
+    from kpo.testbed.tiny import TinyModelConfig, build_model, build_tokenizer
     from kpo.train.progress import checkpointing_arg
-    from kpo.train.tiny import TinyModelConfig, build_model, build_tokenizer
 
     torch.set_num_threads(1)
     tokenizer = build_tokenizer()

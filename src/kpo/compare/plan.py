@@ -399,7 +399,7 @@ def held_out_problems(cfg: CompareConfig, limit: int | None) -> int:
         from kpo.data.math import load_problems
 
         return sum(len(load_problems(path)[:limit]) for path in cfg.eval_data)
-    from kpo.data.synthetic import load_split
+    from kpo.testbed.task import load_split
     from kpo.train.config import parse_args
 
     return len(load_split("test", n=limit, task=parse_args(list(cfg.train_args)).task_config()))

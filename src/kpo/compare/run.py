@@ -168,8 +168,8 @@ def _evaluate_exact(cfg: CompareConfig, model: Path, output: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kpo.data.synthetic import load_split
     from kpo.evaluation.expected import expected_on_rows
+    from kpo.testbed.task import load_split
     from kpo.train.config import parse_args
 
     rows = load_split("test", n=cfg.eval_limit, task=parse_args(list(cfg.train_args)).task_config())

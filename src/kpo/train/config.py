@@ -282,14 +282,14 @@ class TrainConfig:
         return self.generation_batch // self.minibatches
 
     def task_config(self):
-        from kpo.data.synthetic import TaskConfig
+        from kpo.testbed.task import TaskConfig
 
         return TaskConfig(kind=self.task, n_terms=self.n_terms, max_value=self.max_value)
 
     def tiny_shape(self):
         """The embedded model's shape: the tiny_* fields (tiny_layers unset: the task's), and a context that
-        holds the task's longest prompt and response (``kpo.train.tiny.context_length``)."""
-        from kpo.train.tiny import TINY_LAYERS, TinyModelConfig, context_length
+        holds the task's longest prompt and response (``kpo.testbed.tiny.context_length``)."""
+        from kpo.testbed.tiny import TINY_LAYERS, TinyModelConfig, context_length
 
         return TinyModelConfig(
             hidden_size=self.tiny_hidden_size,
@@ -301,17 +301,17 @@ class TrainConfig:
 
     def max_completion(self) -> int:
         """Longest response in tokens: max_completion_length, or the embedded task's longest reference +
-        kpo.train.tiny.COMPLETION_SLACK, or 1024 with --model."""
-        from kpo.train.tiny import COMPLETION_SLACK
+        kpo.testbed.tiny.COMPLETION_SLACK, or 1024 with --model."""
+        from kpo.testbed.tiny import COMPLETION_SLACK
 
         if self.max_completion_length is not None:
             return self.max_completion_length
         return self.task_config().max_response_chars() + COMPLETION_SLACK if self.dataset is None else 1024
 
     def sft_settings(self):
-        """The warm start's settings: the task's preset (``kpo.train.tiny.SFT_PRESETS``) with the sft_* fields
+        """The warm start's settings: the task's preset (``kpo.testbed.tiny.SFT_PRESETS``) with the sft_* fields
         that are set on top."""
-        from kpo.train.tiny import SFT_PRESETS
+        from kpo.testbed.tiny import SFT_PRESETS
 
         given = {
             "n_examples": self.sft_examples,
@@ -826,8 +826,8 @@ _TYPE_NAMES = {
 def _task_check(task, seed: int, warm_start_seed: int, n_sft: int, prompts_per_step: int) -> tuple[str, ...]:
     """:meth:`TrainConfig._task_errors` of these settings, computed once per process: drawing a split and the warm
     start's problems takes seconds for the 128-token task, and kpo compare validates many runs of one task."""
-    from kpo.data.synthetic import MAX_ROWS, load_split
-    from kpo.train.tiny import sft_problems
+    from kpo.testbed.task import MAX_ROWS, load_split
+    from kpo.testbed.tiny import sft_problems
 
     try:
         rl_problems = len(load_split("train", seed=seed, task=task))

@@ -1,4 +1,4 @@
-"""``kpo task``: write the embedded task and its warm start as files (:mod:`kpo.data.task_files`), so that any
+"""``kpo task``: write the embedded task and its warm start as files (:mod:`kpo.testbed.files`), so that any
 trainer (``kpo train --dataset``, ``kpo compare --model/--dataset/--eval-data``, verl) can run on them. Every
 setting is checked before the warm start is built."""
 
@@ -110,9 +110,9 @@ def task_config(extra: list[str]):
 
 
 def main(argv: list[str]) -> int:
-    from kpo.data.task_files import write_task_files
+    from kpo.testbed.files import write_task_files
+    from kpo.testbed.tiny import context_length
     from kpo.train.run import model_path
-    from kpo.train.tiny import context_length
 
     args = build_parser().parse_args(argv)
     extra = args.task_args[1:] if args.task_args[:1] == ["--"] else args.task_args
@@ -148,6 +148,6 @@ def main(argv: list[str]) -> int:
         f"{paths['test']}) -- --max-completion-length {response}\n"
         f"verl: data.train_files={paths['train']} data.max_prompt_length={prompt} data.max_response_length="
         f"{response} actor_rollout_ref.model.path={paths['model']} "
-        "reward.custom_reward_function.path=pkg://kpo.data.task_files reward.custom_reward_function.name=compute_score"
+        "reward.custom_reward_function.path=pkg://kpo.testbed.files reward.custom_reward_function.name=compute_score"
     )
     return 0
