@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kpo.train.config import WARM_START_FIELDS
+from kpo.train.checks import WARM_START_FIELDS
 
 # The kpo train settings kpo task uses (after `--`): the task, and its warm start's seed, shape, SFT round and
 # cache. The others set RL, which kpo task does not run.
@@ -73,7 +73,8 @@ def out_errors(out: str) -> list[str]:
 def task_config(extra: list[str]):
     """(kpo train's config of the `--` flags, errors): flags kpo task does not use or cannot parse, and kpo train's
     own checks of the settings it uses, each in one line (not kpo train's usage)."""
-    from kpo.train.config import ConfigError, build_parser, parse_args
+    from kpo.train.config import ConfigError
+    from kpo.train.flags import build_parser, parse_args
 
     parser = build_parser("kpo task --")
     parser.exit_on_error = False  # a bad value raises, instead of printing kpo train's usage
