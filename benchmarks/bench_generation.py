@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from kpo.data.synthetic import load_split
     from kpo.generation import MultinomialSampler, generate
+    from kpo.testbed.task import load_split
     from kpo.train.config import TrainConfig
     from kpo.train.run import model_path
 

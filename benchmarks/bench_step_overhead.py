@@ -49,10 +49,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from kpo import kalman_filter, policy_loss
     from kpo.advantages import compute_advantages
-    from kpo.data.synthetic import load_split
     from kpo.filter.fit import StepFit
     from kpo.generation import MultinomialSampler, generate
     from kpo.losses.kpo import add_to_fit, filter_settings, fixed_q_kwargs, step_fit
+    from kpo.testbed.task import load_split
     from kpo.train.config import TrainConfig
     from kpo.train.run import model_path
 

@@ -35,9 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kpo.data.synthetic import load_split
     from kpo.evaluation import evaluate
     from kpo.evaluation.expected import expected_on_rows
+    from kpo.testbed.task import load_split
     from kpo.train.config import TrainConfig
     from kpo.train.run import model_path
 

@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import kpo
-from kpo.data.synthetic import load_split
+from kpo.testbed.task import load_split
 from kpo.train import TrainConfig
 from kpo.train.run import model_path
 

@@ -3,43 +3,7 @@ others (imports inside functions count: a lazy import is still a dependency)."""
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
-import kpo
-
-SRC = Path(kpo.__file__).parent
-
-
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(SRC.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _import_graph() -> dict[str, set[str]]:
-    """module -> the kpo modules it imports (``from pkg import name`` is the module ``pkg.name`` when that is
-    one, else ``pkg``)."""
-    modules = {_module_name(p): p for p in SRC.rglob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        deps: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                deps |= {a.name for a in node.names if a.name in modules}
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:  # relative: from the package, up level - 1
-                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join([*up, base] if base else up)
-                if base not in modules:
-                    continue
-                subs = {f"{base}.{a.name}" for a in node.names}
-                deps |= (subs & modules.keys()) or {base}
-                if subs - modules.keys():
-                    deps.add(base)
-        graph[name] = deps - {name}
-    return graph
+from import_graph import import_graph
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -66,7 +30,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_no_import_cycle_among_kpo_modules():
-    cycle = _cycle(_import_graph())
+    cycle = _cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 

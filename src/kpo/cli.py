@@ -18,6 +18,8 @@ import signal
 import sys
 import threading
 
+from kpo._exit import INTERRUPTED
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("kpo.train.cli", "train a policy with KPO or any baseline loss (TRL engine)"),
     "eval": ("kpo.evaluation.cli", "avg@k / pass@k on math benchmarks or the embedded task"),
@@ -28,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("kpo.bench", "benchmarks printed as side-by-side ratios (e.g. `kpo bench filter`)"),
     "summary": ("kpo.train.summary", "one run's summary.json: warm start vs final avg@k with 95% intervals"),
     "compare": ("kpo.compare.cli", "train, evaluate and analyze several methods and seeds into one report"),
-    "task": ("kpo.data.cli", "write the embedded task (train and held-out files) and its warm start as files"),
+    "task": ("kpo.testbed.cli", "write the embedded task (train and held-out files) and its warm start as files"),
     "launch": (
         "kpo.launch",
         "run `kpo train` or `kpo eval` as N data-parallel processes (gloo on CPU, NCCL on GPUs)",
@@ -42,7 +44,6 @@ KEPT_ON_INTERRUPT = {
     "continue",
     "compare": "finished runs are kept: rerun the same command to continue with the others",
 }
-INTERRUPTED = 130  # 128 + SIGINT, the shell's status for a command ended by Ctrl-C
 # How to carry on once a fault is fixed (a full disk, a process that died), for the commands that keep their work.
 CARRY_ON = {
     "train": "continue the run with the same command and --resume (from its last complete checkpoint)",

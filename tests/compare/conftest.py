@@ -8,7 +8,7 @@ import pytest
 
 from kpo.compare import CompareConfig, Run
 from kpo.compare.plan import train_argv
-from kpo.train.config import parse_args
+from kpo.train.flags import parse_args
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -17,7 +17,7 @@ from kpo.compare import Run, run_compare
 from kpo.compare.plan import train_argv
 from kpo.compare.run import _execute
 from kpo.train.checkpoints import mark_complete
-from kpo.train.config import parse_args
+from kpo.train.flags import parse_args
 
 
 @pytest.fixture

@@ -90,9 +90,9 @@ def test_kpo_engine_on_your_model_data_and_benchmarks(task_files, tmp_path):
 
 
 def _graded_by_the_task(task_files) -> None:
-    """The files kpo task wrote are graded by the task's grader (kpo.data.task_files), not math-verify."""
+    """The files kpo task wrote are graded by the task's grader (kpo.testbed.files), not math-verify."""
     from kpo.data.math import load_problems
-    from kpo.data.task_files import compute_score, task_of_rows
+    from kpo.testbed.files import compute_score, task_of_rows
 
     rows = load_problems(task_files["test"])
     task = task_of_rows(rows)

@@ -27,7 +27,7 @@ from kpo.compare.regimes import (
     estimate_regimes,
     run_regimes,
 )
-from kpo.train.config import parse_args
+from kpo.train.flags import parse_args
 
 PROBLEMS = 4
 

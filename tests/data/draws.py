@@ -1,10 +1,10 @@
 """``no_more_draws(monkeypatch, most)``: a synthetic split whose size is checked before anything is drawn passes;
-one built first fails fast instead of running for hours (``kpo.data.synthetic.load_split`` draws a problem, then
+one built first fails fast instead of running for hours (``kpo.testbed.task.load_split`` draws a problem, then
 asks which split it hashes to)."""
 
 from __future__ import annotations
 
-import kpo.data.synthetic as synthetic
+import kpo.testbed.task as synthetic
 
 
 def no_more_draws(monkeypatch, most: int) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from data.draws import no_more_draws
-from kpo.data.synthetic import MAX_ROWS, TaskConfig, grade, load_split, solve
+from kpo.testbed.task import MAX_ROWS, TaskConfig, grade, load_split, solve
 
 
 def test_solve_reduces_chain_left_to_right():
@@ -73,7 +73,7 @@ def test_bad_task_and_split_report_every_problem():
 def test_noisy_teacher_errors_carry_on():
     import random
 
-    from kpo.data.synthetic import noisy_solve
+    from kpo.testbed.task import noisy_solve
 
     assert noisy_solve([23, 45, 7], random.Random(0), 0.0) == "68+7=75"
     # noise 1: every step is off by one; the second step adds 7 to the wrong first sum
@@ -150,7 +150,7 @@ def test_running_grade_needs_every_step():
 def test_running_noisy_teacher_carries_its_errors():
     import random
 
-    from kpo.data.synthetic import noisy_solve
+    from kpo.testbed.task import noisy_solve
 
     terms = [3, 5, 2, 7]
     assert noisy_solve(terms, random.Random(0), 0.0, "running") == "3807"

@@ -89,7 +89,7 @@ def test_a_split_too_small_is_refused_before_the_warm_start(tmp_path, capsys, no
 
 def test_the_task_and_warm_start_settings_pass(tmp_path):
     """kpo train's defaults of what kpo task does not use (the RL batch) do not refuse a task it can write."""
-    from kpo.data.cli import task_config
+    from kpo.testbed.cli import task_config
 
     config, errors = task_config(["--task", "chain", "--n-terms", "2", "--max-value", "4", "--sft-examples", "12"])
     assert errors == [] and (config.task, config.max_value, config.sft_examples) == ("chain", 4, 12)

@@ -10,12 +10,12 @@ import sys
 import pytest
 
 from data.draws import no_more_draws
-from kpo.data.synthetic import TaskConfig
 from kpo.evaluation import evaluate
 from kpo.evaluation import runner as runner_mod
 from kpo.evaluation.cli import build_parser
 from kpo.evaluation.cli import main as cli_main
 from kpo.evaluation.config import DEFAULT_MATH_MAX_NEW_TOKENS
+from kpo.testbed.task import TaskConfig
 
 from .tiny_model import save_tiny_model
 

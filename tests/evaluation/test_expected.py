@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kpo.evaluation.expected import expected_accuracy, reference_probabilities
-from kpo.train.tiny import TinyModelConfig, build_model, build_tokenizer
+from kpo.testbed.tiny import TinyModelConfig, build_model, build_tokenizer
 
 
 @pytest.fixture(scope="module")

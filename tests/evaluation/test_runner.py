@@ -5,12 +5,12 @@ import math
 
 import pytest
 
-from kpo.data.synthetic import TaskConfig, load_split
 from kpo.evaluation import GenerationCache, evaluate, sample_seed
 from kpo.evaluation import backends as backends_mod
 from kpo.evaluation import runner as runner_mod
 from kpo.evaluation.cli import main as cli_main
 from kpo.evaluation.config import DEFAULT_PROMPT_TEMPLATE
+from kpo.testbed.task import TaskConfig, load_split
 
 from .tiny_model import save_tiny_model
 

@@ -1,5 +1,5 @@
 """A random tiny causal LM with a character-level tokenizer, saved to a directory for the eval tests: the
-embedded model of ``kpo.train.tiny``, narrower, over every printable ASCII character (math prompts tokenize
+embedded model of ``kpo.testbed.tiny``, narrower, over every printable ASCII character (math prompts tokenize
 without <unk>)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
-from kpo.train.tiny import TinyModelConfig, build_model, build_tokenizer
+from kpo.testbed.tiny import TinyModelConfig, build_model, build_tokenizer
 
 SHAPE = TinyModelConfig(
     hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position_embeddings=512

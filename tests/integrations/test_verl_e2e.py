@@ -52,7 +52,7 @@ from tests.losses.test_verl_parity import _config  # noqa: E402
 from verl.trainer.ppo import core_algos  # noqa: E402
 
 from kpo.losses import policy_loss  # noqa: E402
-from kpo.train.tiny import context_length  # noqa: E402
+from kpo.testbed.tiny import context_length  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from kpo.data.synthetic import TaskConfig, load_split
+from kpo.testbed.task import TaskConfig, load_split
 
 __all__ = ["CHAT_TEMPLATE", "DATA_SOURCE", "TASK", "compute_score", "prepare"]
 

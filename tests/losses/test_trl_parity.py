@@ -24,8 +24,8 @@ def trainer(tmp_path_factory):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
+    from kpo.testbed.tiny import TinyModelConfig, build_model, build_tokenizer
     from kpo.train.progress import checkpointing_arg
-    from kpo.train.tiny import TinyModelConfig, build_model, build_tokenizer
 
     torch.set_num_threads(1)
     tokenizer = build_tokenizer()
@@ -224,13 +224,14 @@ def test_kpo_train_and_compare_accept_every_loss_and_trl_keywords():
     from kpo import list_losses
     from kpo.compare.plan import _canonical_methods
     from kpo.train import TrainConfig
+    from kpo.train.checks import loss_errors
 
     for name in list_losses():
-        assert TrainConfig(loss=name)._validate_loss() == [], name
+        assert loss_errors(TrainConfig(loss=name)) == [], name
     names = tuple(n for n in list_losses() if n not in ("grpo", "ppo", "geo_mean"))  # aliases name one loss
     assert _canonical_methods(names) == (names, [])
     # The trainer supplies token_entropy, so the entropy mask validates without it.
     trl_kw = {"top_entropy_quantile": 0.2, "delta": 1.5, "off_policy_mask_threshold": 0.5}
-    assert TrainConfig(loss="vanilla", loss_kwargs=trl_kw)._validate_loss() == []
-    (error,) = TrainConfig(loss="luspo", loss_kwargs={"top_entropy_quantile": 2.0})._validate_loss()
+    assert loss_errors(TrainConfig(loss="vanilla", loss_kwargs=trl_kw)) == []
+    (error,) = loss_errors(TrainConfig(loss="luspo", loss_kwargs={"top_entropy_quantile": 2.0}))
     assert "top_entropy_quantile must lie in [0, 1], got 2.0" in error

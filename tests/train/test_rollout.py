@@ -10,8 +10,8 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from kpo.testbed.tiny import TinyModelConfig, build_model, build_tokenizer
 from kpo.train.rollout import fast_rollout_unsupported, generate_single_turn
-from kpo.train.tiny import TinyModelConfig, build_model, build_tokenizer
 from kpo.train.trainer import KPOTrainer
 
 

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from kpo.train.config import on_policy_step
+from kpo.protocol import on_policy_step
 
 MINIBATCHES = 2
 TIS_THRESHOLD = 1.0005  # below most bf16 ratios above 1, so truncation is exercised

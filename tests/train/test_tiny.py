@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from kpo.data.synthetic import TaskConfig
+from kpo.testbed.task import TaskConfig
+from kpo.testbed.tiny import _check_fits, build_tokenizer, context_length
 from kpo.train.config import TrainConfig
-from kpo.train.tiny import _check_fits, build_tokenizer, context_length
 
 
 def test_context_follows_the_task():
@@ -47,7 +47,7 @@ def test_a_model_without_a_dataset_is_said_once(tmp_path):
 
 
 def test_the_warm_start_band_scales_with_the_teacher():
-    from kpo.train.tiny import SFT_PRESETS, accuracy_band
+    from kpo.testbed.tiny import SFT_PRESETS, accuracy_band
 
     # 0.99^128 = 0.2762: the band 0.55x-1.25x of it is 15.2%-34.5%
     low, high = accuracy_band(TaskConfig(), SFT_PRESETS["running"])
@@ -60,7 +60,7 @@ def test_the_warm_start_band_scales_with_the_teacher():
 def test_a_warm_start_that_fails_its_check_trains_another_round_then_is_refused(tmp_path, monkeypatch):
     import json
 
-    import kpo.train.tiny as tiny
+    import kpo.testbed.tiny as tiny
 
     task = TaskConfig(n_terms=3)
     shape = tiny.TinyModelConfig(
@@ -107,7 +107,7 @@ def test_a_real_warm_start_that_falls_short_is_retrained_into_its_band(tmp_path)
     import json
     from dataclasses import replace
 
-    import kpo.train.tiny as tiny
+    import kpo.testbed.tiny as tiny
 
     # 8 terms and 100-step rounds (3200 problems of 32): round 1 leaves the rule unlearnt (measured: 0.0% expected,
     # least position 0.15), round 2 half-learnt (16.6%), round 3 in the band 0.55-1.25 x 0.99^8 = 50.8-100%

@@ -4,7 +4,8 @@ import re
 
 import pytest
 
-from kpo.train.config import ConfigError, TrainConfig, parse_args
+from kpo.train.config import ConfigError, TrainConfig
+from kpo.train.flags import parse_args
 
 
 def test_validator_reports_every_error_at_once(tmp_path):
@@ -263,7 +264,7 @@ def test_output_dir_that_is_a_file_is_a_config_error(tmp_path):
 
 
 def test_help_shows_each_default_and_flags_still_merge_with_yaml(tmp_path):
-    from kpo.train.config import build_parser
+    from kpo.train.flags import build_parser
 
     text = " ".join(build_parser().format_help().split())
     assert re.search(r"--max_steps MAX_STEPS Optimizer steps[^-]*\(default: 1000\)", text)

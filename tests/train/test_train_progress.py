@@ -24,8 +24,8 @@ from transformers.trainer_callback import (  # noqa: E402
 )
 from transformers.utils import logging as hf_logging  # noqa: E402
 
+from kpo.testbed.tiny import TinyModelConfig, build_model, build_tokenizer  # noqa: E402
 from kpo.train.progress import checkpointing_arg, use_quiet_progress  # noqa: E402
-from kpo.train.tiny import TinyModelConfig, build_model, build_tokenizer  # noqa: E402
 
 
 class FakeTrainer:

@@ -277,8 +277,8 @@ def test_resume_of_a_finished_run_changes_nothing(tiny_config, capsys):
 def test_weights_load_in_float32_whatever_the_checkpoint_dtype(tiny_config, tmp_path):
     # bf16 training is autocast over float32 masters: an AdamW step at lr 1e-6 is below a bf16 weight's
     # resolution, so training bf16 weights directly would leave most of them unchanged.
+    from kpo.testbed.tiny import build_model, build_tokenizer
     from kpo.train.run import _load_model
-    from kpo.train.tiny import build_model, build_tokenizer
 
     tokenizer = build_tokenizer()
     build_model(tokenizer).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")

@@ -119,7 +119,7 @@ class KpoEngine:
         return cfg.model is not None
 
     def start_model(self, cfg, seed: int) -> Path:
-        from kpo.train.config import parse_args
+        from kpo.train.flags import parse_args
         from kpo.train.run import model_path
 
         return model_path(
@@ -127,7 +127,7 @@ class KpoEngine:
         )
 
     def train(self, cfg, run, out: Path, resume: bool) -> Path:
-        from kpo.train.config import parse_args
+        from kpo.train.flags import parse_args
         from kpo.train.run import run_training
 
         argv = train_argv(cfg, run, out)
@@ -166,7 +166,8 @@ class KpoEngine:
     def changed(self, cfg, run, out: Path) -> list[str]:
         """Against the run's ``config.yaml``: every setting that shapes its trajectory, its length and the period
         of its ratio dumps."""
-        from kpo.train.config import TRAJECTORY_FIELDS, TrainConfig, parse_args
+        from kpo.train.config import TRAJECTORY_FIELDS, TrainConfig
+        from kpo.train.flags import parse_args
 
         saved, now = TrainConfig.from_yaml(out / "config.yaml"), parse_args(train_argv(cfg, run, out))
         # output_dir says where the run is (spelled as --out was), not how it ran; max_steps ends its trajectory.
@@ -186,7 +187,7 @@ class KpoEngine:
         """The prompt kpo train built (:func:`kpo.data.math.format_prompt` with its instruction), its response
         budget where one was given, and the transformers backend."""
         from kpo.data.math import format_prompt
-        from kpo.train.config import parse_args
+        from kpo.train.flags import parse_args
 
         config = parse_args(list(cfg.train_args))
         return {
@@ -200,7 +201,7 @@ class KpoEngine:
 
 def _owned_flag_errors(train_args: tuple[str, ...]) -> list[str]:
     """`--` flags that would override a setting kpo compare makes itself."""
-    from kpo.train.config import build_parser
+    from kpo.train.flags import build_parser
 
     # kpo train's parser leaves unset fields out of the namespace, so its keys are exactly the flags given
     # (and --config, None when not given).
@@ -220,7 +221,8 @@ def _owned_flag_errors(train_args: tuple[str, ...]) -> list[str]:
 
 def _train_config_errors(cfg, runs) -> list[str]:
     """What `kpo train` would reject in each distinct run config (a method, or a sweep point) of ``runs``."""
-    from kpo.train.config import ConfigError, parse_args
+    from kpo.train.config import ConfigError
+    from kpo.train.flags import parse_args
 
     # (method, loss overrides) -> its first run: a seed never makes a config invalid
     distinct: dict[tuple, object] = {}

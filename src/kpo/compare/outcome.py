@@ -30,7 +30,7 @@ def exact_applies(cfg) -> bool:
     accuracy: kpo's own trainer on the embedded running task, evaluated on its test split (no ``--eval-data``)."""
     if cfg.engine != "kpo" or cfg.eval_data or cfg.dataset is not None:
         return False
-    from kpo.train.config import parse_args
+    from kpo.train.flags import parse_args
 
     return parse_args(list(cfg.train_args)).task_config().kind == "running"
 

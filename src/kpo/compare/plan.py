@@ -367,7 +367,7 @@ def _has_analyzed_dump(steps: int, every: int, minibatches: int) -> bool:
     """Whether dumping every ``every`` optimizer steps of a ``steps``-step run dumps a step Table 2 analyzes: an
     off-policy one (not the first step of a generation batch of ``minibatches`` steps), or any step when
     ``minibatches`` = 1 (no step is off-policy; Table 2 then says so)."""
-    from kpo.train.config import on_policy_step
+    from kpo.protocol import on_policy_step
 
     return any(minibatches == 1 or not on_policy_step(s, minibatches) for s in range(every, steps + 1, every))
 
@@ -399,8 +399,8 @@ def held_out_problems(cfg: CompareConfig, limit: int | None) -> int:
         from kpo.data.math import load_problems
 
         return sum(len(load_problems(path)[:limit]) for path in cfg.eval_data)
-    from kpo.data.synthetic import load_split
-    from kpo.train.config import parse_args
+    from kpo.testbed.task import load_split
+    from kpo.train.flags import parse_args
 
     return len(load_split("test", n=limit, task=parse_args(list(cfg.train_args)).task_config()))
 

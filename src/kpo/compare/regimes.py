@@ -323,7 +323,7 @@ class RegimeConfig:
 
 def _owned_by_cells(train_args: tuple[str, ...]) -> list[str]:
     """`--` flags that would override what a cell fixes (its learning rate, sampler, anchor, depth)."""
-    from kpo.train.config import build_parser
+    from kpo.train.flags import build_parser
 
     try:
         given = vars(build_parser("kpo compare regimes -- (kpo train flags)").parse_args(list(train_args)))
@@ -719,7 +719,7 @@ def _arm_stats(cfg: RegimeConfig, cell: Cell, runs: list[Run]) -> dict:
     batch's steps, :data:`kpo.compare.contract.BATCH_ROWS`) hold both kinds together, so the on-policy and
     off-policy figures are None unless every step is on-policy (depth 1), and the memory is each batch's mean."""
     from kpo.compare.engines import BATCH_ROWS, engine_of
-    from kpo.train.config import on_policy_step
+    from kpo.protocol import on_policy_step
     from kpo.train.metrics import load_metrics
 
     per_batch = engine_of(cfg).rows == BATCH_ROWS

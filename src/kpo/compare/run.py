@@ -136,7 +136,7 @@ def _evaluate(cfg: CompareConfig, model: Path, output: Path) -> dict:
     the runs trained on; the sample seeds depend on the problem and sample only, so every model of the comparison
     answers the same problems with the same seeds."""
     from kpo.evaluation import evaluate
-    from kpo.train.config import parse_args
+    from kpo.train.flags import parse_args
 
     settings = engine_of(cfg).eval_settings(cfg)
     if cfg.eval_data:
@@ -168,9 +168,9 @@ def _evaluate_exact(cfg: CompareConfig, model: Path, output: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kpo.data.synthetic import load_split
     from kpo.evaluation.expected import expected_on_rows
-    from kpo.train.config import parse_args
+    from kpo.testbed.task import load_split
+    from kpo.train.flags import parse_args
 
     rows = load_split("test", n=cfg.eval_limit, task=parse_args(list(cfg.train_args)).task_config())
     net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()

@@ -1,2 +1,2 @@
-"""Datasets: the embedded synthetic arithmetic task (:mod:`kpo.data.synthetic`) and math benchmark loaders
-(:mod:`kpo.data.math`). Import the submodule you need; this package imports nothing eagerly."""
+"""Datasets: math benchmark and training-file loaders (:mod:`kpo.data.math`); the embedded synthetic task is in
+:mod:`kpo.testbed`. Import the submodule you need; this package imports nothing eagerly."""

@@ -35,8 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kpo.data.task_files import task_of
 from kpo.rewards import UNESCAPED_DOLLAR, answer_text, last_boxed
+from kpo.testbed.files import task_of
 
 __all__ = ["DEFAULT_INSTRUCTION", "FORMATS", "format_prompt", "load_problems"]
 
@@ -245,7 +245,7 @@ def load_problems(
     path: str | Path, problem_key: str | None = None, answer_key: str | None = None
 ) -> list[dict[str, Any]]:
     """Rows ``{"id": str, "problem": str, "answer": str | list[str]}`` from a .jsonl, .json or .parquet file; the
-    embedded task's rows (:mod:`kpo.data.task_files`) also keep their ``data_source``, which names their grader.
+    embedded task's rows (:mod:`kpo.testbed.files`) also keep their ``data_source``, which names their grader.
 
     problem_key/answer_key: read these fields instead of auto-detecting (give both or neither).
     Raises ValueError naming the file and row for a malformed row or an undetectable format.

@@ -172,7 +172,7 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         if main_process:
             raise  # kpo's one line on an interrupt
-        from kpo.cli import INTERRUPTED
+        from kpo._exit import INTERRUPTED
 
         return INTERRUPTED
     if not main_process:

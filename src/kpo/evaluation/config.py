@@ -41,7 +41,7 @@ class EvalConfig:
     dtype: one of :data:`kpo.evaluation.backends.DTYPES`; None = bfloat16 on GPU, float32 on CPU.
     limit: first ``limit`` problems of each benchmark, >= 1 (synthetic: number of test problems, at most
         ``TaskConfig.max_problems("test")``, checked before any is drawn; None = the whole test split,
-        ``kpo.data.synthetic.load_split("test")``: 256 problems for the default task).
+        ``kpo.testbed.task.load_split("test")``: 256 problems for the default task).
     synthetic_kw: task fields for the synthetic split, e.g. ``{"kind": "chain", "n_terms": 3}``.
     problem_key, answer_key: read these fields of every benchmark file instead of auto-detecting.
     """
@@ -169,7 +169,7 @@ def _check_task(synthetic_kw: dict | None, specs: list[str | Path]) -> list[str]
     """Problems with the synthetic task fields: unknown names, bad values, or no synthetic benchmark to use them."""
     import dataclasses
 
-    from kpo.data.synthetic import TaskConfig
+    from kpo.testbed.task import TaskConfig
 
     if not synthetic_kw:
         return []
@@ -191,7 +191,7 @@ def _check_task(synthetic_kw: dict | None, specs: list[str | Path]) -> list[str]
 
 def _check_limit(limit: int | None, synthetic_kw: dict | None, specs: list[str | Path]) -> list[str]:
     """More synthetic test problems than the task supplies: found before any is drawn (at any limit, instantly)."""
-    from kpo.data.synthetic import TaskConfig, too_many
+    from kpo.testbed.task import TaskConfig, too_many
 
     if limit is None or SYNTHETIC not in (str(s) for s in specs):
         return []

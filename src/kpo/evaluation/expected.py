@@ -89,7 +89,7 @@ def expected_accuracy(probs: torch.Tensor) -> dict:
 
 def expected_on_rows(model, tokenizer, rows: Sequence[dict], **kwargs) -> dict:
     """:func:`expected_accuracy` of ``model`` on task rows (``prompt`` and ``solution`` fields, as
-    :func:`kpo.data.synthetic.load_split` gives them); ``kwargs`` go to :func:`reference_probabilities`."""
+    :func:`kpo.testbed.task.load_split` gives them); ``kwargs`` go to :func:`reference_probabilities`."""
     probs = reference_probabilities(
         model, tokenizer, [r["prompt"] for r in rows], [r["solution"] for r in rows], **kwargs
     )

@@ -47,7 +47,7 @@ def evaluate(
         model: a Hugging Face model directory (tokenizer saved beside it). Its cache identity is the resolved
             path plus a fingerprint of its weight/config files, so retraining in place invalidates the cache.
         data: a benchmark file (any format :func:`kpo.data.math.load_problems` reads), ``"synthetic"`` (the
-            embedded task's test split, graded by :meth:`kpo.data.synthetic.TaskConfig.grade`), or a list.
+            embedded task's test split, graded by :meth:`kpo.testbed.task.TaskConfig.grade`), or a list.
         config: the settings (:class:`kpo.evaluation.EvalConfig`, which documents each); default: its defaults.
         settings: fields of :class:`EvalConfig` replacing the config's, e.g. ``evaluate(m, "synthetic", n=4)``.
 
@@ -240,19 +240,19 @@ def _load_benchmarks(
     out: dict[str, tuple[list[dict], Callable[[str, Any], float]]] = {}
     for spec in names:
         if str(spec) == SYNTHETIC:
-            from kpo.data.synthetic import TaskConfig, load_split
+            from kpo.testbed.task import TaskConfig, load_split
 
             task = TaskConfig(**(synthetic_kw or {}))
             name, rows, grader = SYNTHETIC, load_split("test", n=limit, task=task), task.grade
         else:
             from kpo.data.math import load_problems
-            from kpo.data.task_files import task_of_rows
+            from kpo.testbed.files import task_of_rows
 
             path = Path(spec)
             name = path.stem
             rows, grader = load_problems(path, problem_key, answer_key)[:limit], math_reward
             task = task_of_rows(rows, str(path))
-            if task is not None:  # the embedded task as a file (kpo.data.task_files): fed raw, its own grader
+            if task is not None:  # the embedded task as a file (kpo.testbed.files): fed raw, its own grader
                 rows, grader = [{**r, "prompt": r["problem"]} for r in rows], task.grade
         if name in out:
             raise ValueError(f"data: two benchmarks named {name!r} ({spec}); evaluate them in separate runs")
@@ -286,7 +286,7 @@ def _model_id(model: str | Path) -> str:
 
 def _default_budget(name: str, synthetic_kw: dict | None) -> int:
     if name == SYNTHETIC:
-        from kpo.data.synthetic import TaskConfig
+        from kpo.testbed.task import TaskConfig
 
         return TaskConfig(**(synthetic_kw or {})).max_response_chars() + 1  # + eos
     return DEFAULT_MATH_MAX_NEW_TOKENS

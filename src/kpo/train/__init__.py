@@ -12,7 +12,7 @@ Attributes load on first use so ``import kpo.train`` does not import TRL.
 Reading map: one optimizer step, from the prompt to the metrics row.
 
 1. ``run.run_training`` resolves the :class:`TrainConfig` (``config``), loads the prompts (``run._load_data``: the
-   embedded task of ``kpo.data.synthetic`` or a math dataset), the model (``tiny.warm_start``, cached, or
+   embedded task of ``kpo.testbed.task`` or a math dataset), the model (``kpo.testbed.tiny.warm_start``, cached, or
    ``--model``) and builds ``trainer.KPOTrainer``.
 2. Once per generation batch (every ``minibatches`` optimizer steps) TRL's ``_prepare_inputs`` samples
    ``num_generations`` completions per prompt, scores them with ``run.synthetic_reward`` or

@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 
 from kpo._distributed import is_main
-from kpo.train.config import ConfigError, parse_args
+from kpo.train.config import ConfigError
+from kpo.train.flags import parse_args
 
 __all__ = ["main"]
 

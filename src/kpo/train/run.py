@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from kpo import _distributed
+from kpo._exit import INTERRUPTED
 from kpo._files import complete_part, replacing, writing
-from kpo.cli import INTERRUPTED
 from kpo.train import checkpoints
 from kpo.train.card import write_run_card
 from kpo.train.config import TRAJECTORY_FIELDS, ConfigError, TrainConfig
@@ -43,9 +43,9 @@ _RUN_OUTPUTS = (
 
 
 def synthetic_reward(completions: list[str], answer: list[str], **_) -> list[float]:
-    """TRL reward function of the embedded task: :func:`kpo.data.synthetic.grade`, 1.0 when every step of the
+    """TRL reward function of the embedded task: :func:`kpo.testbed.task.grade`, 1.0 when every step of the
     chain keeps the sum and the last is the answer, else 0.0."""
-    from kpo.data.synthetic import grade
+    from kpo.testbed.task import grade
 
     return [grade(c, a) for c, a in zip(completions, answer)]
 
@@ -186,14 +186,14 @@ def _load_data(config: TrainConfig, tokenizer):
     from datasets import Dataset
 
     if config.dataset is None:
-        from kpo.data.synthetic import load_split
+        from kpo.testbed.task import load_split
 
         rows = load_split("train", seed=config.seed, task=config.task_config())
         return Dataset.from_list(
             [{"prompt": r["prompt"], "answer": r["answer"]} for r in rows]
         ), synthetic_reward
     from kpo.data.math import format_prompt, has_chat_template, load_problems
-    from kpo.data.task_files import task_of_rows
+    from kpo.testbed.files import task_of_rows
 
     problems = load_problems(config.dataset, config.problem_key, config.answer_key)
     if task_of_rows(problems, config.dataset) is not None:  # the embedded task as a file: its prompts and grader
@@ -228,7 +228,7 @@ def model_path(config: TrainConfig) -> Path:
     (built on first use; ``kpo compare`` calls this once per seed before its parallel runs)."""
     if config.model is not None:
         return Path(config.model)
-    from kpo.train.tiny import warm_start
+    from kpo.testbed.tiny import warm_start
 
     return warm_start(
         config.task_config(),

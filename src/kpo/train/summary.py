@@ -23,8 +23,9 @@ import sys
 from pathlib import Path
 
 from kpo._files import replacing
+from kpo.protocol import on_policy_step
 from kpo.train.checkpoints import continue_command
-from kpo.train.config import TrainConfig, on_policy_step
+from kpo.train.config import TrainConfig
 from kpo.train.metrics import load_metrics, window_mean
 
 __all__ = ["EVAL_FILES", "summarize_run", "main"]

@@ -56,8 +56,8 @@ from kpo.analysis.dumps import write_dump
 from kpo.filter.memory import matched_memory, q_for_memory
 from kpo.losses import aggregate_entropy, get_loss_spec, policy_loss, rollout_correction
 from kpo.losses.kpo import add_to_fit, filter_settings, fits_memory, fixed_q_kwargs, step_fit
+from kpo.protocol import on_policy_step
 from kpo.train.checkpoints import incomplete_reason, save_whole
-from kpo.train.config import on_policy_step
 from kpo.train.interrupt import InterruptGuard, restore_rng, rng_state
 from kpo.train.rollout import fast_rollout_unsupported, generate_single_turn
 from kpo.train.sampler import (

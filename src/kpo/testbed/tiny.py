@@ -19,7 +19,7 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from kpo.data.synthetic import ALPHABET, TaskConfig, load_split, noisy_solve
+from kpo.testbed.task import ALPHABET, TaskConfig, load_split, noisy_solve
 
 __all__ = [
     "COMPLETION_SLACK",
@@ -65,7 +65,7 @@ class SFTSettings:
         n_examples: distinct training problems.
         epochs: passes over them; each pass draws fresh teacher noise, so the model learns the teacher's
             error rate rather than memorising particular wrong answers.
-        noise: per-step error probability of the teacher (``kpo.data.synthetic.noisy_solve``); it sets the
+        noise: per-step error probability of the teacher (``kpo.testbed.task.noisy_solve``); it sets the
             warm-started model's reward, leaving RL room to sharpen it.
         learning_rate: AdamW learning rate (linear decay, no warm-up).
         batch_size: sequences per optimizer step.
@@ -209,7 +209,7 @@ def _cache_key(shape: TinyModelConfig, task: TaskConfig, sft: SFTSettings, seed:
 
 
 def sft_problems(task: TaskConfig, n: int, seed: int, round_: int = 0) -> list[dict]:
-    """The warm start's ``n`` training problems of SFT round ``round_`` (:func:`kpo.data.synthetic.load_split`
+    """The warm start's ``n`` training problems of SFT round ``round_`` (:func:`kpo.testbed.task.load_split`
     rows); ValueError when the task's train split cannot supply them."""
     # Seed offsets keep warm-start problems a different draw from the RL prompts of the same seed, and each
     # round a different draw from the others.
@@ -283,7 +283,7 @@ def _check_fits(records: list[dict], tokenizer, max_length: int) -> None:
             raise ValueError(
                 f"warm-start example {i} ({r['prompt'][:40]!r}...) is {length} tokens with its end token, longer "
                 f"than the model's context of {max_length}: build the model with max_position_embeddings >= "
-                f"{length} (kpo.train.tiny.context_length(task) sizes it from the task)"
+                f"{length} (kpo.testbed.tiny.context_length(task) sizes it from the task)"
             )
 
 

@@ -9,10 +9,10 @@ A row (one problem)::
      "reward_model": {"style": "rule", "ground_truth": "7"},       # what TaskConfig.grade checks against
      "extra_info": {"split": "train", "index": 0, "id": "train-000000"}}
 
-A file whose rows' ``data_source`` is ``kpo_<kind>`` is graded by :meth:`kpo.data.synthetic.TaskConfig.grade` and
+A file whose rows' ``data_source`` is ``kpo_<kind>`` is graded by :meth:`kpo.testbed.task.TaskConfig.grade` and
 its prompts are fed without an instruction (``kpo train`` and ``kpo eval``, :func:`task_of_rows`; verl:
-``reward.custom_reward_function.path=pkg://kpo.data.task_files reward.custom_reward_function.name=compute_score``);
-any other file is a math benchmark graded by math-verify. ``kpo task --out DIR`` (:mod:`kpo.data.cli`) writes
+``reward.custom_reward_function.path=pkg://kpo.testbed.files reward.custom_reward_function.name=compute_score``);
+any other file is a math benchmark graded by math-verify. ``kpo task --out DIR`` (:mod:`kpo.testbed.cli`) writes
 ``DIR/train.parquet``, ``DIR/test.parquet`` and ``DIR/model`` (the warm start, an ordinary Hugging Face
 directory) with the settings to train and evaluate them.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from kpo.data.synthetic import TASKS, TaskConfig, load_split
+from kpo.testbed.task import TASKS, TaskConfig, load_split
 
 __all__ = ["CHAT_TEMPLATE", "SOURCE_PREFIX", "compute_score", "task_of", "task_of_rows", "write_task_files"]
 
@@ -62,7 +62,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
     task = task_of(data_source)
     if task is None:
         raise ValueError(
-            f"kpo.data.task_files.compute_score grades the embedded task's rows ({SOURCE_PREFIX}<kind>) only, got "
+            f"kpo.testbed.files.compute_score grades the embedded task's rows ({SOURCE_PREFIX}<kind>) only, got "
             f"data_source={data_source!r}"
         )
     return task.grade(solution_str, ground_truth)

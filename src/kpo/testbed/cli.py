@@ -1,4 +1,4 @@
-"""``kpo task``: write the embedded task and its warm start as files (:mod:`kpo.data.task_files`), so that any
+"""``kpo task``: write the embedded task and its warm start as files (:mod:`kpo.testbed.files`), so that any
 trainer (``kpo train --dataset``, ``kpo compare --model/--dataset/--eval-data``, verl) can run on them. Every
 setting is checked before the warm start is built."""
 
@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kpo.train.config import WARM_START_FIELDS
+from kpo.train.checks import WARM_START_FIELDS
 
 # The kpo train settings kpo task uses (after `--`): the task, and its warm start's seed, shape, SFT round and
 # cache. The others set RL, which kpo task does not run.
@@ -73,7 +73,8 @@ def out_errors(out: str) -> list[str]:
 def task_config(extra: list[str]):
     """(kpo train's config of the `--` flags, errors): flags kpo task does not use or cannot parse, and kpo train's
     own checks of the settings it uses, each in one line (not kpo train's usage)."""
-    from kpo.train.config import ConfigError, build_parser, parse_args
+    from kpo.train.config import ConfigError
+    from kpo.train.flags import build_parser, parse_args
 
     parser = build_parser("kpo task --")
     parser.exit_on_error = False  # a bad value raises, instead of printing kpo train's usage
@@ -110,9 +111,9 @@ def task_config(extra: list[str]):
 
 
 def main(argv: list[str]) -> int:
-    from kpo.data.task_files import write_task_files
+    from kpo.testbed.files import write_task_files
+    from kpo.testbed.tiny import context_length
     from kpo.train.run import model_path
-    from kpo.train.tiny import context_length
 
     args = build_parser().parse_args(argv)
     extra = args.task_args[1:] if args.task_args[:1] == ["--"] else args.task_args
@@ -148,6 +149,6 @@ def main(argv: list[str]) -> int:
         f"{paths['test']}) -- --max-completion-length {response}\n"
         f"verl: data.train_files={paths['train']} data.max_prompt_length={prompt} data.max_response_length="
         f"{response} actor_rollout_ref.model.path={paths['model']} "
-        "reward.custom_reward_function.path=pkg://kpo.data.task_files reward.custom_reward_function.name=compute_score"
+        "reward.custom_reward_function.path=pkg://kpo.testbed.files reward.custom_reward_function.name=compute_score"
     )
     return 0
