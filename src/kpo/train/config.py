@@ -662,10 +662,10 @@ class TrainConfig:
         try:
             policy_loss(
                 self.loss,
-                lp,
-                lp,
-                torch.tensor([1.0, -1.0]),
-                torch.ones(2, 2),
+                log_prob=lp,
+                old_log_prob=lp,
+                advantages=torch.tensor([1.0, -1.0]),
+                response_mask=torch.ones(2, 2),
                 loss_agg_mode=self.resolved_agg_mode(),
                 **self.resolved_loss_kwargs(),
                 # as the trainer supplies it (top_entropy_quantile needs it)
