@@ -95,10 +95,9 @@ def test_token_tis_multiplies_the_loss_by_min_of_trainer_over_sampler_and_thresh
     _, calls = runs
     assert calls
     truncated = 0
+    tensors = ("log_prob", "old_log_prob", "advantages", "response_mask")
     for _, kwargs, loss in calls:
-        log_prob, old, adv, mask = (
-            kwargs[k] for k in ("log_prob", "old_log_prob", "advantages", "response_mask")
-        )
+        log_prob, old, adv, mask = (kwargs[k] for k in tensors)
         rollout = kwargs["rollout_log_prob"]
         assert kwargs["rollout_is"] == "token" and kwargs["rollout_is_threshold"] == TIS_THRESHOLD
         # verl's TIS weight per token, by hand: min(pi_trainer / pi_sampler, threshold)
@@ -107,7 +106,7 @@ def test_token_tis_multiplies_the_loss_by_min_of_trainer_over_sampler_and_thresh
         plain = {
             k: v
             for k, v in kwargs.items()
-            if k not in ("rollout_log_prob", "rollout_is", "rollout_is_threshold")
+            if k not in ("rollout_log_prob", "rollout_is", "rollout_is_threshold", *tensors)
         }
         expected, _ = policy_loss(
             "vanilla",
