@@ -87,7 +87,7 @@ def sweep() -> int:
     import torch
 
     from kpo.bench import COPY_BYTES, FILTER_BYTES, _kernel_only
-    from kpo.filter import triton_kernels
+    from kpo.filter.dispatch import triton_kernels
 
     kernels = triton_kernels()
     B, T = 1024, 32768

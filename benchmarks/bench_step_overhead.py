@@ -108,7 +108,15 @@ def main(argv: list[str] | None = None) -> int:
         opt.zero_grad(set_to_none=True)
         lp = _log_probs(model, ids, prompt_len)
         kwargs = losses[name][1] if name != "kpo auto" else fixed_q_kwargs(losses[name][1], fit.q)
-        loss, _ = policy_loss(losses[name][0], lp, old, adv, m, **common, **kwargs)
+        loss, _ = policy_loss(
+            losses[name][0],
+            log_prob=lp,
+            old_log_prob=old,
+            advantages=adv,
+            response_mask=m,
+            **common,
+            **kwargs,
+        )
         loss.backward()
         if name == "kpo auto":  # kpo train's: the step's log-ratios to the fit, which at the step's end fits
             add_to_fit(fit, lp, old, m)
@@ -135,8 +143,13 @@ def main(argv: list[str] | None = None) -> int:
             call[name].append(
                 _timed(
                     lambda n=name: policy_loss(
-                        losses[n][0], lp_fixed, old, adv, m, **common, **(losses[n][1] if n != "kpo auto" else
-                                                                         fixed_q_kwargs(losses[n][1], fit.q))
+                        losses[n][0],
+                        log_prob=lp_fixed,
+                        old_log_prob=old,
+                        advantages=adv,
+                        response_mask=m,
+                        **common,
+                        **(losses[n][1] if n != "kpo auto" else fixed_q_kwargs(losses[n][1], fit.q)),
                     )
                 )
             )

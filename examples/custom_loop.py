@@ -110,8 +110,9 @@ while step < args.steps:
     order = torch.randperm(len(prompts)).chunk(args.minibatches)
     for idx in order:
         log_prob = token_log_probs(ids[idx], attention_mask[idx], n_prompt)
+        old, adv, m = old_log_prob[idx], advantages[idx], mask[idx]
         loss, metrics = kpo.policy_loss(
-            args.loss, log_prob, old_log_prob[idx], advantages[idx], mask[idx], **loss_kwargs
+            args.loss, log_prob=log_prob, old_log_prob=old, advantages=adv, response_mask=m, **loss_kwargs
         )
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import torch
 
-from kpo.filter import compiled, kalman_filter, triton_kernels
+from kpo.filter import kalman_filter
 from kpo.filter.authors import authors_closed_form
+from kpo.filter.dispatch import compiled, triton_kernels
 from kpo.filter.reference import kalman_filter_reference
 
 # bytes a filter pass moves per token: read z (4) and the bool mask (1), write the result (4)

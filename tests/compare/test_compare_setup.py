@@ -151,9 +151,10 @@ def test_the_clip_range_verl_runs_is_the_method_s_paper_one(method):
     extra = {"memory": 2.0} if method == "kpo" else {}
     low, high = PAPER_CLIP[method]
     other = 0.02 if low == 0.2 else 0.2
-    default = policy_loss(method, new, old, adv, mask, **extra)
-    given = policy_loss(method, new, old, adv, mask, clip_ratio_low=low, clip_ratio_high=high, **extra)
-    elsewhere = policy_loss(method, new, old, adv, mask, clip_ratio_low=other, clip_ratio_high=other, **extra)
+    batch = {"log_prob": new, "old_log_prob": old, "advantages": adv, "response_mask": mask}
+    default = policy_loss(method, **batch, **extra)
+    given = policy_loss(method, **batch, clip_ratio_low=low, clip_ratio_high=high, **extra)
+    elsewhere = policy_loss(method, **batch, clip_ratio_low=other, clip_ratio_high=other, **extra)
     assert torch.equal(default[0], given[0]) and default[1] == given[1]
     assert default[1]["pg_clipfrac"] != elsewhere[1]["pg_clipfrac"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kpo.filter import compiled
+from kpo.filter.dispatch import compiled
 from kpo.filter.reference import kalman_filter_reference
 
 # every path runnable on this machine; numba only where the extra is installed

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from kpo.filter import MASK_MODES, compiled, kalman_filter
+from kpo.filter import MASK_MODES, kalman_filter
+from kpo.filter.dispatch import compiled
 from kpo.filter.reference import kalman_filter_reference
 
 from .helpers import float32_bound, jacobian_product
@@ -139,7 +140,7 @@ def test_threads_split_rows_without_changing_a_bit(mode, B, monkeypatch):
     # rows are cut into ranges that threads take in turn: with tiny ranges (many boundaries, row counts not a
     # multiple of 4, rows of different lengths and holes spread over ranges) the result and the gradient are
     # bit for bit those of one thread, and match the float64 loop
-    import kpo.filter
+    import kpo.filter.dispatch
 
     from .helpers import make_mask
 
@@ -150,8 +151,8 @@ def test_threads_split_rows_without_changing_a_bit(mode, B, monkeypatch):
     g = nan_where_masked(torch.from_numpy(rng.normal(0, 1, (B, T))).float(), mask)
     results = []
     for threads, min_tokens in ((1, 1 << 15), (2, 1), (2, 7 * T)):
-        monkeypatch.setattr(kpo.filter, "MIN_CHUNK_TOKENS", min_tokens)
-        monkeypatch.setattr(kpo.filter, "CHUNKS_PER_THREAD", 3)
+        monkeypatch.setattr(kpo.filter.dispatch, "MIN_CHUNK_TOKENS", min_tokens)
+        monkeypatch.setattr(kpo.filter.dispatch, "CHUNKS_PER_THREAD", 3)
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
@@ -171,10 +172,10 @@ def test_threads_split_rows_without_changing_a_bit(mode, B, monkeypatch):
 def test_a_forked_child_filters_on_one_thread(monkeypatch):
     # GNU OpenMP cannot start again in a child forked after the parent used it: numba ends such a child
     # ("fork() called from a process already using GNU OpenMP"). The child takes the serial path instead.
-    import kpo.filter
+    import kpo.filter.dispatch
 
     z = torch.from_numpy(np.random.default_rng(0).normal(0, 1, (64, 256))).float()
-    monkeypatch.setattr(kpo.filter, "MIN_CHUNK_TOKENS", 1)  # ranges of one group: 64x256 runs on threads
+    monkeypatch.setattr(kpo.filter.dispatch, "MIN_CHUNK_TOKENS", 1)  # ranges of one group: 64x256 runs on threads
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -192,7 +193,7 @@ def test_a_forked_child_filters_on_one_thread(monkeypatch):
 _CONCURRENT = """
 import numpy as np, torch
 from concurrent.futures import ThreadPoolExecutor
-import kpo.filter
+import kpo.filter.dispatch
 from kpo.filter import kalman_filter
 
 rng = np.random.default_rng(1)
@@ -200,7 +201,7 @@ inputs = [torch.from_numpy(rng.normal(0, 1, (64, 256))).float() for _ in range(8
 torch.set_num_threads(1)
 expected = [kalman_filter(z, backend="numba") for z in inputs]  # one thread: the serial path
 torch.set_num_threads(2)
-kpo.filter.MIN_CHUNK_TOKENS = 1
+kpo.filter.dispatch.MIN_CHUNK_TOKENS = 1
 with ThreadPoolExecutor(4) as pool:
     results = list(pool.map(lambda z: kalman_filter(z, backend="numba"), inputs * 8))
 assert all(torch.equal(got, want) for got, want in zip(results, expected * 8, strict=True))
@@ -225,13 +226,13 @@ def test_calls_from_two_python_threads_at_once():
 def test_a_child_forked_before_any_threads_may_use_them(monkeypatch):
     # only a fork after threads ran pins the child to one thread: a child of a parent that never started
     # them (a fresh worker process) starts its own
-    import kpo.filter
+    import kpo.filter.dispatch
 
-    monkeypatch.setattr(kpo.filter, "_threads_started", False)
+    monkeypatch.setattr(kpo.filter.dispatch, "_threads_started", False)
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
-        os.write(write, b"1" if kpo.filter._forked else b"0")
+        os.write(write, b"1" if kpo.filter.dispatch._forked else b"0")
         os._exit(0)
     os.waitpid(pid, 0)
     assert os.read(read, 1) == b"0"

@@ -117,7 +117,9 @@ def test_the_fit_is_under_the_losses_filter_settings():
     lp = (z - 20.0).requires_grad_()
     old = torch.full_like(z, -20.0)
     adv = torch.ones(16, dtype=torch.float64)
-    _, metrics = policy_loss("kpo", lp, old, adv, mask, memory="auto", p0="steady")
+    _, metrics = policy_loss(
+        "kpo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, memory="auto", p0="steady"
+    )
     assert metrics["kpo/q"] == pytest.approx(steady, rel=1e-12)
 
 
@@ -128,8 +130,14 @@ def test_a_flat_likelihood_is_not_identified_and_the_loss_says_what_it_used():
         with pytest.raises(NotIdentified, match="flat in q over 1e-08..100"):
             fit_q(torch.randn(8, 1))
     lp = torch.full((8, 1), -5.0, dtype=torch.float64, requires_grad=True)
-    _, metrics = policy_loss("kpo", lp, torch.randn(8, 1, dtype=torch.float64) - 5.0, torch.ones(8),
-                             torch.ones(8, 1, dtype=torch.bool), memory="auto")
+    _, metrics = policy_loss(
+        "kpo",
+        log_prob=lp,
+        old_log_prob=torch.randn(8, 1, dtype=torch.float64) - 5.0,
+        advantages=torch.ones(8),
+        response_mask=torch.ones(8, 1, dtype=torch.bool),
+        memory="auto",
+    )
     assert (metrics["kpo/q"], metrics["kpo/q_stale"]) == (1e-6, 1.0)
 
 
@@ -138,8 +146,14 @@ def test_one_valid_token_never_stops_the_loss():
     valid tokens' and killed the run."""
     lp = torch.full((1, 4), -1.0, dtype=torch.float64, requires_grad=True)
     mask = torch.tensor([[True, False, False, False]])
-    loss, metrics = policy_loss("kpo_unclipped", lp, torch.full((1, 4), -1.2, dtype=torch.float64),
-                                torch.ones(1), mask, memory="auto")
+    loss, metrics = policy_loss(
+        "kpo_unclipped",
+        log_prob=lp,
+        old_log_prob=torch.full((1, 4), -1.2, dtype=torch.float64),
+        advantages=torch.ones(1),
+        response_mask=mask,
+        memory="auto",
+    )
     assert torch.isfinite(loss) and metrics["kpo/q_stale"] == 1.0
 
 
@@ -149,8 +163,15 @@ def test_booleans_are_not_bounds():
             check_bounds(bounds)
     lp = torch.full((2, 3), -1.0, requires_grad=True)
     with pytest.raises(ValueError, match="q_max must be a number > 0, got bool True"):
-        policy_loss("kpo", lp, lp.detach() - 0.1, torch.ones(2), torch.ones(2, 3, dtype=torch.bool),
-                    memory="auto", q_max=True)
+        policy_loss(
+            "kpo",
+            log_prob=lp,
+            old_log_prob=lp.detach() - 0.1,
+            advantages=torch.ones(2),
+            response_mask=torch.ones(2, 3, dtype=torch.bool),
+            memory="auto",
+            q_max=True,
+        )
 
 
 def test_extreme_scales_are_refused_or_not_identified_in_one_line():

@@ -80,7 +80,14 @@ def test_a_memory_below_a_token_gives_a_filter_that_follows_each_ratio(memory):
     z = torch.tensor([[0.1, -0.2, 0.3]], dtype=torch.float64)
     assert torch.equal(kalman_filter(z, q=q), z)
     old = torch.full_like(z, -1.0)  # log-ratios z between log-probabilities
-    loss, _ = kpo.policy_loss("kpo", old + z, old, torch.ones(1), torch.ones_like(z), memory=memory)
+    loss, _ = kpo.policy_loss(
+        "kpo",
+        log_prob=old + z,
+        old_log_prob=old,
+        advantages=torch.ones(1),
+        response_mask=torch.ones_like(z),
+        memory=memory,
+    )
     assert math.isfinite(float(loss))
 
 

@@ -28,7 +28,8 @@ if not CUDA:
         )
     os.environ["TRITON_INTERPRET"] = "1"
 
-from kpo.filter import MASK_MODES, kalman_filter, triton_kernels  # noqa: E402
+from kpo.filter import MASK_MODES, kalman_filter  # noqa: E402
+from kpo.filter.dispatch import triton_kernels  # noqa: E402
 from kpo.filter.reference import kalman_filter_reference  # noqa: E402
 
 from .helpers import float32_bound, make_mask, make_params  # noqa: E402

@@ -205,7 +205,8 @@ def test_each_run_trained_on_its_arm_s_loss(compare, arm):
             assert call["loss_mode"] == "kpo" and call["config"]["memory"] == pytest.approx(memory)
             info = call["global_batch_info"]
             loss, _ = policy_loss(
-                "kpo", call["log_prob"], call["old_log_prob"], call["advantages"], call["response_mask"],
+                "kpo", log_prob=call["log_prob"], old_log_prob=call["old_log_prob"], advantages=call["advantages"],
+                response_mask=call["response_mask"],
                 loss_agg_mode=call["loss_agg_mode"], clip_ratio_low=3e-4, clip_ratio_high=4e-4,
                 memory=call["config"]["memory"], global_num_tokens=info["batch_num_tokens"],
                 global_num_seqs=info["global_batch_size"], dp_size=info["dp_size"],

@@ -252,10 +252,10 @@ def expected_loss(call: dict, loss: str) -> tuple[torch.Tensor, dict[str, float]
     info = call["global_batch_info"]
     return policy_loss(
         loss,
-        call["log_prob"],
-        call["old_log_prob"],
-        call["advantages"],
-        call["response_mask"],
+        log_prob=call["log_prob"],
+        old_log_prob=call["old_log_prob"],
+        advantages=call["advantages"],
+        response_mask=call["response_mask"],
         loss_agg_mode=call["loss_agg_mode"],
         **(KPO if loss == "kpo" else VANILLA),
         rollout_is_weights=call["rollout_is_weights"],
@@ -382,10 +382,10 @@ def test_two_workers_split_the_loss_of_the_whole_mini_batch(main_ppo):
             }
             loss_value, _ = policy_loss(
                 "kpo",
-                whole["log_prob"],
-                whole["old_log_prob"],
-                whole["advantages"],
-                whole["response_mask"],
+                log_prob=whole["log_prob"],
+                old_log_prob=whole["old_log_prob"],
+                advantages=whole["advantages"],
+                response_mask=whole["response_mask"],
                 loss_agg_mode="token-mean",
                 **KPO,
             )

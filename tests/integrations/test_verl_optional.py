@@ -8,9 +8,10 @@ import sys
 CODE = """
 import sys
 sys.modules["verl"] = None  # any `import verl` now raises ImportError, as on a machine without verl
-import kpo, kpo.integrations, kpo.losses
-loss, _ = kpo.policy_loss("kpo", *[__import__("torch").zeros(1, 2)] * 2, __import__("torch").ones(1),
-                          __import__("torch").ones(1, 2, dtype=__import__("torch").bool))
+import kpo, kpo.integrations, kpo.losses, torch
+zero = torch.zeros(1, 2)
+loss, _ = kpo.policy_loss("kpo", log_prob=zero, old_log_prob=zero, advantages=torch.ones(1),
+                          response_mask=torch.ones(1, 2, dtype=torch.bool))
 assert loss.item() == -1.0, loss  # ratio 1, advantage 1: L = -A r~ = -1
 try:
     import kpo.integrations.verl

@@ -4,6 +4,7 @@ through verl's hydra instantiation. Needs verl (`make test` runs it in .venv-ver
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import warnings
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -22,11 +24,13 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.errors import InstantiationException  # noqa: E402
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, get_policy_loss_fn  # noqa: E402
 from verl.utils.config import omega_conf_to_dataclass, validate_config  # noqa: E402
-from verl.workers.config import PolicyLossConfig  # noqa: E402
+from verl.workers.config import FSDPActorConfig, PolicyLossConfig  # noqa: E402
 
 from kpo.integrations.verl import (  # noqa: E402
+    DUMP_FIELDS,
     VERL_EQUIVALENTS,
     VERL_LOSSES,
+    VERL_OWNED,
     KPOActorConfig,
     register_with_verl,
     trl_has_value_head_model,
@@ -186,10 +190,10 @@ def test_verl_call_is_exactly_kpo_policy_loss(name, mode):
 
     expected, expected_metrics = policy_loss(
         name,
-        new,
-        old,
-        adv,
-        mask,
+        log_prob=new,
+        old_log_prob=old,
+        advantages=adv,
+        response_mask=mask,
         loss_agg_mode=None if name in ("holder", "luspo") else mode,  # their methods fix the aggregation
         rollout_is_weights=weights,
         dp_size=2,
@@ -358,13 +362,105 @@ def test_config_subclass_through_verl_hydra_instantiation():
     new, old, adv, mask, weights = make_batch(seed=4)
     loss, _ = verl_call(get_policy_loss_fn("kpo"), new, old, adv, mask, actor.loss_agg_mode, actor, None)
     expected, _ = policy_loss(
-        "kpo", new, old, adv, mask, clip_ratio=0.2, clip_ratio_low=3e-4, clip_ratio_high=4e-4, q=1e-6, v=1.0
+        "kpo",
+        log_prob=new,
+        old_log_prob=old,
+        advantages=adv,
+        response_mask=mask,
+        clip_ratio=0.2,
+        clip_ratio_low=3e-4,
+        clip_ratio_high=4e-4,
+        q=1e-6,
+        v=1.0,
     )
     assert torch.equal(loss, expected)
 
     # Without the subclass verl's own FSDPActorConfig refuses the extra keys: why KPOActorConfig exists.
     with pytest.raises(InstantiationException, match="'q'"):
         omega_conf_to_dataclass(_compose(*kpo_keys).actor_rollout_ref.actor)
+
+
+def test_the_actor_config_s_loss_fields_are_the_registry_s_keywords():
+    # One source of truth: every keyword of every loss the plugin registers is a field (or one of verl's own
+    # clip fields), typed from the loss's annotation; nothing else besides the ratio dumps.
+    verl_own = {f.name for f in dataclasses.fields(FSDPActorConfig)}
+    ours = {f.name: f for f in dataclasses.fields(KPOActorConfig) if f.name not in verl_own}
+    expected = set(DUMP_FIELDS)
+    for name in VERL_LOSSES:
+        for hparam in get_loss_spec(name).hparams:
+            if hparam in VERL_OWNED:
+                assert hparam in verl_own
+            elif hparam not in ("token_entropy", "top_entropy_quantile"):  # verl's loss call has no entropy
+                expected.add("holder_p" if hparam == "p" else hparam)
+    assert set(ours) == expected
+    assert all(f.default is None for f in ours.values())
+    assert (ours["q"].type, ours["mask_mode"].type, ours["filter_grad"].type) == (float | None, str | None, bool | None)
+    assert ours["memory"].type is Any  # float | str | None: OmegaConf types no such union
+
+
+_NEW_KEYWORD = """
+import json, os, sys
+from kpo.losses import registry
+from kpo.losses._core import LossTerms
+
+# A keyword added to a registered loss (what an edit of kpo/losses/reinforce.py would do), before the plugin
+# is imported: the plugin module is not touched.
+minpro = registry._REGISTRY.pop("minpro")
+
+
+@registry.register_loss("minpro", default_agg=minpro.default_agg, agg_modes=minpro.agg_modes)
+def minpro_scaled(batch, *, clip_ratio=None, clip_ratio_low=None, clip_ratio_high=None, minpro_scale: float = 1.0):
+    terms = minpro.fn(batch, clip_ratio=clip_ratio, clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
+    return LossTerms(token_loss=terms.token_loss * minpro_scale, clipfrac=terms.clipfrac, extra=terms.extra)
+
+
+import torch
+import verl
+from hydra import compose, initialize_config_dir
+from verl.trainer.ppo.core_algos import get_policy_loss_fn
+from verl.utils.config import omega_conf_to_dataclass
+from verl.workers.config import PolicyLossConfig
+
+from kpo.integrations.verl import KPOActorConfig
+from kpo.losses import policy_loss
+
+with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"),
+                           version_base=None):
+    cfg = compose("ppo_trainer", overrides=[
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.actor._target_=kpo.integrations.verl.KPOActorConfig",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=minpro",
+        "+actor_rollout_ref.actor.minpro_scale=2.5",
+    ])
+actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+g = torch.Generator().manual_seed(0)
+old = -torch.rand(3, 5, generator=g, dtype=torch.float64) - 0.5
+new = old + 0.1 * torch.randn(3, 5, generator=g, dtype=torch.float64)
+adv, mask = torch.tensor([[1.0], [-0.5], [0.25]], dtype=torch.float64).expand(3, 5), torch.ones(3, 5, dtype=torch.bool)
+loss, _ = get_policy_loss_fn("minpro")(old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask,
+                                       loss_agg_mode=actor.loss_agg_mode, config=actor)
+batch = dict(log_prob=new, old_log_prob=old, advantages=adv, response_mask=mask)
+scaled, _ = policy_loss("minpro", **batch, clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.2, minpro_scale=2.5)
+plain, _ = policy_loss("minpro", **batch, clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.2)
+try:
+    KPOActorConfig(rollout_n=8, ppo_micro_batch_size_per_gpu=1, policy_loss=PolicyLossConfig(loss_mode="cppo"),
+                   minpro_scale=2.0)
+    refused = ""
+except ValueError as err:
+    refused = str(err)
+print(json.dumps({"type": str(KPOActorConfig.__dataclass_fields__["minpro_scale"].type),
+                  "value": actor.minpro_scale, "equal": bool(torch.equal(loss, scaled)),
+                  "ratio": (loss / plain).item(), "refused": refused}))
+"""
+
+
+def test_a_keyword_added_to_a_loss_reaches_the_actor_config_with_no_plugin_edit():
+    out = subprocess.run([sys.executable, "-c", _NEW_KEYWORD], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["type"] == "float | None" and got["value"] == 2.5
+    assert got["equal"] and got["ratio"] == pytest.approx(2.5)  # verl's call passed the new keyword to the loss
+    assert "does not use minpro_scale" in got["refused"]  # and the config's checks know it
 
 
 def test_memory_auto_through_verl_hydra_fits_q_and_reports_it(monkeypatch):
@@ -387,7 +483,15 @@ def test_memory_auto_through_verl_hydra_fits_q_and_reports_it(monkeypatch):
     new, old, adv, mask, _ = make_batch(seed=5)
     loss, metrics = verl_call(get_policy_loss_fn("kpo"), new, old, adv, mask, actor.loss_agg_mode, actor, None)
     expected, _ = policy_loss(
-        "kpo", new, old, adv, mask, loss_agg_mode=actor.loss_agg_mode, clip_ratio=0.2, q=1e-6, global_num_seqs=6,
+        "kpo",
+        log_prob=new,
+        old_log_prob=old,
+        advantages=adv,
+        response_mask=mask,
+        loss_agg_mode=actor.loss_agg_mode,
+        clip_ratio=0.2,
+        q=1e-6,
+        global_num_seqs=6,
         dp_size=1,
     )
     assert torch.equal(loss, expected) and metrics["actor/kpo/q"] == 1e-6 and "actor/kpo/memory_tokens" in metrics
@@ -483,10 +587,10 @@ def test_verl_actor_loss_function_calls_kpo():
     (grad,) = torch.autograd.grad(loss, new)
     expected, expected_metrics = policy_loss(
         "kpo",
-        new,
-        old,
-        adv,
-        mask,
+        log_prob=new,
+        old_log_prob=old,
+        advantages=adv,
+        response_mask=mask,
         loss_agg_mode="seq-mean-token-mean",
         rollout_is_weights=weights,
         dp_size=2,
@@ -552,8 +656,18 @@ def test_memory_auto_is_one_q_per_optimizer_step_for_any_micro_batch_size(tmp_pa
                 part = (new[rows], old[rows], adv[rows], mask[rows])
                 loss, metrics = verl_call(fn, *part, "token-mean", config, None)
                 q = metrics["actor/kpo/q"]
-                fixed, _ = policy_loss("kpo_unclipped", *part, loss_agg_mode="token-mean", q=q,
-                                       global_num_seqs=16, global_num_tokens=tokens, dp_size=2)
+                fixed, _ = policy_loss(
+                    "kpo_unclipped",
+                    log_prob=part[0],
+                    old_log_prob=part[1],
+                    advantages=part[2],
+                    response_mask=part[3],
+                    loss_agg_mode="token-mean",
+                    q=q,
+                    global_num_seqs=16,
+                    global_num_tokens=tokens,
+                    dp_size=2,
+                )
                 assert torch.equal(loss, fixed)
                 used.add(q)
             assert len(used) == 1

@@ -21,22 +21,28 @@ def _batch(seed=0):
 @pytest.mark.parametrize("loss", ["kpo", "kpo_unclipped"])
 def test_memory_is_the_q_it_names(loss):
     lp, old, adv, mask = _batch()
-    by_memory, m1 = policy_loss(loss, lp, old, adv, mask, memory=12.0)
+    by_memory, m1 = policy_loss(
+        loss, log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, memory=12.0
+    )
     (g1,) = torch.autograd.grad(by_memory, lp)
-    by_q, m2 = policy_loss(loss, lp, old, adv, mask, q=q_for_memory(12.0))
+    by_q, m2 = policy_loss(
+        loss, log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, q=q_for_memory(12.0)
+    )
     (g2,) = torch.autograd.grad(by_q, lp)
     assert by_memory.item() == by_q.item() and torch.equal(g1, g2) and m1 == m2
     # and not the paper's q: a 12-token memory moves the filtered ratio further than a 1000-token one
-    _, paper = policy_loss(loss, lp, old, adv, mask)
+    _, paper = policy_loss(loss, log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask)
     assert m1["filtered_ratio_max"] > paper["filtered_ratio_max"]
 
 
 def test_q_and_memory_together_are_refused():
     lp, old, adv, mask = _batch()
     with pytest.raises(ValueError, match=r"give q or memory, not both \(got q=0.001, memory=12"):
-        policy_loss("kpo", lp, old, adv, mask, q=1e-3, memory=12.0)
+        policy_loss(
+            "kpo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, q=1e-3, memory=12.0
+        )
     with pytest.raises(ValueError, match="memory must be a finite number of tokens > 0"):
-        policy_loss("kpo", lp, old, adv, mask, memory=0.0)
+        policy_loss("kpo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, memory=0.0)
 
 
 def test_filter_settings_resolve_q_per_loss():
@@ -64,9 +70,19 @@ def test_p0_steady_is_the_constant_gain_moving_average():
 
     lp, old, adv, mask = _batch()
     q = q_for_memory(8.0)
-    steady, m1 = policy_loss("kpo", lp, old, adv, mask, memory=8.0, p0="steady")
+    steady, m1 = policy_loss(
+        "kpo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, memory=8.0, p0="steady"
+    )
     (g1,) = torch.autograd.grad(steady, lp)
-    by_number, m2 = policy_loss("kpo", lp, old, adv, mask, memory=8.0, p0=steady_state_variance(q))
+    by_number, m2 = policy_loss(
+        "kpo",
+        log_prob=lp,
+        old_log_prob=old,
+        advantages=adv,
+        response_mask=mask,
+        memory=8.0,
+        p0=steady_state_variance(q),
+    )
     (g2,) = torch.autograd.grad(by_number, lp)
     assert steady.item() == by_number.item() and torch.equal(g1, g2) and m1 == m2
     # a constant gain K: the first filtered value is K z_1, where the ramp from p0 = 0 starts at K_1 = q/(q+v)
@@ -75,10 +91,12 @@ def test_p0_steady_is_the_constant_gain_moving_average():
     assert filter_settings("kpo", {"memory": 8.0, "p0": "steady"})["p0"] == steady_state_variance(q)
     assert kalman_filter(z, q=q, p0=steady_state_variance(q)).item() == pytest.approx(k * z.item(), rel=1e-12)
     # and it differs from the ramp: p0 = 0 starts far below K_inf (K_1 = 0.0154 vs 0.1175 at memory 8)
-    ramp, m3 = policy_loss("kpo", lp, old, adv, mask, memory=8.0)
+    ramp, m3 = policy_loss(
+        "kpo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, memory=8.0
+    )
     assert m3["filtered_ratio_max"] != m1["filtered_ratio_max"] and ramp.item() != steady.item()
     with pytest.raises(ValueError, match="p0='stable': give a variance >= 0 or 'steady'"):
-        policy_loss("kpo", lp, old, adv, mask, p0="stable")
+        policy_loss("kpo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, p0="stable")
 
 
 @pytest.mark.parametrize("loss", ["kpo", "kpo_unclipped"])
@@ -86,10 +104,12 @@ def test_auto_memory_is_the_fixed_q_loss_at_the_fitted_q(loss):
     from kpo.filter.fit import fit_q
 
     lp, old, adv, mask = _batch()
-    auto, metrics = policy_loss(loss, lp, old, adv, mask, memory="auto")
+    auto, metrics = policy_loss(
+        loss, log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, memory="auto"
+    )
     (g_auto,) = torch.autograd.grad(auto, lp)
     q = fit_q((lp - old).detach(), mask)
-    fixed, _ = policy_loss(loss, lp, old, adv, mask, q=q)
+    fixed, _ = policy_loss(loss, log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, q=q)
     (g_fixed,) = torch.autograd.grad(fixed, lp)
     assert torch.isfinite(auto) and auto.item() == fixed.item() and torch.equal(g_auto, g_fixed)
     assert metrics["kpo/q"] == q and metrics["kpo/memory_tokens"] == pytest.approx(filter_memory(q))
@@ -98,14 +118,36 @@ def test_auto_memory_is_the_fixed_q_loss_at_the_fitted_q(loss):
 def test_auto_memory_on_policy_and_bounds():
     lp, old, adv, mask = _batch()
     # ratios exactly 1: nothing to fit and the filtered ratio is 1 whatever q; the paper's q, marked stale
-    on_policy, metrics = policy_loss("kpo", old.clone().requires_grad_(), old, adv, mask, memory="auto")
+    on_policy, metrics = policy_loss(
+        "kpo",
+        log_prob=old.clone().requires_grad_(),
+        old_log_prob=old,
+        advantages=adv,
+        response_mask=mask,
+        memory="auto",
+    )
     assert torch.isfinite(on_policy) and metrics["filtered_ratio_max"] == 1.0
     assert (metrics["kpo/q"], metrics["kpo/q_stale"]) == (1e-6, 1.0)
-    _, bounded = policy_loss("kpo", lp, old, adv, mask, memory="auto", q_max=1e-5)
+    _, bounded = policy_loss(
+        "kpo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, memory="auto", q_max=1e-5
+    )
     assert bounded["kpo/q"] <= 1e-5
     with pytest.raises(ValueError, match="apply only with memory='auto'"):
-        policy_loss("kpo", lp, old, adv, mask, memory=12.0, q_min=1e-6)
+        policy_loss(
+            "kpo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, memory=12.0, q_min=1e-6
+        )
     with pytest.raises(ValueError, match="0 < q_min < q_max"):
-        policy_loss("kpo", lp, old, adv, mask, memory="auto", q_min=1.0, q_max=0.1)
+        policy_loss(
+            "kpo",
+            log_prob=lp,
+            old_log_prob=old,
+            advantages=adv,
+            response_mask=mask,
+            memory="auto",
+            q_min=1.0,
+            q_max=0.1,
+        )
     with pytest.raises(ValueError, match=r"memory='matched'.*kpo.matched_memory"):
-        policy_loss("kpo", lp, old, adv, mask, memory="matched")
+        policy_loss(
+            "kpo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, memory="matched"
+        )

@@ -69,7 +69,7 @@ def _batch(seed, B=6, T=9):
 
 def _loss_and_grad(name, lp, old, adv, mask, **kw):
     leaf = lp.clone().requires_grad_()
-    loss, _ = policy_loss(name, leaf, old, adv, mask, **kw)
+    loss, _ = policy_loss(name, log_prob=leaf, old_log_prob=old, advantages=adv, response_mask=mask, **kw)
     loss.backward()
     return loss.detach(), leaf.grad
 

@@ -32,7 +32,7 @@ def _inputs(ratios, advantages, old_log_prob=LOG_HALF):
 
 def _run(name, ratios, advantages, old_log_prob=LOG_HALF, **kw):
     lp, old, adv, mask = _inputs(ratios, advantages, old_log_prob)
-    loss, metrics = policy_loss(name, lp, old, adv, mask, **kw)
+    loss, metrics = policy_loss(name, log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, **kw)
     loss.backward()
     return loss.item(), lp.grad, metrics
 
@@ -84,9 +84,9 @@ def test_gspo_rejects_token_advantages_but_gspo_token_takes_them():
     lp, old, _, mask = _inputs([[1.0, 1.0]], [0.0])
     adv = torch.tensor([[1.0, 2.0]], dtype=torch.float64)
     with pytest.raises(ValueError, match="row 0 varies.*gspo_token"):
-        policy_loss("gspo", lp, old, adv, mask)
+        policy_loss("gspo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask)
     # gspo_token: s = 1 for both tokens, loss = mean(-1*1, -2*1) = -1.5.
-    loss, _ = policy_loss("gspo_token", lp, old, adv, mask)
+    loss, _ = policy_loss("gspo_token", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask)
     assert loss.item() == pytest.approx(-1.5)
 
 
@@ -133,7 +133,14 @@ def test_sapo_gate():
 def test_sapo_refuses_other_aggregations():
     lp, old, adv, mask = _inputs([[1.0]], [1.0])
     with pytest.raises(ValueError, match="sapo.*seq-mean-token-mean"):
-        policy_loss("sapo", lp, old, adv, mask, loss_agg_mode="token-mean")
+        policy_loss(
+            "sapo",
+            log_prob=lp,
+            old_log_prob=old,
+            advantages=adv,
+            response_mask=mask,
+            loss_agg_mode="token-mean",
+        )
 
 
 def test_cispo_detached_clipped_weight():
@@ -168,7 +175,9 @@ def test_aspo_entropy_selects_wide_bounds():
     # token 2 uses eps 0.4 (1.3 < 1.4: loss -1/1.3, grad -1/1.3).
     lp, old, adv, mask = _inputs([[1.3, 1.3, 1.3]], [1.0])
     ent = torch.tensor([[0.0, 0.0, 1.0]], dtype=torch.float64)
-    loss, _ = policy_loss("aspo", lp, old, adv, mask, token_entropy=ent)
+    loss, _ = policy_loss(
+        "aspo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, token_entropy=ent
+    )
     loss.backward()
     assert loss.item() == pytest.approx((-2 / 1.2 - 1 / 1.3) / 3, rel=1e-12)
     torch.testing.assert_close(lp.grad, _grad([[0, 0, -1 / 1.3 / 3]]))
@@ -373,10 +382,25 @@ def test_vanilla_delta_and_trl_masks():
     # are kept: (-1 - 1) / 4 = -0.5, gradient -1/4 on them.
     lp, old, adv, mask = _inputs([[1.0, 1.0, 1.0, 1.0]], [1.0])
     entropy = torch.tensor([[0.1, 0.4, 0.2, 0.3]], dtype=torch.float64)
-    loss, m = policy_loss("vanilla", lp, old, adv, mask, top_entropy_quantile=0.5, token_entropy=entropy)
+    loss, m = policy_loss(
+        "vanilla",
+        log_prob=lp,
+        old_log_prob=old,
+        advantages=adv,
+        response_mask=mask,
+        top_entropy_quantile=0.5,
+        token_entropy=entropy,
+    )
     loss.backward()
     assert loss.item() == pytest.approx(-0.5)
     torch.testing.assert_close(lp.grad, _grad([[0, -0.25, 0, -0.25]]))
     assert m["entropy_masked_fraction"] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="needs token_entropy"):
-        policy_loss("vanilla", lp, old, adv, mask, top_entropy_quantile=0.5)
+        policy_loss(
+            "vanilla",
+            log_prob=lp,
+            old_log_prob=old,
+            advantages=adv,
+            response_mask=mask,
+            top_entropy_quantile=0.5,
+        )

@@ -24,7 +24,9 @@ def _on_policy(rollout_ratios, adv=1.0):
 
 
 def _vanilla(lp, old, adv, mask, **kw):
-    loss, metrics = policy_loss("vanilla", lp, old, adv, mask, **kw)
+    loss, metrics = policy_loss(
+        "vanilla", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, **kw
+    )
     loss.backward()
     return loss.item(), lp.grad, metrics
 
@@ -91,7 +93,7 @@ def test_token_rejection_equals_the_loss_without_that_token(name):
     results = []
     for kw, m in (({"rollout_log_prob": rollout, "rollout_rs": "token"}, mask), ({}, kept)):
         lp = lp0.clone().requires_grad_()
-        loss, _ = policy_loss(name, lp, old, adv, m, **kw)
+        loss, _ = policy_loss(name, log_prob=lp, old_log_prob=old, advantages=adv, response_mask=m, **kw)
         (grad,) = torch.autograd.grad(loss, lp)
         results.append((loss.detach(), grad))
     # rtol 1e-9: GMPO/HolderPO take the geometric mean of the kept weights (all 1) as verl does, log(w + 1e-10)
@@ -109,7 +111,16 @@ def test_a_precomputed_zero_weight_keeps_its_token_and_kpo_observes_it():
     lp = (old + torch.tensor([[0.0, math.log(2.0), 0.0]], dtype=torch.float64)).requires_grad_()
     w = torch.tensor([[1.0, 0.0, 1.0]], dtype=torch.float64)
     adv, mask = torch.ones(1, dtype=torch.float64), torch.ones(1, 3, dtype=torch.bool)
-    loss, metrics = policy_loss("kpo_unclipped", lp, old, adv, mask, rollout_is_weights=w, q=1.0, v=1.0)
+    loss, metrics = policy_loss(
+        "kpo_unclipped",
+        log_prob=lp,
+        old_log_prob=old,
+        advantages=adv,
+        response_mask=mask,
+        rollout_is_weights=w,
+        q=1.0,
+        v=1.0,
+    )
     assert loss.item() == pytest.approx((-1 - 2 ** (3 / 13)) / 3, rel=1e-12)
     # d/d lp_t = -w_t exp(rho_t) / 3; none through the detached filter
     (grad,) = torch.autograd.grad(loss, lp)
@@ -164,7 +175,15 @@ def test_geo_rs_rejects_a_row_by_its_mean_log_ratio():
 def test_bad_rejection_settings_name_the_fix(kw, message):
     lp, old, adv, mask, rollout = _on_policy([1.0, 1.0])
     with pytest.raises(ValueError, match=message):
-        policy_loss("vanilla", lp, old, adv, mask, rollout_log_prob=rollout, **kw)
+        policy_loss(
+            "vanilla",
+            log_prob=lp,
+            old_log_prob=old,
+            advantages=adv,
+            response_mask=mask,
+            rollout_log_prob=rollout,
+            **kw,
+        )
 
 
 @pytest.mark.parametrize(
@@ -194,7 +213,15 @@ def test_bad_rejection_settings_name_the_fix(kw, message):
 def test_bounds_that_exclude_a_ratio_of_1_are_refused(kw, message):
     lp, old, adv, mask, rollout = _on_policy([1.0, 1.0])  # sampler and trainer agree
     with pytest.raises(ValueError, match=re.escape(message)):
-        policy_loss("vanilla", lp, old, adv, mask, rollout_log_prob=rollout, **kw)
+        policy_loss(
+            "vanilla",
+            log_prob=lp,
+            old_log_prob=old,
+            advantages=adv,
+            response_mask=mask,
+            rollout_log_prob=rollout,
+            **kw,
+        )
 
 
 def test_bounds_at_1_keep_every_on_policy_token_at_weight_1():
@@ -235,7 +262,15 @@ def test_bounds_at_1_keep_every_on_policy_token_at_weight_1():
 def test_a_bad_threshold_names_its_keyword(kw, message):
     lp, old, adv, mask, rollout = _on_policy([1.0, 1.0])
     with pytest.raises(ValueError, match=re.escape(message)):
-        policy_loss("vanilla", lp, old, adv, mask, rollout_log_prob=rollout, **kw)
+        policy_loss(
+            "vanilla",
+            log_prob=lp,
+            old_log_prob=old,
+            advantages=adv,
+            response_mask=mask,
+            rollout_log_prob=rollout,
+            **kw,
+        )
 
 
 def test_precomputed_weights_and_errors():
@@ -243,14 +278,37 @@ def test_precomputed_weights_and_errors():
     w = torch.tensor([[2.0, 0.5]], dtype=torch.float64)
     assert _vanilla(lp, old, adv, mask, rollout_is_weights=w)[0] == pytest.approx(-1.25)
     with pytest.raises(ValueError, match="not both"):
-        policy_loss("vanilla", lp, old, adv, mask, rollout_log_prob=rollout, rollout_is_weights=w)
+        policy_loss(
+            "vanilla",
+            log_prob=lp,
+            old_log_prob=old,
+            advantages=adv,
+            response_mask=mask,
+            rollout_log_prob=rollout,
+            rollout_is_weights=w,
+        )
     with pytest.raises(ValueError, match="need rollout_log_prob"):
-        policy_loss("vanilla", lp, old, adv, mask, rollout_is="token")
+        policy_loss(
+            "vanilla", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, rollout_is="token"
+        )
     with pytest.raises(ValueError, match="rollout_is must be one of"):
-        policy_loss("vanilla", lp, old, adv, mask, rollout_log_prob=rollout, rollout_is="tok")
+        policy_loss(
+            "vanilla",
+            log_prob=lp,
+            old_log_prob=old,
+            advantages=adv,
+            response_mask=mask,
+            rollout_log_prob=rollout,
+            rollout_is="tok",
+        )
     with pytest.raises(ValueError, match=r"rollout_is_weights is nan at row 0, position 1"):
         policy_loss(
-            "vanilla", lp, old, adv, mask, rollout_is_weights=torch.tensor([[1.0, math.nan]]).double()
+            "vanilla",
+            log_prob=lp,
+            old_log_prob=old,
+            advantages=adv,
+            response_mask=mask,
+            rollout_is_weights=torch.tensor([[1.0, math.nan]]).double(),
         )
 
 
@@ -261,7 +319,12 @@ def test_gmpo_and_holder_use_the_geometric_mean_of_row_weights():
     for name in ("gmpo", "holder"):
         for w, want in (([4.0, 1.0], -2.0), ([2.0, 0.5], -1.0)):
             loss, _ = policy_loss(
-                name, lp, old, adv, mask, rollout_is_weights=torch.tensor([w], dtype=torch.float64)
+                name,
+                log_prob=lp,
+                old_log_prob=old,
+                advantages=adv,
+                response_mask=mask,
+                rollout_is_weights=torch.tensor([w], dtype=torch.float64),
             )
             assert loss.item() == pytest.approx(want, rel=1e-9), (name, w)
 
@@ -272,12 +335,14 @@ def test_vespo_folds_weights_into_w():
     # weights [e^0.1, e^0.1] -> log W = 0.2 -> phi = exp(3 + 2*0.2 - 3 e^0.2) (A > 0: k=2, lambda=3).
     lp, old, adv, mask, _ = _on_policy([1.0, 1.0])
     w1 = torch.tensor([[2.0, 0.5]], dtype=torch.float64)
-    assert policy_loss("vespo", lp, old, adv, mask, rollout_is_weights=w1)[0].item() == pytest.approx(
-        -LOG_HALF
-    )
+    assert policy_loss(
+        "vespo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, rollout_is_weights=w1
+    )[0].item() == pytest.approx(-LOG_HALF)
     w2 = torch.full((1, 2), math.exp(0.1), dtype=torch.float64)
     phi = math.exp(3 + 0.4 - 3 * math.exp(0.2))
-    loss = policy_loss("vespo", lp, old, adv, mask, rollout_is_weights=w2)[0]
+    loss = policy_loss(
+        "vespo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, rollout_is_weights=w2
+    )[0]
     assert loss.item() == pytest.approx(-phi * LOG_HALF, rel=1e-12)
 
 
@@ -285,4 +350,6 @@ def test_kpo_weights_multiply_the_token_loss():
     # r = 1 -> filtered ratio 1, loss -A per token; weights [2, 0.5] -> row mean (-2 - 0.5) / 2.
     lp, old, adv, mask, _ = _on_policy([1.0, 1.0])
     w = torch.tensor([[2.0, 0.5]], dtype=torch.float64)
-    assert policy_loss("kpo", lp, old, adv, mask, rollout_is_weights=w)[0].item() == pytest.approx(-1.25)
+    assert policy_loss(
+        "kpo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, rollout_is_weights=w
+    )[0].item() == pytest.approx(-1.25)

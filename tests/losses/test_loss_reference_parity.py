@@ -26,7 +26,7 @@ def _batch(seed, B=5, T=7, scale=0.3, token_adv=False):
 
 def _check(name, ref_fn, seed=0, ref_kw=None, token_adv=False, scale=0.3, **hp):
     lp, old, adv, mask = _batch(seed, token_adv=token_adv, scale=scale)
-    loss, _ = policy_loss(name, lp, old, adv, mask, **hp)
+    loss, _ = policy_loss(name, log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, **hp)
     loss.backward()
     want_loss, want_grad = ref_fn(lp.detach(), old, adv, mask, **(ref_kw or {}))
     assert loss.item() == pytest.approx(want_loss, rel=1e-10, abs=1e-12)
@@ -98,7 +98,9 @@ def test_aspo(with_entropy):
     lp, old, adv, mask = _batch(6, scale=0.8)
     entropy = torch.rand(lp.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
     kw = {"token_entropy": entropy} if with_entropy else {}
-    loss, _ = policy_loss("aspo", lp, old, adv, mask, clip_ratio_c=1.8, **kw)
+    loss, _ = policy_loss(
+        "aspo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, clip_ratio_c=1.8, **kw
+    )
     loss.backward()
     want_loss, want_grad = ref.aspo(
         lp.detach(), old, adv, mask, entropy=entropy if with_entropy else None, c=1.8
@@ -258,7 +260,9 @@ def test_vanilla_delta_and_trl_masks():
         "top_entropy_quantile": 0.6,
         "token_entropy": entropy,
     }
-    loss, _ = policy_loss("vanilla", lp, old, adv, mask, clip_ratio_c=1.5, **hp)
+    loss, _ = policy_loss(
+        "vanilla", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, clip_ratio_c=1.5, **hp
+    )
     loss.backward()
     want_loss, want_grad = ref.vanilla(lp.detach(), old, adv, mask, c=1.5, cap=1.3, keep=keep)
     assert loss.item() == pytest.approx(want_loss, rel=1e-10, abs=1e-12)
@@ -274,7 +278,15 @@ def test_off_policy_mask_reads_rollout_log_prob_when_given():
     dropped = {}
     for source, extra in (("old", {}), ("rollout", {"rollout_log_prob": rollout})):
         keep = ref.off_policy_keep(lp.detach(), old, adv, mask, 0.02, rollout=extra.get("rollout_log_prob"))
-        _, metrics = policy_loss("sapo", lp, old, adv, mask, off_policy_mask_threshold=0.02, **extra)
+        _, metrics = policy_loss(
+            "sapo",
+            log_prob=lp,
+            old_log_prob=old,
+            advantages=adv,
+            response_mask=mask,
+            off_policy_mask_threshold=0.02,
+            **extra,
+        )
         want = sum(1 for b, row in enumerate(keep) for t, k in enumerate(row) if mask[b, t] and not k) / valid
         assert metrics["off_policy_masked_fraction"] == pytest.approx(want), source
         dropped[source] = want

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import pytest
@@ -55,10 +56,36 @@ def test_public_api_and_names():
     )
 
 
+def test_the_tensors_are_keyword_only_so_the_log_probs_cannot_be_swapped_by_position():
+    # verl's compute_policy_loss takes (old_log_prob, log_prob, ...): both are <= 0 [B, T] tensors, so a swap
+    # by position would pass every check. Positions are refused, in one line that shows the call.
+    lp, old, adv, mask = _batch()
+    call = (
+        r"policy_loss\('kpo', log_prob=\.\.\., old_log_prob=\.\.\., advantages=\.\.\., response_mask=\.\.\.\)"
+    )
+    for positional in ((old, lp, adv, mask), (lp,)):
+        with pytest.raises(TypeError, match=call) as err:
+            policy_loss("kpo", *positional)
+        assert "\n" not in str(err.value)
+    with pytest.raises(TypeError, match="response_mask"):
+        policy_loss("kpo", log_prob=lp, old_log_prob=old, advantages=adv)
+    assert list(inspect.signature(policy_loss).parameters)[:5] == [
+        "name",
+        "log_prob",
+        "old_log_prob",
+        "advantages",
+        "response_mask",
+    ]
+    assert all(
+        inspect.signature(policy_loss).parameters[k].kind is inspect.Parameter.KEYWORD_ONLY
+        for k in ("log_prob", "old_log_prob", "advantages", "response_mask")
+    )
+
+
 def test_unknown_name_lists_valid_names():
     lp, old, adv, mask = _batch()
     with pytest.raises(ValueError, match="unknown policy loss 'kpo2'.*gspo_token.*vanilla"):
-        policy_loss("kpo2", lp, old, adv, mask)
+        policy_loss("kpo2", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask)
 
 
 def test_unknown_hparam_lists_accepted_ones():
@@ -67,9 +94,13 @@ def test_unknown_hparam_lists_accepted_ones():
         ValueError,
         match=r"'kpo' does not accept 'clip_ratio_hgih'.*clip_ratio_high=None.*q=None, memory=None",
     ):
-        policy_loss("kpo", lp, old, adv, mask, clip_ratio_hgih=0.1)
+        policy_loss(
+            "kpo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, clip_ratio_hgih=0.1
+        )
     with pytest.raises(ValueError, match="'kpo_unclipped' does not accept 'clip_ratio'"):
-        policy_loss("kpo_unclipped", lp, old, adv, mask, clip_ratio=0.2)
+        policy_loss(
+            "kpo_unclipped", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, clip_ratio=0.2
+        )
 
 
 def test_duplicate_registration_is_an_error():
@@ -83,17 +114,32 @@ def test_duplicate_registration_is_an_error():
 def test_bad_hparam_values():
     lp, old, adv, mask = _batch()
     with pytest.raises(ValueError, match="clip_ratio_c.*> 1"):
-        policy_loss("vanilla", lp, old, adv, mask, clip_ratio_c=0.9)
+        policy_loss(
+            "vanilla", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, clip_ratio_c=0.9
+        )
     with pytest.raises(ValueError, match=r"q \(process noise\) must be > 0"):
-        policy_loss("kpo", lp, old, adv, mask, q=0.0)
+        policy_loss("kpo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, q=0.0)
     with pytest.raises(ValueError, match="mask_mode"):
-        policy_loss("kpo", lp, old, adv, mask, mask_mode="drop")
+        policy_loss(
+            "kpo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, mask_mode="drop"
+        )
     with pytest.raises(ValueError, match="ratio_mode"):
-        policy_loss("ctpo", lp, old, adv, mask, ratio_mode="sum")
+        policy_loss(
+            "ctpo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, ratio_mode="sum"
+        )
     with pytest.raises(ValueError, match="unknown loss_agg_mode|aggregates with"):
-        policy_loss("vanilla", lp, old, adv, mask, loss_agg_mode="mean")
+        policy_loss(
+            "vanilla", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, loss_agg_mode="mean"
+        )
     with pytest.raises(ValueError, match="'gmpo' aggregates with seq-mean"):
-        policy_loss("gmpo", lp, old, adv, mask, loss_agg_mode="token-mean")
+        policy_loss(
+            "gmpo",
+            log_prob=lp,
+            old_log_prob=old,
+            advantages=adv,
+            response_mask=mask,
+            loss_agg_mode="token-mean",
+        )
     # values that would otherwise slip through: NaN/inf or out-of-range hyperparameters of the soft and
     # position-adaptive losses (each would turn the loss into NaN, 0, or silently drop rows)
     bad = [
@@ -111,7 +157,7 @@ def test_bad_hparam_values():
     ]
     for name, kwargs, message in bad:
         with pytest.raises(ValueError, match=message):
-            policy_loss(name, lp, old, adv, mask, **kwargs)
+            policy_loss(name, log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, **kwargs)
 
 
 @pytest.mark.parametrize("name", ["gspo", "kpo"])
@@ -121,9 +167,23 @@ def test_half_precision_log_probs_are_computed_in_float32(name):
     old = -torch.rand(2, 64, generator=torch.Generator().manual_seed(0))
     lp = old.bfloat16().float().requires_grad_()  # values a bf16 model can output
     kw = {"q": 1.0} if name == "kpo" else {}  # kpo: the filtered ratio follows the token ratio closely
-    want, want_m = policy_loss(name, lp, lp.detach() - 0.002, torch.ones(2), torch.ones(2, 64), **kw)
+    want, want_m = policy_loss(
+        name,
+        log_prob=lp,
+        old_log_prob=lp.detach() - 0.002,
+        advantages=torch.ones(2),
+        response_mask=torch.ones(2, 64),
+        **kw,
+    )
     half = lp.detach().bfloat16().requires_grad_()
-    loss, m = policy_loss(name, half, lp.detach() - 0.002, torch.ones(2), torch.ones(2, 64), **kw)
+    loss, m = policy_loss(
+        name,
+        log_prob=half,
+        old_log_prob=lp.detach() - 0.002,
+        advantages=torch.ones(2),
+        response_mask=torch.ones(2, 64),
+        **kw,
+    )
     loss.backward()
     assert loss.dtype == torch.float32 and m["pg_clipfrac"] == want_m["pg_clipfrac"] == 1.0
     assert float(half.grad.abs().max()) == 0.0 and loss.item() == pytest.approx(want.item())
@@ -135,7 +195,13 @@ def test_fp16_log_ratios_above_11_stay_finite():
     old = torch.tensor([[-0.5, -0.5, -13.0, -0.5]], dtype=torch.float16)
     for name in ("vanilla", "aspo", "sapo"):
         lp.grad = None
-        loss, m = policy_loss(name, lp, old, torch.tensor([0.0]), torch.ones(1, 4))
+        loss, m = policy_loss(
+            name,
+            log_prob=lp,
+            old_log_prob=old,
+            advantages=torch.tensor([0.0]),
+            response_mask=torch.ones(1, 4),
+        )
         loss.backward()
         assert math.isfinite(loss.item()) and bool(torch.isfinite(lp.grad).all()), name
         assert math.isfinite(m["ratio_max"]), name
@@ -145,7 +211,7 @@ def test_advantages_get_no_gradient():
     lp, old, adv, mask = _batch()
     adv = adv.clone().requires_grad_()
     for name in ("vanilla", "kpo", "gmpo", "vespo"):
-        loss, _ = policy_loss(name, lp, old, adv, mask)
+        loss, _ = policy_loss(name, log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask)
         loss.backward()
         assert adv.grad is None, name
 
@@ -153,11 +219,22 @@ def test_advantages_get_no_gradient():
 def test_filter_grad_must_be_a_bool_and_an_empty_batch_is_named():
     lp, old, adv, mask = _batch()
     with pytest.raises(ValueError, match="filter_grad must be True or False, got 'false'"):
-        policy_loss("kpo_unclipped", lp, old, adv, mask, filter_grad="false")
+        policy_loss(
+            "kpo_unclipped",
+            log_prob=lp,
+            old_log_prob=old,
+            advantages=adv,
+            response_mask=mask,
+            filter_grad="false",
+        )
     with pytest.raises(ValueError, match=r"log_prob has shape \(0, 4\): an empty batch"):
-        policy_loss("vanilla", lp[:0], old[:0], adv[:0], mask[:0])
+        policy_loss(
+            "vanilla", log_prob=lp[:0], old_log_prob=old[:0], advantages=adv[:0], response_mask=mask[:0]
+        )
     with pytest.raises(ValueError, match=r"log_prob has shape \(3, 0\): an empty batch"):
-        policy_loss("gspo", lp[:, :0], old[:, :0], adv, mask[:, :0])
+        policy_loss(
+            "gspo", log_prob=lp[:, :0], old_log_prob=old[:, :0], advantages=adv, response_mask=mask[:, :0]
+        )
 
 
 def test_negative_importance_weights_are_rejected_where_they_are():
@@ -165,24 +242,35 @@ def test_negative_importance_weights_are_rejected_where_they_are():
     w = torch.ones_like(old)
     w[2, 3] = -0.5  # would flip the sign of that token's loss
     with pytest.raises(ValueError, match=r"rollout_is_weights is -0.5 \(< 0\) at row 2, position 3"):
-        policy_loss("vanilla", lp, old, adv, mask, rollout_is_weights=w)
+        policy_loss(
+            "vanilla", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, rollout_is_weights=w
+        )
     w[1, 3] = -1.0  # masked: never read
     w[2, 3] = 1.0
-    policy_loss("vanilla", lp, old, adv, mask, rollout_is_weights=w)
+    policy_loss(
+        "vanilla", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, rollout_is_weights=w
+    )
 
 
 def test_shape_errors_name_the_tensor():
     lp, old, adv, mask = _batch()
     with pytest.raises(ValueError, match=r"old_log_prob has shape \(3, 3\)"):
-        policy_loss("vanilla", lp, old[:, :3], adv, mask)
+        policy_loss("vanilla", log_prob=lp, old_log_prob=old[:, :3], advantages=adv, response_mask=mask)
     with pytest.raises(ValueError, match=r"advantages has shape \(2,\)"):
-        policy_loss("vanilla", lp, old, adv[:2], mask)
+        policy_loss("vanilla", log_prob=lp, old_log_prob=old, advantages=adv[:2], response_mask=mask)
     with pytest.raises(ValueError, match="log_prob must be a floating"):
-        policy_loss("vanilla", lp[0], old, adv, mask)
+        policy_loss("vanilla", log_prob=lp[0], old_log_prob=old, advantages=adv, response_mask=mask)
     with pytest.raises(ValueError, match=r"mask must hold only 0 and 1.*first 2.0 at index \(0, 0\)"):
-        policy_loss("vanilla", lp, old, adv, mask.double() * 2)
+        policy_loss("vanilla", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask.double() * 2)
     with pytest.raises(ValueError, match=r"rollout_log_prob has shape"):
-        policy_loss("vanilla", lp, old, adv, mask, rollout_log_prob=old[:2])
+        policy_loss(
+            "vanilla",
+            log_prob=lp,
+            old_log_prob=old,
+            advantages=adv,
+            response_mask=mask,
+            rollout_log_prob=old[:2],
+        )
 
 
 @pytest.mark.parametrize("field", ["old_log_prob", "rollout_log_prob"])
@@ -195,7 +283,14 @@ def test_integer_log_probs_are_refused_as_log_prob_is(field):
         ValueError,
         match=f"{field} must be a floating tensor of log-probabilities, as log_prob is; got torch.int64",
     ):
-        policy_loss("vanilla", lp, tensors.pop("old_log_prob"), adv, mask, **tensors)
+        policy_loss(
+            "vanilla",
+            log_prob=lp,
+            old_log_prob=tensors.pop("old_log_prob"),
+            advantages=adv,
+            response_mask=mask,
+            **tensors,
+        )
 
 
 @pytest.mark.parametrize("field", ["log_prob", "old_log_prob", "advantages"])
@@ -208,7 +303,13 @@ def test_non_finite_valid_entries_name_row_and_position(field):
     }
     tensors[field][2, 1] = math.nan
     with pytest.raises(ValueError, match=rf"{field} is nan at row 2, position 1"):
-        policy_loss("vanilla", tensors["log_prob"], tensors["old_log_prob"], tensors["advantages"], mask)
+        policy_loss(
+            "vanilla",
+            log_prob=tensors["log_prob"],
+            old_log_prob=tensors["old_log_prob"],
+            advantages=tensors["advantages"],
+            response_mask=mask,
+        )
 
 
 @pytest.mark.parametrize("field", ["log_prob", "old_log_prob", "rollout_log_prob"])
@@ -219,7 +320,14 @@ def test_a_log_prob_above_zero_names_row_and_position(field):
     tensors = {"log_prob": lp.clone(), "old_log_prob": old.clone(), "rollout_log_prob": old.clone()}
 
     def loss():
-        return policy_loss("vanilla", tensors["log_prob"], tensors["old_log_prob"], adv, mask, **extra)
+        return policy_loss(
+            "vanilla",
+            log_prob=tensors["log_prob"],
+            old_log_prob=tensors["old_log_prob"],
+            advantages=adv,
+            response_mask=mask,
+            **extra,
+        )
 
     extra = {"rollout_log_prob": tensors["rollout_log_prob"]}
     tensors[field][1, 3] = 5.0  # padding
@@ -241,7 +349,9 @@ def test_garbage_in_padding_is_ignored():
     lp_bad[1, 2:] = -math.inf
     lp_bad.requires_grad_()
     for name in ["vanilla", "gspo_token", "gmpo", "holder", "sapo", "cispo", "aspo", "ctpo", "vespo", "kpo"]:
-        loss, metrics = policy_loss(name, lp_bad, old, adv_t, mask)
+        loss, metrics = policy_loss(
+            name, log_prob=lp_bad, old_log_prob=old, advantages=adv_t, response_mask=mask
+        )
         loss.backward()
         assert math.isfinite(loss.item()) and all(math.isfinite(v) for v in metrics.values()), name
         assert torch.isfinite(lp_bad.grad).all() and (lp_bad.grad[1, 2:] == 0).all(), name
@@ -255,8 +365,10 @@ def test_empty_rows_contribute_nothing_and_never_nan(name):
     lp2 = torch.cat([lp.detach(), torch.zeros(1, 4, dtype=torch.float64)]).requires_grad_()
     old2 = torch.cat([old, torch.zeros(1, 4, dtype=torch.float64)])
     adv2 = torch.cat([adv, torch.tensor([5.0], dtype=torch.float64)])
-    loss, metrics = policy_loss(name, lp, old, adv, mask)
-    loss2, metrics2 = policy_loss(name, lp2, old2, adv2, mask_empty)
+    loss, metrics = policy_loss(name, log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask)
+    loss2, metrics2 = policy_loss(
+        name, log_prob=lp2, old_log_prob=old2, advantages=adv2, response_mask=mask_empty
+    )
     loss2.backward()
     assert loss2.item() == pytest.approx(loss.item(), rel=1e-12, abs=1e-15)
     assert torch.isfinite(lp2.grad).all() and (lp2.grad[3] == 0).all()
@@ -265,7 +377,7 @@ def test_empty_rows_contribute_nothing_and_never_nan(name):
     # statistic (mean/min/max of nothing), where a 0.0 would read as "every ratio collapsed to 0".
     none = torch.zeros_like(mask)
     lp3 = lp.detach().clone().requires_grad_()
-    loss3, metrics3 = policy_loss(name, lp3, old, adv, none)
+    loss3, metrics3 = policy_loss(name, log_prob=lp3, old_log_prob=old, advantages=adv, response_mask=none)
     loss3.backward()
     assert loss3.item() == 0.0 and (lp3.grad == 0).all()
     assert metrics3 == {"pg_loss": 0.0, "pg_clipfrac": 0.0, "pg_clipfrac_lower": 0.0, "ppo_kl": 0.0}
@@ -275,11 +387,15 @@ def test_empty_rows_contribute_nothing_and_never_nan(name):
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_float32_and_0_1_mask_and_advantage_shapes(name):
     lp, old, adv, mask = _batch()
-    ref, _ = policy_loss(name, lp, old, adv, mask)
+    ref, _ = policy_loss(name, log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask)
     for a in (adv[:, None], adv[:, None].expand(3, 4)):
-        assert policy_loss(name, lp, old, a, mask.long())[0].item() == pytest.approx(ref.item(), rel=1e-12)
+        assert policy_loss(name, log_prob=lp, old_log_prob=old, advantages=a, response_mask=mask.long())[
+            0
+        ].item() == pytest.approx(ref.item(), rel=1e-12)
     lp32 = lp.detach().float().requires_grad_()
-    loss32, metrics32 = policy_loss(name, lp32, old.float(), adv.float(), mask)
+    loss32, metrics32 = policy_loss(
+        name, log_prob=lp32, old_log_prob=old.float(), advantages=adv.float(), response_mask=mask
+    )
     loss32.backward()
     assert loss32.dtype == torch.float32 and torch.isfinite(lp32.grad).all()
     assert loss32.item() == pytest.approx(ref.item(), rel=1e-4, abs=1e-6)

@@ -105,10 +105,10 @@ def _both(trainer, inputs, trl_settings, name, mode, **kpo_kw):
         kpo_kw["token_entropy"] = entropy
     loss, metrics = policy_loss(
         name,
-        lp,
-        inputs["old_per_token_logps"],
-        inputs["advantages"],
-        inputs["completion_mask"],
+        log_prob=lp,
+        old_log_prob=inputs["old_per_token_logps"],
+        advantages=inputs["advantages"],
+        response_mask=inputs["completion_mask"],
         loss_agg_mode=mode,
         **kpo_kw,
     )

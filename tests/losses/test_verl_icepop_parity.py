@@ -102,9 +102,24 @@ def test_kpo_filter_observes_zero_weight_tokens(name):
     # is the loss with weight 1 on t and 0 on every other token (skipping the zeros would filter t alone).
     lp, old, adv, mask, w = _icepop_batch(4)
     hp = {"q": 1e-2}
-    _, plain = policy_loss(name, lp, old, adv, mask, loss_agg_mode="token-sum", **hp)
+    _, plain = policy_loss(
+        name,
+        log_prob=lp,
+        old_log_prob=old,
+        advantages=adv,
+        response_mask=mask,
+        loss_agg_mode="token-sum",
+        **hp,
+    )
     weighted_loss, weighted = policy_loss(
-        name, lp, old, adv, mask, loss_agg_mode="token-sum", rollout_is_weights=w, **hp
+        name,
+        log_prob=lp,
+        old_log_prob=old,
+        advantages=adv,
+        response_mask=mask,
+        loss_agg_mode="token-sum",
+        rollout_is_weights=w,
+        **hp,
     )
     for key in ("filtered_ratio_mean", "filtered_ratio_min", "filtered_ratio_max", "ratio_mean", "ppo_kl"):
         assert weighted[key] == plain[key], key
@@ -113,6 +128,13 @@ def test_kpo_filter_observes_zero_weight_tokens(name):
         one = torch.zeros_like(lp)
         one[b, t] = 1.0
         per_token[b, t] = policy_loss(
-            name, lp, old, adv, mask, loss_agg_mode="token-sum", rollout_is_weights=one, **hp
+            name,
+            log_prob=lp,
+            old_log_prob=old,
+            advantages=adv,
+            response_mask=mask,
+            loss_agg_mode="token-sum",
+            rollout_is_weights=one,
+            **hp,
         )[0]
     torch.testing.assert_close(weighted_loss, (per_token * w).sum(), rtol=1e-12, atol=1e-14)

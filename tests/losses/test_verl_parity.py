@@ -63,7 +63,14 @@ def _verl(name, lp, old, adv, mask, mode, config, weights):
 def _kpo(name, lp, old, adv, mask, mode, weights, **kw):
     leaf = lp.clone().requires_grad_()
     loss, metrics = policy_loss(
-        name, leaf, old, adv, mask, loss_agg_mode=mode, rollout_is_weights=weights, **kw
+        name,
+        log_prob=leaf,
+        old_log_prob=old,
+        advantages=adv,
+        response_mask=mask,
+        loss_agg_mode=mode,
+        rollout_is_weights=weights,
+        **kw,
     )
     loss.backward()
     return loss.item(), leaf.grad, metrics

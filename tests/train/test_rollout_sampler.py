@@ -95,8 +95,9 @@ def test_token_tis_multiplies_the_loss_by_min_of_trainer_over_sampler_and_thresh
     _, calls = runs
     assert calls
     truncated = 0
-    for args, kwargs, loss in calls:
-        log_prob, old, adv, mask = args[1:5]
+    tensors = ("log_prob", "old_log_prob", "advantages", "response_mask")
+    for _, kwargs, loss in calls:
+        log_prob, old, adv, mask = (kwargs[k] for k in tensors)
         rollout = kwargs["rollout_log_prob"]
         assert kwargs["rollout_is"] == "token" and kwargs["rollout_is_threshold"] == TIS_THRESHOLD
         # verl's TIS weight per token, by hand: min(pi_trainer / pi_sampler, threshold)
@@ -105,10 +106,16 @@ def test_token_tis_multiplies_the_loss_by_min_of_trainer_over_sampler_and_thresh
         plain = {
             k: v
             for k, v in kwargs.items()
-            if k not in ("rollout_log_prob", "rollout_is", "rollout_is_threshold")
+            if k not in ("rollout_log_prob", "rollout_is", "rollout_is_threshold", *tensors)
         }
         expected, _ = policy_loss(
-            "vanilla", log_prob.detach(), old, adv, mask, rollout_is_weights=weights, **plain
+            "vanilla",
+            log_prob=log_prob.detach(),
+            old_log_prob=old,
+            advantages=adv,
+            response_mask=mask,
+            rollout_is_weights=weights,
+            **plain,
         )
         torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-7)
     assert truncated > 0

@@ -12,10 +12,11 @@ the same method). Each registered function takes verl's call
 
     fn(old_log_prob=, log_prob=, advantages=, response_mask=, loss_agg_mode=, config=, rollout_is_weights=)
 
-and returns exactly ``kpo.policy_loss(name, log_prob, old_log_prob, advantages, response_mask, ...)``:
+and returns exactly ``kpo.policy_loss(name, log_prob=, old_log_prob=, advantages=, response_mask=, ...)``:
 
-- hyperparameters come from the actor config (``KPOActorConfig`` fields plus verl's own ``clip_ratio``,
-  ``clip_ratio_low``, ``clip_ratio_high``, ``clip_ratio_c``); a field left at None means the loss's own default.
+- hyperparameters come from the actor config (``KPOActorConfig`` fields, one per keyword of the registered losses,
+  plus verl's own ``clip_ratio``, ``clip_ratio_low``, ``clip_ratio_high``, ``clip_ratio_c``); a field left at None
+  means the loss's own default.
 - ``config.global_batch_info`` (set by verl's ``ppo_loss`` per micro-batch) maps onto kpo's global counts:
   ``batch_num_tokens`` -> ``global_num_tokens``, ``global_batch_size`` -> ``global_num_seqs``, ``dp_size``,
   ``loss_scale_factor``; so micro-batch losses sum to the mini-batch loss, as verl's own losses do.
@@ -57,9 +58,11 @@ rollout log-probs either, so ``luspo``'s ``off_policy_mask_threshold`` measures 
 
 from __future__ import annotations
 
+import types
+import typing
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import field, fields, make_dataclass
 from typing import Any
 
 import torch
@@ -78,7 +81,9 @@ __all__ = [
     "REGISTERED",
     "VERL_EQUIVALENTS",
     "VERL_LOSSES",
+    "VERL_OWNED",
     "RatioDumps",
+    "loss_config_fields",
     "loss_hparams",
     "register_with_verl",
     "tolerate_trl_1",
@@ -114,6 +119,8 @@ GLOBAL_BATCH_INFO_KEYS = {
     "dp_size": "dp_size",
     "loss_scale_factor": "loss_scale_factor",
 }
+# Hyperparameters verl's own actor config holds (FSDPActorConfig fields, verl's defaults): read from there.
+VERL_OWNED = ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c")
 # kpo hyperparameter -> actor-config field, where the bare name would be ambiguous in verl's actor config.
 _CONFIG_FIELD = {"p": "holder_p"}
 # KPOActorConfig fields that are no loss hyperparameter: the ratio dumps (RatioDumps).
@@ -193,10 +200,10 @@ def verl_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, f
             kwargs["rollout_is_weights"] = rollout_is_weights
         loss, metrics = policy_loss(
             name,
-            log_prob,
-            old_log_prob,
-            advantages,
-            response_mask,
+            log_prob=log_prob,
+            old_log_prob=old_log_prob,
+            advantages=advantages,
+            response_mask=response_mask,
             loss_agg_mode=_agg_mode(name, loss_agg_mode),
             **kwargs,
         )
@@ -330,163 +337,148 @@ def register_with_verl(names: tuple[str, ...] = VERL_LOSSES) -> tuple[str, ...]:
     return tuple(added)
 
 
-@dataclass
-class KPOActorConfig(FSDPActorConfig):
-    """verl's FSDP actor config plus the hyperparameters of kpo's losses.
+def _field_type(annotations: list[Any]) -> Any:
+    """The type of an actor-config field whose losses annotate it ``annotations``: ``T | None`` where each is
+    ``T`` or ``T | None`` for one plain type T (what OmegaConf types), else ``Any`` (memory's
+    ``float | str | None``, or losses that disagree)."""
+    plain = set()
+    for annotation in annotations:
+        union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        plain |= set(typing.get_args(annotation)) - {type(None)} if union else {annotation}
+    kind = plain.pop() if len(plain) == 1 else None
+    return kind | None if kind in (bool, int, float, str) else Any
 
-    Select it with ``actor_rollout_ref.actor._target_=kpo.integrations.verl.KPOActorConfig`` and set a field with
-    ``+actor_rollout_ref.actor.<field>=<value>``. Every field defaults to None = the chosen loss's own (paper)
-    default; clip ranges are verl's ``clip_ratio_low``/``clip_ratio_high``/``clip_ratio_c`` (verl defaults them
-    to 0.2/0.2/3.0, so set them for KPO: 3e-4/4e-4). Fields are validated up front, on the driver, by the same
-    checks the loss runs: a field the selected ``policy_loss.loss_mode`` does not use is an error.
 
-    KPO (``kpo``, ``kpo_unclipped``; docs/methods.md section K):
-        q: process-noise variance Q of the log-ratio random walk (kpo 1e-6, kpo_unclipped 1e-4); larger = the
-            filter follows the raw token log-ratio more closely.
-        memory: the filter's memory in tokens, which sets q instead (``kpo.filter.memory``; give q or memory), or
-            "auto": one q per optimizer step, fitted by maximum likelihood to the whole previous step's
-            log-ratios over every micro-batch and rank (``kpo.filter.fit.StepFit``; the variant's paper q until
-            a step identifies q), reported as ``actor/kpo/q``, ``actor/kpo/memory_tokens``,
-            ``actor/kpo/q_low``/``q_high`` (its 95% likelihood interval) and ``actor/kpo/q_stale``.
-        q_min, q_max: with memory="auto", the bounds of the fitted q (1e-8, 100).
-        v: observation-noise variance V (1.0); only Q/V matters for the gains when p0 = 0.
-        p0: prior variance of the filter state before the first token (0.0, the authors' choice).
-        x0: prior mean of the filtered log-ratio (0.0 = "on-policy").
-        mask_mode: what a masked token inside a response does to the filter: "skip" (default: nothing),
-            "advance" (a time step without observation), "zero" (observed as 0, the authors' code).
-        filter_grad: let the gradient flow through the filter (False: the paper's stop-gradient construction).
-    HolderPO (``holder``):
-        holder_p: power p of the Holder mean of token ratios (1.0 = arithmetic, 0 = geometric, -1 = harmonic).
-    CTPO (``ctpo``; docs/methods.md section 7):
-        la_clip_low: c_l of the position-adaptive lower log bound -c_l * t^power (0.025).
-        la_clip_high: c_h of the upper log bound c_h * t^power (0.05).
-        la_clip_c: c_c of the dual-clip threshold exp(c_c * t^power) for negative advantages (0.05).
-        clip_ratio_la_power: the exponent "power" of t (0.5).
-        ratio_mode: "cumprod" (prefix product of token ratios) or "geomean" (its per-token geometric mean).
-    VESPO (``vespo``; docs/methods.md section 9):
-        k_pos, lambda_pos: kernel W^k e^(lambda (1 - W)) for advantages >= 0 (2.0, 3.0).
-        k_neg, lambda_neg: the same for advantages < 0 (3.0, 2.0).
-    LUSPO (``luspo``; TRL's loss): verl's clip_ratio_low/high are its sequence-ratio bounds, and
-        delta: TRL's two-sided clip, the unclipped sequence ratio capped at delta (None: no cap).
-        off_policy_mask_threshold: TRL's off-policy sequence mask (None: off).
-    MinPRO (``minpro``): verl's clip_ratio_low/high bound the prefix-minimum weight (kpo 0.2/0.28).
-    CPPO (``cppo``, Binary-TV):
-        cppo_delta: token-level TV threshold delta (0.15).
-        cppo_w_min: position-weight floor w_min (0.8).
-        cppo_delta_b: prefix-average budget delta_b (0.015).
-        cppo_budget_quantile: q of the per-row budget clamp(quantile_q(D), delta_b, 2 delta_b) (None: fixed).
-    Ratio dumps (any of kpo's losses; :class:`RatioDumps`, read by ``kpo analyze``):
-        dump_ratios_every: every N optimizer steps, each rank writes the step's raw and filtered token ratios.
-        dump_ratios_dir: the folder they go to (``step_{N:06d}-rank{R}.safetensors``).
-        dump_ratios_start: optimizer steps done before this process started (a resumed run's), 0 by default.
-    ASPO (``aspo``; docs/methods.md section 6):
-        high_entropy_clip_ratio_low, high_entropy_clip_ratio_high: clip range of the high-entropy tokens (0.4,
-            0.4). verl does not pass token entropy to the loss, so in verl every token uses the low-entropy
-            range (clip_ratio_low/high) and these two have no effect.
-        entropy_quantile: per-row entropy quantile separating low from high entropy (0.8); no effect in verl.
+def loss_config_fields(names: tuple[str, ...] = VERL_LOSSES) -> list[tuple[str, Any, Any]]:
+    """``KPOActorConfig``'s loss fields, read from the loss registry: one per hyperparameter of the kpo losses
+    ``names`` (in registry order, under its ``_config_field`` name), typed from the losses' annotations and
+    defaulting to None (= the loss's own default). Left out: the hyperparameters verl's actor config already
+    holds (``VERL_OWNED``) and those verl's loss call cannot supply (``_NOT_FROM_CONFIG``).
+
+    A hyperparameter whose field name is also a field of verl's actor config (other than ``VERL_OWNED``) is a
+    TypeError: verl's value would silently reach the loss; give it another field name in ``_CONFIG_FIELD``.
     """
-
-    q: float | None = None
-    memory: Any = None  # tokens (a number) or "auto"
-    q_min: float | None = None
-    q_max: float | None = None
-    v: float | None = None
-    p0: float | None = None
-    x0: float | None = None
-    mask_mode: str | None = None
-    filter_grad: bool | None = None
-    holder_p: float | None = None
-    la_clip_low: float | None = None
-    la_clip_high: float | None = None
-    la_clip_c: float | None = None
-    clip_ratio_la_power: float | None = None
-    ratio_mode: str | None = None
-    k_pos: float | None = None
-    lambda_pos: float | None = None
-    k_neg: float | None = None
-    lambda_neg: float | None = None
-    high_entropy_clip_ratio_low: float | None = None
-    high_entropy_clip_ratio_high: float | None = None
-    entropy_quantile: float | None = None
-    delta: float | None = None
-    off_policy_mask_threshold: float | None = None
-    cppo_delta: float | None = None
-    cppo_w_min: float | None = None
-    cppo_delta_b: float | None = None
-    cppo_budget_quantile: float | None = None
-    dump_ratios_every: int | None = None
-    dump_ratios_dir: str | None = None
-    dump_ratios_start: int | None = None
-
-    def __post_init__(self):
-        super().__post_init__()
-        loss_mode = self.policy_loss.get("loss_mode", "vanilla")
-        self._check_dumps(loss_mode)
-        own = {f.name for f in fields(KPOActorConfig)} - {f.name for f in fields(FSDPActorConfig)} - set(DUMP_FIELDS)
-        set_fields = sorted(k for k in own if getattr(self, k) is not None)
-        if loss_mode not in VERL_LOSSES:
-            if set_fields:
-                raise ValueError(
-                    f"actor_rollout_ref.actor: {', '.join(set_fields)} are kpo loss settings but "
-                    f"policy_loss.loss_mode={loss_mode!r} is verl's own loss, which ignores them; pick one of "
-                    f"{', '.join(VERL_LOSSES)} or drop them"
-                )
-            return
-        accepted = {_config_field(h) for h in get_loss_spec(loss_mode).hparams} & own
-        unused = [k for k in set_fields if k not in accepted]
-        if unused:
-            raise ValueError(
-                f"actor_rollout_ref.actor: loss_mode={loss_mode!r} does not use {', '.join(unused)}; "
-                f"its kpo settings are {', '.join(sorted(accepted)) or '(none)'}"
-            )
-        # The loss's own checks, on a one-token batch, so a bad value fails at config time, not in a worker.
-        one = torch.zeros(1, 1, dtype=torch.float64)
-        try:
-            policy_loss(
-                loss_mode,
-                one,
-                one,
-                one[:, 0],
-                torch.ones(1, 1, dtype=torch.bool),
-                loss_agg_mode=_agg_mode(loss_mode, self.loss_agg_mode),
-                **loss_hparams(loss_mode, self),
-            )
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"actor_rollout_ref.actor (loss_mode={loss_mode!r}): {err}") from err
-        hp = loss_hparams(loss_mode, self)
-        clip = resolve_clip(
-            hp.get("clip_ratio"), hp.get("clip_ratio_low"), hp.get("clip_ratio_high"), 3e-4, 4e-4
+    annotations: dict[str, list[Any]] = {}
+    for name in names:
+        spec = get_loss_spec(name)
+        hints = typing.get_type_hints(spec.fn)
+        for hparam in spec.hparams:
+            if hparam not in _NOT_FROM_CONFIG and hparam not in VERL_OWNED:
+                annotations.setdefault(_config_field(hparam), []).append(hints.get(hparam, Any))
+    taken = sorted(set(annotations) & {f.name for f in fields(FSDPActorConfig)})
+    if taken:
+        raise TypeError(
+            f"kpo loss hyperparameters {taken} are named like fields of verl's actor config; map them to other "
+            "field names in kpo.integrations.verl._CONFIG_FIELD"
         )
-        if loss_mode == "kpo" and clip == (0.2, 0.2):
-            # verl's PPO defaults are 700x wider than KPO's: with them the filtered ratio is almost never clipped
-            warnings.warn(
-                "actor_rollout_ref.actor: loss_mode='kpo' runs with clip_ratio_low/high = 0.2/0.2, verl's PPO "
-                "defaults; the paper's KPO uses 3e-4/4e-4 (set actor_rollout_ref.actor.clip_ratio_low=3e-4 "
-                "and clip_ratio_high=4e-4, or keep 0.2 on purpose)",
-                stacklevel=2,
-            )
+    return [(key, _field_type(types_), field(default=None)) for key, types_ in annotations.items()]
 
 
-    def _check_dumps(self, loss_mode: str) -> None:
-        """The ratio-dump fields: a period >= 1 with a folder, for one of kpo's losses (verl's own losses do not
-        run kpo's code, so nothing would be dumped)."""
-        given = [k for k in DUMP_FIELDS if getattr(self, k) is not None]
-        if not given:
-            return
-        where = "actor_rollout_ref.actor"
-        if loss_mode not in VERL_LOSSES:
+def _post_init(self) -> None:
+    """verl's checks, then kpo's: the ratio-dump fields, the loss fields the selected loss uses, and their values
+    through the loss's own checks, on the driver, before Ray starts."""
+    FSDPActorConfig.__post_init__(self)
+    loss_mode = self.policy_loss.get("loss_mode", "vanilla")
+    _check_dumps(self, loss_mode)
+    own = {f.name for f in fields(self)} - {f.name for f in fields(FSDPActorConfig)} - set(DUMP_FIELDS)
+    set_fields = sorted(k for k in own if getattr(self, k) is not None)
+    if loss_mode not in VERL_LOSSES:
+        if set_fields:
             raise ValueError(
-                f"{where}: {', '.join(given)} dump kpo's loss inputs, but policy_loss.loss_mode={loss_mode!r} is "
-                f"verl's own loss; use one of {', '.join(VERL_LOSSES)} or drop them"
+                f"actor_rollout_ref.actor: {', '.join(set_fields)} are kpo loss settings but "
+                f"policy_loss.loss_mode={loss_mode!r} is verl's own loss, which ignores them; pick one of "
+                f"{', '.join(VERL_LOSSES)} or drop them"
             )
-        every, start = self.dump_ratios_every, self.dump_ratios_start
-        if not isinstance(every, int) or isinstance(every, bool) or every < 1 or not self.dump_ratios_dir:
-            raise ValueError(
-                f"{where}: set dump_ratios_every to an integer >= 1 (optimizer steps) and dump_ratios_dir to a "
-                f"folder, together (got {every!r} and {self.dump_ratios_dir!r})"
-            )
-        if start is not None and (not isinstance(start, int) or isinstance(start, bool) or start < 0):
-            raise ValueError(f"{where}: dump_ratios_start={start!r}: give the optimizer steps done, an integer >= 0")
+        return
+    accepted = {_config_field(h) for h in get_loss_spec(loss_mode).hparams} & own
+    unused = [k for k in set_fields if k not in accepted]
+    if unused:
+        raise ValueError(
+            f"actor_rollout_ref.actor: loss_mode={loss_mode!r} does not use {', '.join(unused)}; "
+            f"its kpo settings are {', '.join(sorted(accepted)) or '(none)'}"
+        )
+    # The loss's own checks, on a one-token batch, so a bad value fails at config time, not in a worker.
+    one = torch.zeros(1, 1, dtype=torch.float64)
+    try:
+        policy_loss(
+            loss_mode,
+            log_prob=one,
+            old_log_prob=one,
+            advantages=one[:, 0],
+            response_mask=torch.ones(1, 1, dtype=torch.bool),
+            loss_agg_mode=_agg_mode(loss_mode, self.loss_agg_mode),
+            **loss_hparams(loss_mode, self),
+        )
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"actor_rollout_ref.actor (loss_mode={loss_mode!r}): {err}") from err
+    hp = loss_hparams(loss_mode, self)
+    clip = resolve_clip(hp.get("clip_ratio"), hp.get("clip_ratio_low"), hp.get("clip_ratio_high"), 3e-4, 4e-4)
+    if loss_mode == "kpo" and clip == (0.2, 0.2):
+        # verl's PPO defaults are 700x wider than KPO's: with them the filtered ratio is almost never clipped
+        warnings.warn(
+            "actor_rollout_ref.actor: loss_mode='kpo' runs with clip_ratio_low/high = 0.2/0.2, verl's PPO "
+            "defaults; the paper's KPO uses 3e-4/4e-4 (set actor_rollout_ref.actor.clip_ratio_low=3e-4 "
+            "and clip_ratio_high=4e-4, or keep 0.2 on purpose)",
+            stacklevel=2,
+        )
+
+
+def _check_dumps(config, loss_mode: str) -> None:
+    """The ratio-dump fields: a period >= 1 with a folder, for one of kpo's losses (verl's own losses do not run
+    kpo's code, so nothing would be dumped)."""
+    given = [k for k in DUMP_FIELDS if getattr(config, k) is not None]
+    if not given:
+        return
+    where = "actor_rollout_ref.actor"
+    if loss_mode not in VERL_LOSSES:
+        raise ValueError(
+            f"{where}: {', '.join(given)} dump kpo's loss inputs, but policy_loss.loss_mode={loss_mode!r} is "
+            f"verl's own loss; use one of {', '.join(VERL_LOSSES)} or drop them"
+        )
+    every, start = config.dump_ratios_every, config.dump_ratios_start
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1 or not config.dump_ratios_dir:
+        raise ValueError(
+            f"{where}: set dump_ratios_every to an integer >= 1 (optimizer steps) and dump_ratios_dir to a "
+            f"folder, together (got {every!r} and {config.dump_ratios_dir!r})"
+        )
+    if start is not None and (not isinstance(start, int) or isinstance(start, bool) or start < 0):
+        raise ValueError(f"{where}: dump_ratios_start={start!r}: give the optimizer steps done, an integer >= 0")
+
+
+_ACTOR_DOC = """verl's FSDP actor config plus the hyperparameters of kpo's losses.
+
+Select it with ``actor_rollout_ref.actor._target_=kpo.integrations.verl.KPOActorConfig`` and set a field with
+``+actor_rollout_ref.actor.<field>=<value>``. Its loss fields are built from the loss registry
+(:func:`loss_config_fields`): every keyword of every loss in ``VERL_LOSSES`` is a field under the keyword's own
+name (HolderPO's ``p`` is ``holder_p``), so a keyword added to a loss is a field here with no edit to this
+module. What each means, and its paper default: the loss function's docstring (``get_loss_spec(name).fn``) and
+docs/methods.md. Every field defaults to None = the chosen loss's own default. The clip ranges are verl's own
+``clip_ratio``, ``clip_ratio_low``, ``clip_ratio_high``, ``clip_ratio_c`` (``VERL_OWNED``; verl defaults them to
+0.2/0.2/3.0, so set them for KPO: 3e-4/4e-4). Fields are validated up front, on the driver, by the same checks
+the loss runs: a field the selected ``policy_loss.loss_mode`` does not use is an error.
+
+In verl: KPO's ``memory="auto"`` fits one q per optimizer step over every micro-batch and rank (the module
+docstring); ASPO's high-entropy clip range and ``entropy_quantile`` have no effect (verl passes no token entropy
+to the loss, so every token uses ``clip_ratio_low``/``clip_ratio_high``); LUSPO's ``off_policy_mask_threshold``
+measures the drift from ``old_log_prob``.
+
+Ratio dumps (any of kpo's losses; :class:`RatioDumps`, read by ``kpo analyze``): ``dump_ratios_every`` (every N
+optimizer steps each rank writes the step's raw and filtered token ratios), ``dump_ratios_dir`` (the folder,
+``step_{N:06d}-rank{R}.safetensors``), ``dump_ratios_start`` (optimizer steps done before this process started,
+a resumed run's; 0 by default).
+"""
+
+KPOActorConfig = make_dataclass(
+    "KPOActorConfig",
+    [
+        *loss_config_fields(),
+        ("dump_ratios_every", int | None, field(default=None)),
+        ("dump_ratios_dir", str | None, field(default=None)),
+        ("dump_ratios_start", int | None, field(default=None)),
+    ],
+    bases=(FSDPActorConfig,),
+    namespace={"__post_init__": _post_init, "__doc__": _ACTOR_DOC, "__module__": __name__},
+)
 
 
 def trl_has_value_head_model() -> bool:

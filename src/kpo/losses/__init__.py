@@ -1,9 +1,13 @@
 """Policy losses: one registry, one entry point, verl-compatible semantics (formulas: docs/methods.md).
 
->>> loss, metrics = policy_loss("kpo", log_prob, old_log_prob, advantages, mask)
+>>> loss, metrics = policy_loss(
+...     "kpo", log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages, response_mask=mask
+... )
 
-Shapes: ``log_prob``, ``old_log_prob``, ``mask`` and optional ``rollout_log_prob``/``rollout_is_weights`` are
-[B, T], right-padded; ``mask`` is bool or 0/1; ``advantages`` is [B], [B, 1] or [B, T]. ``log_prob`` carries the
+The tensors are keyword-only, under verl's names: verl's ``compute_policy_loss`` takes ``old_log_prob`` first,
+and a swap of two <= 0 [B, T] tensors would pass every check (docs/losses.md). Shapes: ``log_prob``,
+``old_log_prob``, ``response_mask`` and optional ``rollout_log_prob``/``rollout_is_weights`` are [B, T],
+right-padded; ``response_mask`` is bool or 0/1; ``advantages`` is [B], [B, 1] or [B, T]. ``log_prob`` carries the
 gradient. Each loss is a function ``fn(batch: LossBatch, *, hparam=default, ...) -> LossTerms`` registered with
 ``register_loss``; its keyword defaults are the method's paper defaults and the only hyperparameters it accepts.
 
@@ -40,6 +44,8 @@ that define it.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -78,7 +84,12 @@ def _first_bad(
 
 
 def _validate(log_prob, old_log_prob, advantages, mask, rollout_log_prob, rollout_is_weights):
-    tensors = {"log_prob": log_prob, "old_log_prob": old_log_prob, "advantages": advantages, "mask": mask}
+    tensors = {
+        "log_prob": log_prob,
+        "old_log_prob": old_log_prob,
+        "advantages": advantages,
+        "response_mask": mask,
+    }
     tensors |= {"rollout_log_prob": rollout_log_prob, "rollout_is_weights": rollout_is_weights}
     for key, t in tensors.items():
         if t is not None and not isinstance(t, torch.Tensor):
@@ -89,7 +100,7 @@ def _validate(log_prob, old_log_prob, advantages, mask, rollout_log_prob, rollou
             f"dtype {log_prob.dtype}"
         )
     shape = tuple(log_prob.shape)
-    for key in ("old_log_prob", "mask", "rollout_log_prob", "rollout_is_weights"):
+    for key in ("old_log_prob", "response_mask", "rollout_log_prob", "rollout_is_weights"):
         t = tensors[key]
         if t is not None and tuple(t.shape) != shape:
             raise ValueError(
@@ -137,19 +148,36 @@ def _validate(log_prob, old_log_prob, advantages, mask, rollout_log_prob, rollou
     )
 
 
+def _tensors_by_keyword(fn):
+    """``fn(name, *, ...)`` refusing positional tensors with a TypeError that shows the call."""
+
+    @functools.wraps(fn)
+    def call(name, *positional, **kwargs):
+        if positional:
+            raise TypeError(
+                f"policy_loss takes its tensors by keyword (verl's compute_policy_loss takes old_log_prob first): "
+                f"policy_loss({name!r}, log_prob=..., old_log_prob=..., advantages=..., response_mask=...)"
+            )
+        return fn(name, **kwargs)
+
+    return call
+
+
+@_tensors_by_keyword
 def policy_loss(
     name: str,
+    *,
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,
     advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
+    response_mask: torch.Tensor,
     loss_agg_mode: str | None = None,
     rollout_log_prob: torch.Tensor | None = None,
     **hparams,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Policy loss ``name`` (see ``list_losses()``) and its metrics; a loss to minimize.
 
+    log_prob, old_log_prob, advantages, response_mask: the batch, by keyword only (the module docstring says why).
     loss_agg_mode: None = the method's default; the modes of ``kpo.losses.aggregation`` (sequence-level losses
     use ``"seq-mean"``; SAPO allows only ``"seq-mean-token-mean"``, as verl forces).
     rollout_log_prob: [B, T] log-probs of the rollout engine; enables TIS/MIS (``kpo.losses.mismatch``).
@@ -175,7 +203,7 @@ def policy_loss(
     global_kw = {k: shared[k] for k in GLOBAL_BATCH_KEYS if k in shared}
     mismatch_kw = {k: shared[k] for k in MISMATCH_KEYS if k in shared}
     weights = shared.get("rollout_is_weights")
-    lp, olp, adv, m = _validate(log_prob, old_log_prob, advantages, mask, rollout_log_prob, weights)
+    lp, olp, adv, m = _validate(log_prob, old_log_prob, advantages, response_mask, rollout_log_prob, weights)
 
     metrics: dict[str, torch.Tensor | float] = {}
     if rollout_log_prob is not None:

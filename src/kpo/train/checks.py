@@ -429,10 +429,10 @@ def loss_errors(config) -> list[str]:
     try:
         policy_loss(
             config.loss,
-            lp,
-            lp,
-            torch.tensor([1.0, -1.0]),
-            torch.ones(2, 2),
+            log_prob=lp,
+            old_log_prob=lp,
+            advantages=torch.tensor([1.0, -1.0]),
+            response_mask=torch.ones(2, 2),
             loss_agg_mode=config.resolved_agg_mode(),
             **config.resolved_loss_kwargs(),
             # as the trainer supplies it (top_entropy_quantile needs it)

@@ -451,10 +451,10 @@ class KPOTrainer(GRPOTrainer):
             }
         loss, metrics = policy_loss(
             self.loss_name,
-            log_prob,
-            old_log_prob,
-            inputs["advantages"],
-            mask,
+            log_prob=log_prob,
+            old_log_prob=old_log_prob,
+            advantages=inputs["advantages"],
+            response_mask=mask,
             loss_agg_mode=self.loss_agg_mode,
             **rollout_kw,
             **hparams,
