@@ -23,8 +23,8 @@ PROBLEMS = 2
 
 
 class FakeEngine:
-    """Trains nothing: a run's final model is an empty folder, its metrics a constant row per optimizer step; a
-    regime cell's settings are its own ``key=value`` words."""
+    """Trains nothing: a run's final model is an empty folder, its metrics a constant row per optimizer step, its
+    configuration one line; a regime cell's settings are its own ``key=value`` words."""
 
     rows = STEP_ROWS
 
@@ -65,6 +65,7 @@ class FakeEngine:
 
     def train(self, cfg, run, out: Path, resume: bool) -> Path:
         (out / "final").mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(f"trainer: fake\nmethod: {run.method}\n")
         rows = [{"step": s, "reward_mean": 0.5, "entropy": 1.0, "clip_frac": 0.0} for s in range(1, cfg.steps + 1)]
         (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         return out / "final"

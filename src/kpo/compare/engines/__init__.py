@@ -4,8 +4,9 @@ runs: everything a trainer decides is a method here. An engine checks its settin
 the comparison's and a regime cell's settings to its own, trains one run into its folder (or resumes it), and
 hands back its final model (a Hugging Face directory that ``kpo eval`` scores), its metrics (``metrics.jsonl``:
 rows with at least ``step``, ``reward_mean``, ``entropy``, ``clip_frac``, each covering what :attr:`Engine.rows`
-declares) and its ratio dumps (``ratios/``, :mod:`kpo.analysis.dumps`); once the run is scored, it removes what
-``--keep`` (:data:`KEEP`) does not keep.
+declares), its configuration as it ran (``config.yaml``, which the report shows) and its ratio dumps
+(``ratios/``, :mod:`kpo.analysis.dumps`); once the run is scored, it removes what ``--keep`` (:data:`KEEP`) does
+not keep.
 
 - ``kpo`` (:class:`kpo.compare.engines.kpo.KpoEngine`, the default): ``kpo train`` (TRL) in the worker process,
   on the embedded task or on ``--model``/``--dataset``; the ``--`` flags are kpo train's.
