@@ -15,12 +15,12 @@ import time
 import numpy as np
 
 from kpo.diagnostics import (
-    _token_dynamics_reference,
     run_lengths,
     sample_dynamics,
     token_dynamics,
     window_stats,
 )
+from kpo.diagnostics.reference import token_dynamics_reference
 
 
 def batch(tokens: int, max_len: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -72,7 +72,7 @@ def main() -> None:
     # Side by side on the same small subsample: vectorized vs the per-sample Python loop.
     zs, ms = z[: args.ref_rows], m[: args.ref_rows]
     _, fast, _ = timed(sample_dynamics, zs, ms)
-    _, slow, _ = timed(_token_dynamics_reference, zs, ms)
+    _, slow, _ = timed(token_dynamics_reference, zs, ms)
     sub = int(ms.sum())
     print(
         f"subsample {sub:,} tokens: vectorized {fast * 1e3:.1f} ms, loop reference {slow * 1e3:.1f} ms (cpu) "

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kpo.compare import CompareConfig, Run
-from kpo.compare.plan import train_argv
+from kpo.compare.engines.kpo import train_argv
 from kpo.train.flags import parse_args
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -80,7 +80,8 @@ def test_compare_writes_every_section_and_resumes(compare_config, tmp_path, caps
 
 
 def test_default_design_pairs_every_arm_with_kpo_at_the_matched_memory(compare_config):
-    from kpo.compare.plan import contrasts, estimate, train_argv
+    from kpo.compare.engines.kpo import train_argv
+    from kpo.compare.plan import contrasts, estimate
     from kpo.train.flags import parse_args
 
     cfg = compare_config(seeds=3, matched=True, ablations=True, ablation_seeds=2, aa_seeds=1, sweep_memory=())

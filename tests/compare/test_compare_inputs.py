@@ -77,7 +77,7 @@ def test_a_model_without_readable_weights_is_refused_at_plan_time(
 
 
 def test_a_model_with_whole_weights_passes_the_check(tmp_path, problems):
-    from kpo.compare.plan import _data_errors
+    from kpo.compare.checks import _data_errors
 
     model = _model(tmp_path / "model")
     assert _data_errors(CompareConfig(model=str(model), eval_data=(str(problems),))) == []
@@ -179,9 +179,9 @@ def test_a_verl_config_that_is_not_one_is_blamed_not_the_override(tmp_path, prob
 
 
 def test_verl_s_example_config_passes_the_check():
-    from kpo.compare.plan import _verl_config_errors
+    from kpo.compare.engines.verl_config import verl_config_errors
 
-    assert _verl_config_errors(str(Path(__file__).parents[2] / "examples" / "verl" / "cpu_tiny.yaml")) == []
+    assert verl_config_errors(str(Path(__file__).parents[2] / "examples" / "verl" / "cpu_tiny.yaml")) == []
 
 
 def test_steps_that_do_not_end_a_generation_batch_name_compare_s_flags(tmp_path, capsys, no_training):

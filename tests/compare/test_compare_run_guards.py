@@ -15,12 +15,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kpo.compare.engines import KEEP, KpoEngine, engine_of, keep_errors
+from kpo.compare.contract import keep_errors
+from kpo.compare.engines import KEEP, engine_of
+from kpo.compare.engines.kpo import KpoEngine
+from kpo.compare.engines.verl import merge_rows, metrics_rows
 from kpo.compare.guards import LOCK_FILE, lock_run, unlock_run
 from kpo.compare.plan import CompareConfig, CompareError, Run
 from kpo.compare.regimes import Cell, RegimeConfig, _arm_stats
 from kpo.compare.run import Job, _execute, _size, disk_bytes, train_jobs
-from kpo.compare.verl_engine import merge_rows, metrics_rows
 
 
 def _train_row(step: int, **data) -> dict:

@@ -14,7 +14,7 @@ import pytest
 
 import kpo.compare.run
 from kpo.compare import Run, run_compare
-from kpo.compare.plan import train_argv
+from kpo.compare.engines.kpo import train_argv
 from kpo.compare.run import _execute
 from kpo.train.checkpoints import mark_complete
 from kpo.train.flags import parse_args
@@ -210,7 +210,7 @@ def test_a_rerun_keeps_the_plan_fixed_before_the_runs(compare_config, fake_worke
 def test_an_interrupt_starts_none_of_the_runs_queued_behind_it(compare_config, monkeypatch):
     # the pool hands a worker its next run before the current one ends; after kpo compare is interrupted that run
     # must not start (on verl it would train for hours while kpo compare waits for its workers)
-    from kpo.compare.engines import KpoEngine
+    from kpo.compare.engines.kpo import KpoEngine
 
     def train(self, cfg, run, out, resume):
         (out / "started").write_text(run.name)

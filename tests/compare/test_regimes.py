@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 
 from kpo.compare.cli import main
-from kpo.compare.plan import CompareError, train_argv
+from kpo.compare.engines.kpo import train_argv
+from kpo.compare.plan import CompareError
+from kpo.compare.regime_plan import estimate_regimes
+from kpo.compare.regime_run import run_regimes
 from kpo.compare.regimes import (
     AUTO,
     CLIP_BAND,
@@ -24,8 +27,6 @@ from kpo.compare.regimes import (
     RegimeConfig,
     cell_entry,
     cell_runs,
-    estimate_regimes,
-    run_regimes,
 )
 from kpo.train.flags import parse_args
 
@@ -205,7 +206,7 @@ def test_the_map_adds_seeds_until_the_questions_are_decided(tmp_path, monkeypatc
             on_done(job)
 
     monkeypatch.setattr("kpo.compare.run.train_jobs", fake_train)
-    monkeypatch.setattr("kpo.compare.regimes.write_cell_report", lambda *a: None)
+    monkeypatch.setattr("kpo.compare.regime_run.write_cell_report", lambda *a: None)
     _warm_starts(cfg, 8)
     report = run_regimes(cfg)
     found = json.loads((report.parent / "report.json").read_text())
@@ -292,7 +293,7 @@ def test_report_with_other_flags_says_which_and_keeps_the_plan(built_map, capsys
 
 
 def test_report_rewrites_the_map_and_never_the_plan(built_map, capsys, no_training, monkeypatch):
-    monkeypatch.setattr("kpo.compare.regimes.write_cell_report", lambda *a: None)
+    monkeypatch.setattr("kpo.compare.regime_run.write_cell_report", lambda *a: None)
     plan = (built_map / "plan.json").read_bytes()
     assert main(["regimes", "--out", str(built_map), *FLAGS, "--report"]) == 0
     assert (built_map / "plan.json").read_bytes() == plan

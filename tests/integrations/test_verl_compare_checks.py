@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("verl", reason="verl not installed: `make test` runs this file in .venv-verl")
 
+from kpo.compare.engines.verl import ACTOR, VerlEngine, _env, _has_weights  # noqa: E402
 from kpo.compare.plan import CompareConfig, Run, plan_runs  # noqa: E402
-from kpo.compare.verl_engine import ACTOR, VerlEngine, _env, _has_weights  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_YAML = ROOT / "examples" / "verl" / "cpu_tiny.yaml"

@@ -222,7 +222,7 @@ def test_top_entropy_quantile(trainer):
 
 def test_kpo_train_and_compare_accept_every_loss_and_trl_keywords():
     from kpo import list_losses
-    from kpo.compare.plan import _canonical_methods
+    from kpo.compare.checks import _canonical_methods
     from kpo.train import TrainConfig
     from kpo.train.checks import loss_errors
 

@@ -25,10 +25,11 @@ train-inference mismatch, off-policy depth and learning rate, into one map of wh
 ``--model``/``--dataset``/``--eval-data`` run it on a user's model, training data and held-out benchmarks (scored
 by avg@n), and ``--engine verl`` trains every run with verl's ``main_ppo`` on the user's verl configuration.
 
-Modules: ``plan`` (settings, arms, runs, contrasts and the cost and power estimate), ``run`` (workers, reuse of
-finished runs), ``engines`` and ``verl_engine`` (what trains a run: kpo train, or verl), ``outcome`` (a model's
-held-out score, the one number the decisions read), ``report`` (tables, figures and the claims), ``regimes`` and
-``regime_report`` (the map), ``cli`` (the command).
+Modules: ``plan`` (settings, arms, runs, contrasts and the cost and power estimate), ``checks`` (the settings'
+checks every engine shares), ``run`` (workers, reuse of finished runs), ``engines`` (what trains a run: the
+engine protocol and registry; ``engines.kpo``: kpo train, ``engines.verl``: verl), ``outcome`` (a model's
+held-out score, the one number the decisions read), ``report`` (tables, figures and the claims), ``regimes``,
+``regime_plan``, ``regime_run`` and ``regime_report`` (the map), ``cli`` (the command).
 """
 
 from kpo.compare.plan import (

@@ -7,12 +7,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from kpo.compare.engines import KEEP
+from kpo.compare.checks import out_errors
+from kpo.compare.engines import KEEP, engine_names
 from kpo.compare.plan import (
     AA_SEEDS,
     ABLATION_SEEDS,
     ABLATIONS,
-    ENGINES,
     EVAL_N,
     MATCHED,
     PAPER,
@@ -21,10 +21,10 @@ from kpo.compare.plan import (
     STEPS,
     CompareConfig,
     CompareError,
-    out_errors,
 )
 from kpo.compare.questions import LOOKS
-from kpo.compare.regimes import BATCHES, DIFF_SD, GRID, MISMATCH, RegimeConfig, run_regimes
+from kpo.compare.regime_run import run_regimes
+from kpo.compare.regimes import BATCHES, DIFF_SD, GRID, MISMATCH, RegimeConfig
 from kpo.compare.run import run_compare
 
 
@@ -197,7 +197,7 @@ def _setup_options(p: argparse.ArgumentParser) -> None:
     """The options of the user's own setup, shared by kpo compare and kpo compare regimes."""
     p.add_argument(
         "--engine",
-        choices=ENGINES,
+        choices=engine_names(),
         default="kpo",
         help="What trains each run: kpo (kpo train: TRL, one node) or verl (verl's main_ppo on your verl "
         "configuration) (default: %(default)s).",

@@ -1,6 +1,6 @@
-"""What every engine of ``kpo compare`` shares with the rest of compare, below the engines (so that an engine's
-module and :mod:`kpo.compare.engines` both import it, and neither imports the other): what a metrics row covers
-and what ``--keep`` leaves of a scored run."""
+"""What every engine of ``kpo compare`` shares with the rest of compare, below the engines (so that each engine's
+module imports it without importing :mod:`kpo.compare.engines`, which imports the engines): what a metrics row
+covers and what ``--keep`` leaves of a scored run."""
 
 from __future__ import annotations
 

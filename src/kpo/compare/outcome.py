@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kpo.compare.engines import engine_of
+
 __all__ = ["EVAL_FILE", "EXPECTED_FILE", "exact_applies", "load_outcome", "outcome_file"]
 
 EXPECTED_FILE = "expected.json"  # the exact expected accuracy (the embedded running task only)
@@ -27,12 +29,13 @@ EVAL_FILE = "eval.json"  # kpo eval's results: avg@n / pass@k per benchmark, cor
 
 def exact_applies(cfg) -> bool:
     """Whether the runs of comparison ``cfg`` (a :class:`kpo.compare.CompareConfig`) are scored by the exact expected
-    accuracy: kpo's own trainer on the embedded running task, evaluated on its test split (no ``--eval-data``)."""
-    if cfg.engine != "kpo" or cfg.eval_data or cfg.dataset is not None:
+    accuracy: trained on the embedded running task (the engine's
+    :meth:`~kpo.compare.engines.Engine.embedded_task`, no ``--dataset``), evaluated on its test split (no
+    ``--eval-data``)."""
+    if cfg.eval_data or cfg.dataset is not None:
         return False
-    from kpo.train.flags import parse_args
-
-    return parse_args(list(cfg.train_args)).task_config().kind == "running"
+    task = engine_of(cfg).embedded_task(cfg)
+    return task is not None and task.kind == "running"
 
 
 def outcome_file(cfg) -> str:

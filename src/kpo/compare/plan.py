@@ -1,15 +1,13 @@
-"""The plan of ``kpo compare``: its settings (:class:`CompareConfig`, every one checked before anything trains),
-the arms and runs they give, and the `kpo train` command line of each run."""
+"""The plan of ``kpo compare``: its settings (:class:`CompareConfig`, every one checked before anything trains:
+:mod:`kpo.compare.checks` and the engine's own checks), the arms and runs they give, the contrasts the report
+decides on, and what the comparison costs and can resolve (:func:`estimate`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kpo._checks import file_in_the_way, no_tokenizer, unwritable
-
-# kpo train's side of the plan, kept with kpo's engine (re-exported: the run commands are part of the plan)
-from kpo.compare.engines import COMPARE_OWNED, engine_of, train_argv  # noqa: F401
+from kpo.compare.engines import Engine, engine_of
 
 DEFAULT_METHODS = ("vanilla", "gspo")  # the baselines, at their paper hyperparameters, every seed
 PAPER, MATCHED = "paper", "matched"  # KPO at the paper's Q/V; at the length-matched memory
@@ -43,7 +41,6 @@ QUICK = {"steps": 40, "eval_n": 4, "seeds": 2, "ablation_seeds": 1, "aa_seeds": 
 WARM_START = "warm_start"  # the Table 1 row of the models every run starts from
 CURVE_FILE = "curve.json"  # a run's learning curve: its outcome (kpo.compare.outcome) at its checkpoints (--curve-every)
 TIMING_FILE = "timing.json"  # a finished run's wall-clock seconds, training and evaluation (for the plan)
-ENGINES = ("kpo", "verl")  # what trains a run: kpo train (TRL), or verl's main_ppo (kpo.compare.engines)
 
 
 class CompareError(ValueError):
@@ -84,7 +81,7 @@ class CompareConfig:
     # (curve.json; a multiple of minibatches); 0 = none
     curve_every: int = 0
     quick: bool = False
-    engine: str = "kpo"  # what trains each run: "kpo" (kpo train) or "verl" (verl's main_ppo); ENGINES
+    engine: str = "kpo"  # what trains each run: "kpo" (kpo train), "verl" (verl's main_ppo): kpo.compare.engines
     model: str | None = None  # Hugging Face causal LM every run starts from; None = the embedded warm start
     dataset: str | None = None  # training problems (kpo train --dataset's formats); None = the embedded task
     # held-out benchmark files (the formats kpo eval reads), scored by avg@eval_n; () = the embedded task's test
@@ -109,25 +106,29 @@ class CompareConfig:
     def validate(self) -> CompareConfig:
         """Check every setting before anything trains, and name each loss by its canonical name (``grpo`` ->
         ``vanilla``). Raises :class:`CompareError` listing the problems found. Returns self."""
-        methods, errors = _canonical_methods(self.methods)
-        if self.engine not in ENGINES:
-            raise CompareError([f"--engine={self.engine!r}: unknown; use one of {', '.join(ENGINES)}"])
-        errors = (
-            out_errors(self.out)
-            + _range_errors(self)
-            + errors
-            + _sweep_name_errors(self)
-            + _data_errors(self)
-        )
-        errors += engine_of(self).flag_errors(self)
+        # imported here: the checks read this module's constants
+        from kpo.compare.checks import eval_limit_errors, settings_errors
+
+        engine = checked_engine(self)
+        methods, errors = settings_errors(self)
+        errors += engine.flag_errors(self)
         if errors:
             raise CompareError(errors)
         self.methods = methods
         # The run configs and the task are only built from settings that passed the checks above.
-        errors = engine_of(self).config_errors(self, plan_runs(self)) or _eval_limit_errors(self)
+        errors = engine.config_errors(self, plan_runs(self)) or eval_limit_errors(self)
         if errors:
             raise CompareError(errors)
         return self
+
+
+def checked_engine(cfg) -> Engine:
+    """The engine ``cfg.engine`` names (:func:`kpo.compare.engines.engine_of`); CompareError naming the known
+    engines where none has that name."""
+    try:
+        return engine_of(cfg)
+    except ValueError as e:
+        raise CompareError([str(e)]) from None
 
 
 @dataclass(frozen=True)
@@ -235,162 +236,6 @@ def plan_runs(cfg: CompareConfig) -> list[Run]:
     return runs
 
 
-def _canonical_methods(names: tuple[str, ...]) -> tuple[tuple[str, ...], list[str]]:
-    """(canonical loss names in the given order, errors): unknown names and losses listed twice (aliases too)."""
-    from kpo.losses import get_loss_spec
-
-    if not names:
-        return (), ["--methods: give at least one loss name"]
-    given: dict[str, list[str]] = {}  # canonical name -> the names that asked for it
-    errors = []
-    for name in names:
-        try:
-            given.setdefault(get_loss_spec(name).name, []).append(name)
-        except ValueError as e:
-            errors.append(f"--methods: {e}")
-    for canonical, asked in given.items():
-        if len(asked) > 1:
-            errors.append(
-                f"--methods: {', '.join(asked)} all name the loss {canonical!r}; list each loss once"
-            )
-    return tuple(given), errors
-
-
-def _sweep_name_errors(cfg: CompareConfig) -> list[str]:
-    """--sweep-memory points whose runs would share a directory (a run's name spells the memory with 6
-    significant digits, so that the runs of ordinary values keep their names and finished ones are reused)."""
-    points_of: dict[str, list[str]] = {}  # run name at seed 0 -> the points that give it
-    for point, members in sweep_runs(replace(cfg, seeds=1, sweep_seeds=1)).items():
-        points_of.setdefault(members[0].name, []).append(point)
-    return [
-        f"--sweep-memory: {', '.join(points)} would share the run directories {name} (and the other seeds'); give "
-        "memories that differ within 6 significant digits"
-        for name, points in points_of.items()
-        if len(points) > 1
-    ]
-
-
-def _range_errors(cfg: CompareConfig) -> list[str]:
-    """Integer settings outside their allowed range (None = the default, always allowed)."""
-    seeds = max(cfg.seeds, 1)
-    upper = {"sweep_seeds": seeds, "ablation_seeds": seeds, "aa_seeds": seeds}
-    lower = {"aa_seeds": 0}
-    default = {
-        "seeds": f"{SEEDS} seeds",
-        "steps": f"{STEPS} steps",
-        "eval_limit": "the whole test split",
-        "jobs": "one per CPU",
-        "sweep_seeds": "all seeds",
-        "ablation_seeds": f"{ABLATION_SEEDS} seeds",
-        "aa_seeds": f"{AA_SEEDS} seeds",
-    }
-    errors = _ablation_arm_errors(cfg) + _look_errors(cfg)
-    bad_curve = cfg.curve_every and (
-        cfg.minibatches < 1 or cfg.curve_every % cfg.minibatches or cfg.curve_every > cfg.steps
-    )
-    if cfg.curve_every < 0 or bad_curve:
-        errors.append(
-            f"--curve-every={cfg.curve_every}: must be 0 (no learning curve) or a multiple of --minibatches="
-            f"{cfg.minibatches} up to --steps={cfg.steps} (a checkpoint ends a generation batch)"
-        )
-    names = (
-        "seeds",
-        "steps",
-        "minibatches",
-        "ablation_seeds",
-        "aa_seeds",
-        "sweep_seeds",
-        "eval_n",
-        "eval_limit",
-        "dump_every",
-        "jobs",
-    )
-    for name in names:
-        value, hi, lo = getattr(cfg, name), upper.get(name), lower.get(name, 1)
-        if value is None or (value >= lo and (hi is None or value <= hi)):
-            continue
-        allowed = f"an integer in {lo}..{hi}" if hi is not None else f"an integer >= {lo}"
-        omit = f" (or omit it for {default[name]})" if name in default else ""
-        errors.append(f"--{name.replace('_', '-')}={value}: must be {allowed}{omit}")
-    if not {e.split("=")[0] for e in errors} & {"--steps", "--minibatches", "--dump-every"}:
-        errors += _steps_errors(cfg) or _dump_period_errors(cfg)
-    return errors
-
-
-def _look_errors(cfg: CompareConfig) -> list[str]:
-    """--max-seeds below --seeds, or a second look after a first of one seed (no test over seeds to stop on)."""
-    if cfg.max_seeds is None or cfg.seeds < 1 or cfg.max_seeds == cfg.seeds:
-        return []
-    if cfg.max_seeds < cfg.seeds:
-        return [
-            f"--max-seeds={cfg.max_seeds}: below --seeds={cfg.seeds}; give the cap the key arms' seeds may grow to, "
-            f"at least --seeds (or omit it for one look at {cfg.seeds} seeds)"
-        ]
-    if cfg.seeds < 2:
-        return [
-            f"--max-seeds={cfg.max_seeds} with --seeds={cfg.seeds}: the first look needs 2 seeds or more (one seed "
-            "has no test over seeds to stop on); use --seeds 2 or more"
-        ]
-    return []
-
-
-def _steps_errors(cfg: CompareConfig) -> list[str]:
-    """--steps that does not end a generation batch (kpo train's own check would name its field, max_steps)."""
-    if cfg.steps % cfg.minibatches == 0:
-        return []
-    up = -(-cfg.steps // cfg.minibatches) * cfg.minibatches
-    return [
-        f"--steps={cfg.steps}: must be a multiple of --minibatches={cfg.minibatches} (a run ends with a whole "
-        f"generation batch): use --steps={up} or another multiple"
-    ]
-
-
-def _ablation_arm_errors(cfg: CompareConfig) -> list[str]:
-    """--ablation-arms naming an unknown arm, an arm twice, or arms that --no-matched / --no-ablations leave out
-    (the ablations are contrasts against KPO at the matched memory)."""
-    arms_given = cfg.ablation_arms
-    unknown = sorted(set(arms_given) - set(ABLATIONS))
-    errors = [f"--ablation-arms {unknown}: unknown; choose among {', '.join(ABLATIONS)}"] if unknown else []
-    twice = sorted({a for a in arms_given if arms_given.count(a) > 1})
-    if twice:
-        errors.append(f"--ablation-arms: {', '.join(twice)} listed more than once; list each arm once")
-    off = [flag for flag, on in (("--no-matched", cfg.matched), ("--no-ablations", cfg.ablations)) if not on]
-    if off and arms_given and tuple(arms_given) != DEFAULT_ABLATIONS:
-        errors.append(
-            f"--ablation-arms {','.join(arms_given)}: not run with {' and '.join(off)} (each ablation is a contrast "
-            f"against KPO at the matched memory); drop {' and '.join(off)} to run them, or drop --ablation-arms"
-        )
-    return errors
-
-
-def _has_analyzed_dump(steps: int, every: int, minibatches: int) -> bool:
-    """Whether dumping every ``every`` optimizer steps of a ``steps``-step run dumps a step Table 2 analyzes: an
-    off-policy one (not the first step of a generation batch of ``minibatches`` steps), or any step when
-    ``minibatches`` = 1 (no step is off-policy; Table 2 then says so)."""
-    from kpo.protocol import on_policy_step
-
-    return any(minibatches == 1 or not on_policy_step(s, minibatches) for s in range(every, steps + 1, every))
-
-
-def _dump_period_errors(cfg: CompareConfig) -> list[str]:
-    """--dump-every that dumps no step Table 2 can analyze within --steps (its settings are in range)."""
-    steps, every, m = cfg.steps, cfg.dump_every, cfg.minibatches
-    # steps < minibatches: no off-policy step at all, and kpo train's check (steps a multiple of it) says so
-    if steps < m or _has_analyzed_dump(steps, every, m):
-        return []
-    # the longest period up to the asked one that works (p = minibatches always does, as steps >= it)
-    fix = next(p for p in range(min(every, steps), 0, -1) if _has_analyzed_dump(steps, p, m))
-    steps_text = f"--steps={steps}"
-    if every > steps:
-        problem = f"is longer than {steps_text}: no ratio dump would be written, so Table 2 would be empty"
-    else:  # one dump only: steps s and 2s are not both 1 more than a multiple of m > 1, so 2s would be analyzed
-        problem = (
-            f"with {steps_text} dumps only step {every}, the first (on-policy) step of a generation batch of "
-            f"--minibatches={m}; Table 2 analyzes off-policy steps"
-        )
-    return [f"--dump-every={every} {problem}: use --dump-every={fix} (or more --steps)"]
-
-
 def held_out_problems(cfg: CompareConfig, limit: int | None) -> int:
     """Held-out problems evaluation uses: the first ``limit`` (None: all) of each ``--eval-data`` file, or of the
     embedded task's test split (``limit`` or its default size); ValueError when the split cannot supply
@@ -400,187 +245,8 @@ def held_out_problems(cfg: CompareConfig, limit: int | None) -> int:
 
         return sum(len(load_problems(path)[:limit]) for path in cfg.eval_data)
     from kpo.testbed.task import load_split
-    from kpo.train.flags import parse_args
 
-    return len(load_split("test", n=limit, task=parse_args(list(cfg.train_args)).task_config()))
-
-
-# What kpo reads as problems (kpo.data.math.load_problems); verl's trainer reads parquet alone.
-PROBLEM_FILES = {
-    ".jsonl": "one JSON object a line",
-    ".json": "a list of objects",
-    ".parquet": "a table of rows",
-}
-VERL_TRAINERS = ("ppo_trainer", "ppo_megatron_trainer")  # verl's configurations main_ppo builds on
-# A model's weights as save_pretrained writes them: one file, or shards listed in an index
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
-
-
-def out_errors(out: str) -> list[str]:
-    """``--out`` that cannot hold the runs: empty (they would be written into the current folder), under a file, or
-    where this user cannot write. Each line names the path in the way, not the folder asked for, so that a regime
-    map's cells (folders under one --out) give the same line, said once."""
-    if not str(out).strip():
-        return ["--out '': empty, so everything would be written into the current folder; give a folder"]
-    existing = file_in_the_way(Path(out))
-    if existing is not None:
-        return [f"--out: {str(existing)!r} is a file, not a folder; choose another --out"]
-    why = unwritable(Path(out))
-    return [] if why is None else [f"--out: {why}; choose another --out"]
-
-
-def _data_errors(cfg: CompareConfig) -> list[str]:
-    """Files the comparison reads that are not there or not what they should be, before anything trains:
-    ``--model`` (a Hugging Face folder with its config, tokenizer and readable weights), ``--dataset`` (a file in
-    a format its engine reads), each ``--eval-data`` benchmark (read as kpo eval reads it), ``--verl-config``
-    (with --engine verl: a YAML that builds on verl's trainer configuration)."""
-    from kpo.data.math import load_problems
-
-    errors = [] if cfg.model is None else _model_errors(cfg.model)
-    if cfg.dataset is not None:
-        if cfg.engine == "verl":
-            kinds, what, reader = {".parquet": "verl's RL schema"}, "verl's training parquet", "verl"
-        else:
-            kinds, what, reader = PROBLEM_FILES, "training problems", "kpo"
-        errors += _file_errors("--dataset", cfg.dataset, kinds, what, reader)
-    for path in dict.fromkeys(cfg.eval_data):
-        found = _file_errors("--eval-data", path, PROBLEM_FILES, "a held-out benchmark")
-        if not found:
-            try:
-                load_problems(path)
-            except (ValueError, OSError) as e:  # OSError: no permission
-                found = [f"--eval-data {path}: {e}; give a benchmark file in a format kpo eval reads"]
-        errors += found
-    resolved = [Path(p).resolve() for p in cfg.eval_data]
-    twice = [p for p, r in zip(cfg.eval_data, resolved) if resolved.count(r) > 1]
-    if twice:
-        errors.append(
-            f"--eval-data: {', '.join(dict.fromkeys(twice))} listed more than once; list each file once"
-        )
-    if len({r.stem for r in set(resolved)}) < len(set(resolved)):
-        errors.append(
-            "--eval-data: two files share a name (kpo eval names a benchmark by its file name); rename one"
-        )
-    if cfg.verl_config is not None and cfg.engine != "verl":
-        errors.append(f"--verl-config {cfg.verl_config}: a verl configuration needs --engine verl")
-    elif cfg.verl_config is not None:
-        errors += _verl_config_errors(cfg.verl_config)
-    return errors
-
-
-def _file_errors(flag: str, path: str, kinds: dict[str, str], what: str, reader: str = "kpo") -> list[str]:
-    """A file setting that is a folder, missing, or of a kind ``reader`` does not read (``kinds``: suffix -> what
-    it holds)."""
-    found = Path(path)
-    accepted = "; ".join(f"{suffix}: {text}" for suffix, text in kinds.items())
-    if found.is_dir():
-        return [f"{flag} {path}: a folder, not a file; give {what} as a file ({accepted})"]
-    if not found.is_file():
-        return [f"{flag} {path}: no such file; give {what} ({accepted})"]
-    if found.suffix.lower() not in kinds:
-        return [
-            f"{flag} {path}: a {found.suffix or 'suffix-less'} file, which {reader} does not read; convert it to one of "
-            f"{accepted}"
-        ]
-    return []
-
-
-def _model_errors(model: str) -> list[str]:
-    """``--model`` that cannot be loaded: not a folder, no config.json, no tokenizer, weights missing or damaged."""
-    folder, where = Path(model), f"--model {model}"
-    if not folder.is_dir():
-        return [f"{where}: no such folder; give a Hugging Face model folder (save_pretrained's)"]
-    if not (folder / "config.json").is_file():
-        return [f"{where}: no config.json there; give a Hugging Face model folder (save_pretrained's)"]
-    missing = no_tokenizer(folder)
-    problem = _weights_problem(folder) if missing is None else missing
-    return [] if problem is None else [f"{where}: {problem}"]
-
-
-def _weights_problem(folder: Path) -> str | None:
-    """What is wrong with the weights in the model folder ``folder`` (none of :data:`WEIGHT_FILES`, a shard of an
-    index missing, a safetensors file whose header does not describe the file), or None. Reads headers only."""
-    import json
-
-    from safetensors import safe_open
-
-    present = [name for name in WEIGHT_FILES if (folder / name).is_file()]
-    if not present:
-        return f"no weights there (one of {', '.join(WEIGHT_FILES)}); save the model with model.save_pretrained(DIR)"
-    files = [folder / present[0]]
-    if present[0].endswith(".index.json"):
-        try:
-            files = [
-                folder / name for name in sorted(set(json.loads(files[0].read_text())["weight_map"].values()))
-            ]
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            return f"{present[0]} is not a shard index ({type(e).__name__}: {e}); save the model again"
-        absent = [f.name for f in files if not f.is_file()]
-        if absent:
-            return f"{present[0]} lists {', '.join(absent)}, which are not there; copy the whole folder"
-    for path in files:
-        if path.suffix == ".safetensors":
-            try:
-                with safe_open(path, framework="pt"):
-                    pass
-            except Exception as e:  # noqa: BLE001 - safetensors' own errors: the file is damaged
-                return f"{path.name} cannot be read ({e}): damaged or cut short; save or copy the model again"
-    return None
-
-
-def _verl_config_errors(path: str) -> list[str]:
-    """A ``--verl-config`` that is not a YAML mapping building on verl's trainer configuration (without it every
-    override of verl's settings fails in Hydra, which blames the override, not the file)."""
-    import yaml
-
-    where = f"--verl-config {path}"
-    fix = (
-        f"start it with `defaults: [{VERL_TRAINERS[0]}, _self_]` and `hydra: {{searchpath: "
-        "[pkg://verl.trainer.config]}` (as examples/verl/cpu_tiny.yaml), or leave --verl-config out for verl's own"
-    )
-    found = Path(path)
-    if found.is_dir():
-        return [f"{where}: a folder; give the YAML file of your verl configuration"]
-    if not found.is_file():
-        return [f"{where}: no such file; give the YAML file of your verl configuration"]
-    try:
-        data = yaml.safe_load(found.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        return [
-            f"{where}: not YAML ({str(e).splitlines()[0]}); give the YAML file of your verl configuration"
-        ]
-    if not isinstance(data, dict):
-        what = "empty" if data is None else f"a YAML {type(data).__name__} ({str(data)[:40]})"
-        return [f"{where}: {what}, not a verl configuration; {fix}"]
-    entries = data.get("defaults") if isinstance(data.get("defaults"), list) else []
-    # an entry is a config's name, or a mapping from a config group (or name) to its option
-    names = {str(name) for e in entries for name in (e if isinstance(e, dict) else [e])}
-    if not names & set(VERL_TRAINERS):
-        return [
-            f"{where}: its defaults do not name verl's {VERL_TRAINERS[0]}, so it lacks verl's settings; {fix}"
-        ]
-    return []
-
-
-def _eval_limit_errors(cfg: CompareConfig) -> list[str]:
-    if cfg.eval_data:  # kpo eval's --limit: the first N problems of each file, any N >= 1
-        return []
-    try:
-        held_out_problems(cfg, None)
-    except ValueError as err:  # a task too small for any test split
-        return [f"held-out evaluation: {err}"]
-    if cfg.eval_limit is None:
-        return []
-    try:
-        held_out_problems(cfg, cfg.eval_limit)
-    except ValueError as err:  # the data module's own words: the most problems it can supply, and the fix
-        return [f"--eval-limit={cfg.eval_limit}: {err}"]
-    return []
+    return len(load_split("test", n=limit, task=engine_of(cfg).embedded_task(cfg)))
 
 
 def warm_start_dir(out: Path, seed: int) -> Path:
@@ -639,12 +305,6 @@ def contrasts(cfg: CompareConfig) -> list[Contrast]:
     return out
 
 
-def embedded(cfg: CompareConfig) -> bool:
-    """Whether ``cfg`` runs the embedded task and model on kpo's trainer, the setup the cost constants above were
-    measured on; on any other the plan's time comes from runs of that setup (:func:`measured_run_seconds`)."""
-    return cfg.engine == "kpo" and cfg.model is None and cfg.dataset is None and not cfg.eval_data
-
-
 def measured_run_seconds(folders) -> float | None:
     """Mean wall-clock seconds (training and evaluation) of the finished runs in ``folders`` (their
     :data:`TIMING_FILE`), None when none has one."""
@@ -680,11 +340,11 @@ def estimate(
     runs = plan_runs(cfg)
     jobs = parallel_runs(cfg)
     per_run, seconds = run_seconds, None
-    if per_run is None and embedded(cfg):
+    if per_run is None and engine_of(cfg).embedded(cfg):
         problems = held_out_problems(cfg, cfg.eval_limit)
         per_run = cfg.steps * STEP_SECONDS + problems * cfg.eval_n * SAMPLE_SECONDS + RUN_SECONDS
     if per_run is not None:
-        warm = cfg.seeds * WARM_START_SECONDS / jobs if embedded(cfg) and len(runs) > done else 0
+        warm = cfg.seeds * WARM_START_SECONDS / jobs if engine_of(cfg).embedded(cfg) and len(runs) > done else 0
         seconds = (len(runs) - done) * per_run / jobs + warm
     found = {
         "runs": len(runs),

@@ -29,6 +29,10 @@ pending, and claims nothing its complete looks would not), and a rerun resumes (
 replayed). plan.json is written once, before the first run: a later command with other flags stops, and
 ``--report`` only reads it. The map is exploratory (its report says why): its questions are many equal members of
 one family.
+
+This module holds the map's design (its settings, cells, arms, questions and rules) and what a cell of it says
+(:func:`cell_entry`); :mod:`kpo.compare.regime_plan` its plan, :mod:`kpo.compare.regime_run` the running of it,
+:mod:`kpo.compare.regime_report` its report.
 """
 
 from __future__ import annotations
@@ -36,34 +40,21 @@ from __future__ import annotations
 import functools
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from kpo._files import replacing
+from kpo.compare.engines import engine_of
 from kpo.compare.outcome import load_outcome
 from kpo.compare.plan import (
     ABLATIONS,
     MATCHED_KWARGS,
-    RUN_SECONDS,
-    SAMPLE_SECONDS,
-    STEP_SECONDS,
-    WARM_START_SECONDS,
     CompareConfig,
     CompareError,
     Run,
+    checked_engine,
     plan_runs,
-    warm_start_dir,
 )
-from kpo.compare.questions import (
-    LOOKS,
-    Question,
-    decide,
-    describe,
-    groups,
-    groups_to_extend,
-    next_look,
-    rules_text,
-)
+from kpo.compare.questions import LOOKS, Question, groups, rules_text
 from kpo.compare.regime_report import plural
 
 __all__ = [
@@ -71,18 +62,16 @@ __all__ = [
     "REGIME_RULES",
     "Cell",
     "RegimeConfig",
+    "cell_entry",
     "cell_runs",
-    "estimate_regimes",
-    "format_regime_plan",
-    "run_regimes",
+    "describe_cell",
+    "outcomes",
+    "read_outcome",
 ]
 
-# The sampler of each mismatch level, as kpo train flags.
-MISMATCH = {
-    "none": (),
-    "bf16": ("--rollout-dtype", "bfloat16", "--ratio-anchor", "rollout"),
-    "fp8": ("--rollout-dtype", "float8", "--ratio-anchor", "rollout"),
-}
+# The sampler's mismatch levels (the module docstring; each engine maps them to its own settings:
+# kpo.compare.engines.Engine.cell_settings).
+MISMATCH = ("none", "bf16", "fp8")
 METHODS = ("vanilla", "gspo")  # the baselines; KPO at the matched and at the fitted memory are the subjects
 KPO = Run("kpo", 0, MATCHED_KWARGS).arm
 AUTO = Run(ABLATIONS["auto_memory"][0], 0, ABLATIONS["auto_memory"][1]).arm
@@ -100,13 +89,6 @@ DIFF_SD = 5.0
 # against 1.50-1.53 for float32 at depth 16 (2 workers, idle machine): no dearer. FP8 (rounding of activations,
 # keys and values at every step) is not measured in a map: 4-step runs took about 1.3 times float32's first step.
 SAMPLER_COST = {"none": 1.0, "bf16": 1.0, "fp8": 1.3}
-# kpo train flags a cell fixes: a `--` flag for one of them would train another regime under the cell's name.
-CELL_OWNED = {
-    "learning_rate": "--lr (or --cells)",
-    "rollout_dtype": "--mismatch (or --cells)",
-    "ratio_anchor": "--mismatch (or --cells)",
-    "minibatches": "--depth (or --cells)",
-}
 
 # The questions, fixed before any run (issue 38; the KPO (auto) ones, issue 40, before any KPO (auto) run).
 QUESTIONS = [
@@ -162,15 +144,6 @@ class Cell:
     def name(self) -> str:
         return f"{self.mismatch}-depth{self.depth}-lr{self.lr:g}"
 
-    def train_args(self, engine: str = "kpo") -> tuple[str, ...]:
-        """The cell's settings as the engine's `--` flags: kpo train's, or verl's overrides (rollout dtype and bypass
-        mode, learning rate: :func:`kpo.compare.verl_engine.cell_overrides`)."""
-        if engine == "verl":
-            from kpo.compare.verl_engine import cell_overrides
-
-            return cell_overrides(self.mismatch, self.lr)
-        return ("--learning-rate", repr(self.lr), *MISMATCH[self.mismatch])
-
 
 def _parse_cell(text: str) -> Cell:
     """``none-depth4-lr0.0001`` (a cell's name) -> Cell; ValueError saying what is wrong with it otherwise (a part
@@ -224,6 +197,7 @@ class RegimeConfig:
 
     def validate(self) -> RegimeConfig:
         """Check every setting and every cell's compare before anything trains (CompareError lists them)."""
+        engine = checked_engine(self)
         errors = []
         unknown = sorted(set(self.mismatch) - set(MISMATCH))
         if unknown:
@@ -248,7 +222,6 @@ class RegimeConfig:
                 errors.append(f"--{name}={value}: must be >= {low}")
         if self.curve_every and self.batches % self.curve_every:
             errors.append(f"--curve-every={self.curve_every} must divide --batches={self.batches}")
-        errors += _owned_by_cells(self.train_args) if self.engine == "kpo" else []
         cells = []
         if self.cells_only is not None:
             if not self.cells_only:
@@ -272,8 +245,9 @@ class RegimeConfig:
                     for c in bad
                 ]
             )
-        if self.engine == "verl":
-            _verl_cell_errors(self)
+        errors = engine.cell_errors(self)
+        if errors:
+            raise CompareError(errors)
         first_error = {}
         for cell in self.cells:
             try:
@@ -311,7 +285,7 @@ class RegimeConfig:
             # 16 ratio dumps a run whatever the depth (steps 5k at depth 4: off-policy for k not = 1 mod 4)
             dump_every=max(1, steps // 16),
             jobs=self.jobs,
-            train_args=(*cell.train_args(self.engine), *self.train_args),
+            train_args=(*engine_of(self).cell_settings(cell), *self.train_args),
             curve_every=self.curve_every * cell.depth,
             engine=self.engine,
             model=self.model,
@@ -321,144 +295,11 @@ class RegimeConfig:
         )
 
 
-def _owned_by_cells(train_args: tuple[str, ...]) -> list[str]:
-    """`--` flags that would override what a cell fixes (its learning rate, sampler, anchor, depth)."""
-    from kpo.train.flags import build_parser
-
-    try:
-        given = vars(build_parser("kpo compare regimes -- (kpo train flags)").parse_args(list(train_args)))
-    except SystemExit:  # argparse printed its own line; kpo compare's validation reports the rest
-        return []
-    return [
-        f"-- --{key.replace('_', '-')}: every cell sets it (its name says which); use {CELL_OWNED[key]} instead"
-        for key in given
-        if key in CELL_OWNED
-    ]
-
-
 def cell_runs(cfg: RegimeConfig, cell: Cell, seeds: int) -> list[Run]:
     return plan_runs(cfg.cell_config(cell, seeds))
 
-
-def _verl_cell_errors(cfg: RegimeConfig) -> None:
-    """CompareError for what verl cannot run of the grid, or a `--` override of what each cell sets."""
-    from kpo.compare.verl_engine import CELL_MISMATCH, cell_overrides, override_key
-
-    errors = [
-        f"--mismatch {m}: not mapped to verl; use {', '.join(CELL_MISMATCH)}"
-        for m in sorted({c.mismatch for c in cfg.cells} - set(CELL_MISMATCH))
-    ]
-    owned = {override_key(o) for m in CELL_MISMATCH for o in cell_overrides(m, 1.0)}
-    errors += [
-        f"-- {key}=...: each cell sets it (--mismatch, --lr); drop it"
-        for key in sorted({override_key(o) for o in cfg.train_args} & owned)
-    ]
-    if errors:
-        raise CompareError(errors)
-
-
-# ------------------------------------------------------------------ plan
-def estimate_regimes(cfg: RegimeConfig, diff_sd: float = DIFF_SD, pilot: Path | None = None) -> dict:
-    """The plan: per cell its runs and minutes at the first look and at the cap (wall clock on the engine's
-    parallel runs; the time per run from the embedded setup's constants, else measured on the map's finished runs
-    or ``pilot``'s, else not estimated: None), the expected half-width of a cell's contrast at the first look,
-    t_{S-1} x diff_sd / sqrt(S) points, the seeds a pooled accuracy question needs to decide a 5-point difference
-    at the family's final-look level; the questions and the rules."""
-    from kpo.compare.plan import embedded, held_out_problems, measured_run_seconds, parallel_runs
-    from kpo.compare.questions import LOOK_SHARES
-    from kpo.compare.stats import ALPHA, seeds_for_effect
-    from kpo.evaluation.metrics import t_quantile
-
-    first_cfg = cfg.cell_config(cfg.cells[0], cfg.seeds)
-    jobs = parallel_runs(first_cfg)
-    problems = held_out_problems(first_cfg, cfg.eval_limit)
-    half = t_quantile(0.975, cfg.seeds - 1) * diff_sd / cfg.seeds**0.5 if cfg.seeds > 1 else None
-    folders = [Path(cfg.out) / cell.name / "runs" / r.name for cell in cfg.cells for r in cell_runs(cfg, cell, cfg.seeds)]
-    folders += [] if pilot is None else sorted(Path(pilot).parent.glob("*/runs/*"))
-    measured = measured_run_seconds(folders)
-    cells = []
-    for cell in cfg.cells:
-        if embedded(first_cfg):
-            per_run = (
-                cfg.batches * cell.depth * STEP_SECONDS * 4 / cell.depth * SAMPLER_COST[cell.mismatch]
-                + problems * cfg.eval_n * SAMPLE_SECONDS
-                + RUN_SECONDS
-            )
-        else:
-            per_run = measured
-        first, cap = len(cell_runs(cfg, cell, cfg.seeds)), len(cell_runs(cfg, cell, cfg.max_seeds))
-        minutes = lambda runs, per=per_run: None if per is None else runs * per / jobs / 60  # noqa: E731
-        cells.append(
-            {
-                "cell": cell.name,
-                "group": cfg.group(cell),
-                "runs": first,
-                "runs_at_cap": cap,
-                "minutes": minutes(first),
-                "minutes_at_cap": minutes(cap),
-                "half_width": half,
-            }
-        )
-    hypotheses = sum(len(q.hypotheses()) for q in QUESTIONS)
-    per_group = {g: len(members) for g, members in groups(cfg.cells).items() if members}
-    # a seed's mean difference over the group's cells: sd diff_sd / sqrt(cells) when the cells' errors are
-    # independent (the seed's shared warm start adds to it)
-    needed = {
-        g: seeds_for_effect(diff_sd / 100 / n**0.5, 0.05, ALPHA * LOOK_SHARES[-1] / hypotheses)
-        for g, n in per_group.items()
-    }
-    warm = cfg.max_seeds * WARM_START_SECONDS / jobs / 60 if embedded(first_cfg) else 0.0
-    timed = all(c["minutes"] is not None for c in cells)
-    return {
-        "cells": cells,
-        "runs": sum(c["runs"] for c in cells),
-        "runs_at_cap": sum(c["runs_at_cap"] for c in cells),
-        "minutes": warm * cfg.seeds / cfg.max_seeds + sum(c["minutes"] for c in cells) if timed else None,
-        "minutes_at_cap": warm + sum(c["minutes_at_cap"] for c in cells) if timed else None,
-        "jobs": jobs,
-        "diff_sd": diff_sd,
-        "seeds": cfg.seeds,
-        "max_seeds": cfg.max_seeds,
-        "looks": [look for look in LOOKS if cfg.seeds <= look <= cfg.max_seeds],
-        "seeds_for_5_points": needed,
-        "batches": cfg.batches,
-        "questions": [{"name": q.key, "question": q.text, "kind": q.kind, "group": q.group} for q in QUESTIONS],
-        "rules": REGIME_RULES,
-        "settings": {k: v for k, v in asdict(cfg).items() if k != "cells"},
-    }
-
-
-def format_regime_plan(cfg: RegimeConfig, est: dict) -> str:
-    arms = ", ".join(LABELS[a] for a in (GRPO, GSPO, KPO, AUTO))
-    if est["minutes"] is None:
-        time, cap_time = "time not estimated: no run of this setup has been measured yet (or give --pilot)", ""
-    else:
-        time = f"about {est['minutes']:.0f} min on {est['jobs']} worker(s)"
-        cap_time = f" ({est['minutes_at_cap']:.0f} min)"
-    half = est["cells"][0]["half_width"]
-    lines = [
-        f"regime map: {len(cfg.cells)} cells x ({arms}; the stress cells also the clip band) x {cfg.seeds} seeds "
-        f"= {est['runs']} runs of {cfg.batches} generation batches, {time}; up to {est['runs_at_cap']} runs"
-        f"{cap_time} if every question stays undecided to {cfg.max_seeds} seeds",
-        f"expected 95% half-width of a cell's contrast at {cfg.seeds} seeds: "
-        + (f"+-{half:.1f} points" if half is not None else "none (one seed)")
-        + f" (prior sd {est['diff_sd']:.1f} points)",
-        "seeds a pooled accuracy question needs to decide a 5-point difference (80% power): "
-        + ", ".join(f"{g} {n if n else 'more than the cap'}" for g, n in est["seeds_for_5_points"].items()),
-    ]
-    lines += [
-        f"  {c['cell']} ({c['group']}): {c['runs']} runs" + ("" if c["minutes"] is None else f", ~{c['minutes']:.0f} min")
-        for c in est["cells"]
-    ]
-    lines.append("questions (fixed before the runs):")
-    lines += [f"  {q['name']}: {q['question']} [{q['kind']}, {q['group']} cells]" for q in est["questions"]]
-    lines.append("rules (fixed before the runs):")
-    lines += [f"  {k}: {v}" for k, v in REGIME_RULES.items()]
-    return "\n".join(lines)
-
-
 # ------------------------------------------------------------------ outcomes
-def _outcome(folder: Path) -> dict | None:
+def read_outcome(folder: Path) -> dict | None:
     """:func:`kpo.compare.outcome.load_outcome` of ``folder``; CompareError (one line) where its file is torn."""
     try:
         return load_outcome(folder)
@@ -469,7 +310,7 @@ def _outcome(folder: Path) -> dict | None:
 
 def _expected(folder: Path) -> float | None:
     """The mean outcome of the model in ``folder`` (kpo.compare.outcome), None when it is not scored yet."""
-    found = _outcome(folder)
+    found = read_outcome(folder)
     return None if found is None else found["mean"]
 
 
@@ -486,228 +327,6 @@ def outcomes(cfg: RegimeConfig, cell: Cell, seeds: int) -> dict[str, list[tuple[
         done = final is not None and warm is not None
         found.setdefault(run.arm, [None] * seeds)[run.seed] = (final, final < warm) if done else None
     return found
-
-
-# ------------------------------------------------------------------ running
-def _share_warm_starts(cfg: RegimeConfig, seeds: int) -> None:
-    """Every cell's warm-start folder of a seed is a link to the map's one (they are one model, evaluated once)."""
-    out = Path(cfg.out)
-    for cell in cfg.cells:
-        for seed in range(seeds):
-            link = warm_start_dir(out / cell.name, seed)
-            link.parent.mkdir(parents=True, exist_ok=True)
-            target = out / f"warm_start-seed{seed}"
-            target.mkdir(parents=True, exist_ok=True)
-            if not link.is_symlink():
-                link.symlink_to(Path("..", "..", target.name))
-
-
-def run_regimes(
-    cfg: RegimeConfig, *, plan_only: bool = False, report_only: bool = False, pilot: Path | None = None
-) -> Path | None:
-    """Print the plan, the questions and the rules; then, look by look, train every missing run of every cell at
-    its group's seeds (rewriting the map as each cell finishes), answer the questions, and give the cells of the
-    undecided ones the next block of seeds, until every question is decided or at the cap. Returns report.md
-    (None with ``plan_only``). ``report_only`` trains nothing: the looks are replayed up to the first one with a
-    missing run, and the map is written as it stood after the last complete one."""
-    from kpo.compare.plan import parallel_runs, pilot_sd
-    from kpo.compare.run import Job, _done, _stale_run_errors, train_jobs
-
-    if plan_only and report_only:
-        raise CompareError(["--plan and --report: --plan prints the plan and stops, --report writes the map; give one"])
-    cfg.validate()
-    out = Path(cfg.out)
-    on_disk = _read_plan(out / "plan.json")
-    if report_only and on_disk is None:
-        raise CompareError([f"{out}: no map here (no plan.json); --report rewrites a map: give its --out, or run "
-                            "without --report to start one"])
-    est = estimate_regimes(cfg, pilot_sd(pilot) if pilot is not None else DIFF_SD, pilot)
-    print(format_regime_plan(cfg, est), flush=True)
-    if on_disk is not None:
-        _check_plan(out / "plan.json", on_disk, est)
-    if plan_only:
-        return None
-    errors = _torn_files(cfg)
-    for cell in cfg.cells if not errors else ():
-        cell_cfg = cfg.cell_config(cell, cfg.max_seeds)
-        errors += _stale_run_errors(cell_cfg, plan_runs(cell_cfg), Path(cell_cfg.out))
-    if errors:
-        raise CompareError(errors)
-    if on_disk is None:
-        out.mkdir(parents=True, exist_ok=True)
-        with replacing(out / "plan.json") as partial:
-            partial.write_text(json.dumps(est, indent=2) + "\n")
-    seeds_of = {g: cfg.seeds for g, members in groups(cfg.cells).items() if members}
-    looks: list[dict] = []
-
-    def cell_seeds(cell: Cell) -> int:
-        return seeds_of[cfg.group(cell)]
-
-    def missing(cell: Cell) -> list[Job]:
-        cell_cfg = cfg.cell_config(cell, cell_seeds(cell))
-        folder = Path(cell_cfg.out) / "runs"
-        return [
-            Job(cell_cfg, r, folder / r.name, f"{cell.name}/{r.name}")
-            for r in plan_runs(cell_cfg)
-            if not _done(cell_cfg, folder / r.name)
-        ]
-
-    by_name = {cell.name: cell for cell in cfg.cells}
-
-    def on_done(job: Job) -> list:
-        cell = by_name[Path(job.cfg.out).name]
-        if not missing(cell):
-            write_cell_report(cfg, cell, cell_seeds(cell))
-            write_regime_report(cfg, seeds_of, looks)
-        return []
-
-    while True:
-        todo = [job for cell in cfg.cells for job in missing(cell)]
-        if report_only and todo:
-            if not looks:
-                raise CompareError([f"{out}: no look has finished yet ({len(todo)} runs of the first to train)"])
-            seeds_of.update(looks[-1]["seeds"])
-            for cell in cfg.cells:
-                write_cell_report(cfg, cell, cell_seeds(cell))
-            return write_regime_report(cfg, seeds_of, looks)
-        _share_warm_starts(cfg, max(seeds_of.values()))
-        print(
-            f"kpo compare regimes: look at {', '.join(f'{g} {n}' for g, n in seeds_of.items())} seeds a cell; "
-            f"{len(todo)} runs to train; map in {out}",
-            flush=True,
-        )
-        if todo:
-            train_jobs(todo, parallel_runs(cfg.cell_config(cfg.cells[0], cfg.seeds)), on_done)
-        for cell in cfg.cells:
-            if not (out / cell.name / "report.md").exists() or todo:
-                write_cell_report(cfg, cell, cell_seeds(cell))
-        answers = decide(QUESTIONS, _data(cfg, seeds_of), cfg.cells, seeds_of)
-        looks.append({"seeds": dict(seeds_of), "answers": {a["name"]: a["verdict"] for a in answers}})
-        extend = [g for g in groups_to_extend(answers, QUESTIONS, seeds_of) if seeds_of[g] < cfg.max_seeds]
-        if not extend:
-            return write_regime_report(cfg, seeds_of, looks)
-        write_regime_report(cfg, seeds_of, looks)
-        for g in extend:
-            seeds_of[g] = next_look(seeds_of[g])
-        print(f"undecided questions: {', '.join(extend)} cells get seeds up to {seeds_of}", flush=True)
-
-
-def _torn_files(cfg: RegimeConfig) -> list[str]:
-    """One line per file of the map's models (runs up to the cap, warm starts) that a stop mid-write left torn:
-    an evaluation that is not JSON (or not a finished one), a kpo train config.yaml that is not one."""
-    from kpo.compare.outcome import EVAL_FILE, EXPECTED_FILE
-    from kpo.train.config import ConfigError, TrainConfig
-
-    out = Path(cfg.out)
-    folders = [out / f"warm_start-seed{s}" for s in range(cfg.max_seeds)]
-    folders += [out / c.name / "runs" / r.name for c in cfg.cells for r in cell_runs(cfg, c, cfg.max_seeds)]
-    errors = []
-    for folder in (f for f in folders if f.is_dir()):
-        fix = f"delete {folder} to redo it"
-        torn = []
-        for name in (EVAL_FILE, EXPECTED_FILE):
-            try:
-                if (folder / name).exists():
-                    json.loads((folder / name).read_text())
-            except (OSError, UnicodeDecodeError, ValueError) as e:
-                torn.append(f"{folder / name}: not readable as JSON ({e}); {fix}")
-        try:
-            if not torn:
-                _outcome(folder)
-        except CompareError as e:
-            torn = e.errors
-        if cfg.engine == "kpo" and (folder / "config.yaml").exists():
-            try:
-                TrainConfig.from_yaml(folder / "config.yaml")
-            except ConfigError as e:
-                torn.append(" ".join(f"{'; '.join(e.errors)}; {fix}".split()))  # YAML's message spans lines
-        errors += torn
-    return errors
-
-
-def _data(cfg: RegimeConfig, seeds_of: dict[str, int]) -> dict:
-    """The map's outcomes as the questions read them: cell name -> arm -> per seed (accuracy, collapsed)."""
-    return {cell.name: outcomes(cfg, cell, seeds_of[cfg.group(cell)]) for cell in cfg.cells}
-
-
-# What a plan fixes: a command whose flags give another value of one of these is another map.
-PLAN_DESIGN = {
-    "cells": "the cells (--mismatch, --depth, --lr, --cells)",
-    "seeds": "--seeds",
-    "max_seeds": "--max-seeds",
-    "batches": "--batches",
-    "questions": "the questions (kpo.compare.regimes.QUESTIONS)",
-}
-PLAN_SETTINGS = ("curve_every", "eval_n", "eval_limit", "train_args", "engine", "model", "dataset", "eval_data",
-                 "verl_config")
-
-
-def _read_plan(path: Path) -> dict | None:
-    """The plan on disk, None where there is none; CompareError (one line) where it is torn or not a plan."""
-    if not path.exists():
-        return None
-    try:
-        plan = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CompareError([f"{path}: not readable as JSON ({e}); restore it from where the map was committed "
-                            "(docs/results/...) or from its report.json's 'plan'"]) from None
-    needed = ("cells", "seeds", "batches")
-    missing = [k for k in needed if k not in plan] if isinstance(plan, dict) else list(needed)
-    if missing or "unreadable" in _design(plan).values():
-        raise CompareError([f"{path}: not a regime map's plan (its {', '.join(missing) or 'cells or questions'} "
-                            "missing or malformed); restore it from where the map was committed or from its "
-                            "report.json's 'plan'"])
-    return plan
-
-
-def _design(plan: dict) -> dict:
-    """What ``plan`` fixes (:data:`PLAN_DESIGN`, the settings of :data:`PLAN_SETTINGS` it records), as JSON
-    values."""
-    try:
-        found = {"cells": [c["cell"] for c in plan["cells"]], "seeds": plan["seeds"], "batches": plan["batches"]}
-        if "max_seeds" in plan:
-            found["max_seeds"] = plan["max_seeds"]
-        if "questions" in plan:
-            found["questions"] = [q["name"] for q in plan["questions"]]
-        settings = plan.get("settings", {})
-        found |= {k: settings[k] for k in PLAN_SETTINGS if k in settings}
-    except (KeyError, TypeError, AttributeError):
-        return {"cells": "unreadable"}
-    return json.loads(json.dumps(found))
-
-
-def _check_plan(path: Path, on_disk: dict, est: dict) -> None:
-    """CompareError naming every setting of this command that differs from the plan on disk: a plan written before
-    the runs is never rewritten, and a command with other flags would be another map under its name."""
-    was, now = _design(on_disk), _design(est)
-    differ = [k for k in now if k in was and was[k] != now[k]]
-    if differ:
-        named = "; ".join(f"{PLAN_DESIGN.get(k, '--' + k.replace('_', '-'))}: plan {was[k]}, flags {now[k]}"
-                          for k in differ)
-        raise CompareError([f"{path} fixes another design than these flags ({named}): give the plan's flags, or a "
-                            "new --out for a new map"])
-
-
-def write_cell_report(cfg: RegimeConfig, cell: Cell, seeds: int) -> Path | None:
-    """The cell's own ``kpo compare`` report (its Table 1, contrasts, Figure 3, Table 2) in ``OUT/CELL/``, over
-    the seeds every run of it finished; None before two seeds have."""
-    from kpo.compare.report import write_report
-    from kpo.compare.run import _done
-
-    finished = 0
-    while finished < seeds:
-        cell_cfg = cfg.cell_config(cell, finished + 1)
-        folder = Path(cell_cfg.out) / "runs"
-        if not all(_done(cell_cfg, folder / r.name) for r in plan_runs(cell_cfg) if r.seed == finished):
-            break
-        finished += 1
-    if finished < 2:
-        return None
-    cell_cfg = cfg.cell_config(cell, finished)
-    folder = Path(cell_cfg.out)
-    with replacing(folder / "compare.json") as partial:
-        partial.write_text(json.dumps(asdict(cell_cfg), indent=2) + "\n")
-    return write_report(cell_cfg, plan_runs(cell_cfg), folder)
 
 
 # ------------------------------------------------------------------ a cell of the map
@@ -812,7 +431,7 @@ def cell_entry(cfg: RegimeConfig, cell: Cell, seeds: int) -> dict:
         "done": len(finished) == seeds,
         **describe_cell(found),
     }
-    scored = [_outcome(Path(cfg.out) / cell.name / "runs" / r.name) for r in runs]
+    scored = [read_outcome(Path(cfg.out) / cell.name / "runs" / r.name) for r in runs]
     entry["metric"] = next((o["metric"] for o in scored if o is not None), None)  # what "accuracy" is
     if cfg.curve_every and entry["done"]:
         entry["curve"] = _curve(cfg, cell, runs)
@@ -943,17 +562,3 @@ def _interval_verdict(c: dict) -> str:
     if -MARGIN <= low and high <= MARGIN:
         return "within +-5 points"
     return "undecided"
-
-
-def write_regime_report(cfg: RegimeConfig, seeds_of: dict[str, int], looks: list[dict]) -> Path:
-    """The map as it stands: ``report.md``, ``report.json`` (``cells``: :func:`cell_entry` of each; ``questions``:
-    the answers of :func:`kpo.compare.questions.decide`; ``looks``), ``regimes.png`` and ``memory.png`` in
-    ``cfg.out``; returns report.md."""
-    from kpo.compare.regime_report import render_map
-
-    out = Path(cfg.out)
-    plan = _read_plan(out / "plan.json") or {}
-    entries = [cell_entry(cfg, cell, seeds_of[cfg.group(cell)]) for cell in cfg.cells]
-    answers = decide(QUESTIONS, _data(cfg, seeds_of), cfg.cells, seeds_of)
-    describe(QUESTIONS, answers)
-    return render_map(out, entries, answers, looks, plan)

@@ -136,13 +136,12 @@ def _evaluate(cfg: CompareConfig, model: Path, output: Path) -> dict:
     the runs trained on; the sample seeds depend on the problem and sample only, so every model of the comparison
     answers the same problems with the same seeds."""
     from kpo.evaluation import evaluate
-    from kpo.train.flags import parse_args
 
     settings = engine_of(cfg).eval_settings(cfg)
     if cfg.eval_data:
         data = list(cfg.eval_data)
     else:  # the embedded task's test split, its prompts fed raw
-        task = parse_args(list(cfg.train_args)).task_config()
+        task = engine_of(cfg).embedded_task(cfg)
         data = "synthetic"
         settings = {
             "backend": settings["backend"],
@@ -170,9 +169,8 @@ def _evaluate_exact(cfg: CompareConfig, model: Path, output: Path) -> None:
 
     from kpo.evaluation.expected import expected_on_rows
     from kpo.testbed.task import load_split
-    from kpo.train.flags import parse_args
 
-    rows = load_split("test", n=cfg.eval_limit, task=parse_args(list(cfg.train_args)).task_config())
+    rows = load_split("test", n=cfg.eval_limit, task=engine_of(cfg).embedded_task(cfg))
     net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(model)
     stats = expected_on_rows(net, tokenizer, rows)

@@ -40,7 +40,7 @@ Signal
 
 Window-wise off-policy frequency (Figure 1, App. B.1): see :func:`window_stats`.
 
-Everything is vectorized over the batch with numpy (float64); ``_token_dynamics_reference`` is the plain-Python
+Everything is vectorized over the batch with numpy (float64); ``kpo.diagnostics.reference.token_dynamics_reference`` is the plain-Python
 per-sample loop that the tests hold the fast path to.
 """
 

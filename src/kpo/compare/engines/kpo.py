@@ -1,34 +1,18 @@
-"""What trains the runs of ``kpo compare``: an engine, one seam (:class:`Engine`) between the comparison and a
-trainer. The plan, the evaluation, the statistics and the reports never branch on which engine ran: an engine
-checks its settings before anything trains, trains one run into its folder (or resumes it), and hands back its
-final model (a Hugging Face directory that ``kpo eval`` scores), its metrics (``metrics.jsonl``: rows with at
-least ``step``, ``reward_mean``, ``entropy``, ``clip_frac``, each covering what :attr:`Engine.rows` declares) and
-its ratio dumps (``ratios/``, :mod:`kpo.analysis.dumps`); once the run is scored, it removes what ``--keep``
-(:data:`KEEP`) does not keep.
-
-- ``kpo`` (:class:`KpoEngine`, the default): ``kpo train`` (TRL) in the worker process, on the embedded task or on
-  ``--model``/``--dataset``; the ``--`` flags are kpo train's.
-- ``verl`` (:class:`kpo.compare.verl_engine.VerlEngine`): verl's ``main_ppo`` as a subprocess on the user's verl
-  configuration; the ``--`` flags are its Hydra overrides.
+"""``kpo compare --engine kpo`` (the default): every run is ``kpo train`` (TRL) in the worker process, one torch
+thread per run, on the embedded task or on ``--model``/``--dataset``; the ``--`` flags are kpo train's, shared
+by every run, and kpo compare sets the rest (:data:`COMPARE_OWNED`, :func:`train_argv`). A regime cell's sampler
+and learning rate are kpo train flags too (:data:`MISMATCH_FLAGS`, :data:`CELL_OWNED`). A run's folder is kpo
+train's output directory: ``config.yaml`` (what a rerun compares), ``metrics.jsonl`` (a row per optimizer step,
+:data:`kpo.compare.contract.STEP_ROWS`), ``checkpoint-*``, ``final/``, ``ratios/``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
 
-from kpo.compare.contract import BATCH_ROWS, KEEP, STEP_ROWS, keep_errors  # noqa: F401 - the protocol's names
+from kpo.compare.contract import STEP_ROWS, keep_errors
 
-__all__ = [
-    "BATCH_ROWS",
-    "COMPARE_OWNED",
-    "KEEP",
-    "STEP_ROWS",
-    "Engine",
-    "KpoEngine",
-    "engine_of",
-    "train_argv",
-]
+__all__ = ["CELL_OWNED", "COMPARE_OWNED", "MISMATCH_FLAGS", "KpoEngine", "train_argv"]
 
 # `kpo train` fields that kpo compare sets from its own options (or its run plan); a `--` flag for one of them
 # would override compare's value after compare.json recorded it.
@@ -48,57 +32,20 @@ COMPARE_OWNED = {
     "model": "--model",
     "dataset": "--dataset",
 }
-
-
-class Engine(Protocol):
-    """One trainer behind ``kpo compare``. ``cfg`` is the :class:`kpo.compare.CompareConfig`, ``run`` a
-    :class:`kpo.compare.Run`, ``out`` the run's folder. Methods marked "worker" run in a worker process."""
-
-    rows: str  # what one metrics.jsonl row covers: STEP_ROWS or BATCH_ROWS
-
-    def flag_errors(self, cfg) -> list[str]:
-        """What is wrong with the settings alone (the ``--`` flags setting what the comparison owns, files the
-        engine needs): checked before :meth:`config_errors`."""
-
-    def config_errors(self, cfg, runs) -> list[str]:
-        """What the trainer would reject in the configuration of each distinct run of ``runs`` (the plan's),
-        before anything trains."""
-
-    def workers(self, cfg) -> int | None:
-        """Parallel runs when ``--jobs`` is not given; None = one per CPU."""
-
-    def shared_start(self, cfg) -> bool:
-        """Whether every seed starts from one model (evaluated once), not from a warm start of its own."""
-
-    def start_model(self, cfg, seed: int) -> Path:
-        """Worker: the model seed ``seed``'s runs start from (built first where it has to be)."""
-
-    def train(self, cfg, run, out: Path, resume: bool) -> Path:
-        """Worker: train ``run`` into ``out`` (``resume``: continue what an interrupt left, else afresh); returns
-        its final model's folder."""
-
-    def checkpoint(self, cfg, out: Path, step: int) -> Path:
-        """The model folder of the run's checkpoint after optimizer step ``step`` (learning curves)."""
-
-    def prune(self, cfg, out: Path) -> None:
-        """Worker, once the run is scored: remove what ``cfg.keep`` (:data:`KEEP`) does not keep; the run stays
-        done (:meth:`trained`) and is no longer resumable."""
-
-    def trained(self, cfg, out: Path) -> bool:
-        """Whether the run in ``out`` finished training (its metrics and final model are there)."""
-
-    def resumable(self, cfg, run, out: Path) -> bool:
-        """Whether the unfinished run in ``out`` can continue with this comparison's settings."""
-
-    def changed(self, cfg, run, out: Path) -> list[str]:
-        """``"setting: was -> now"`` for each training setting of the run in ``out`` that differs from now's."""
-
-    def steps_done(self, cfg, out: Path) -> int:
-        """Optimizer steps the run in ``out`` has logged (the progress bar's count)."""
-
-    def eval_settings(self, cfg) -> dict:
-        """``kpo eval`` settings that make its prompts the ones the runs trained on (``prompt_template``,
-        ``max_new_tokens``) and its ``backend``."""
+# The sampler of each mismatch level of the regime map (kpo.compare.regimes.MISMATCH), as kpo train flags.
+MISMATCH_FLAGS = {
+    "none": (),
+    "bf16": ("--rollout-dtype", "bfloat16", "--ratio-anchor", "rollout"),
+    "fp8": ("--rollout-dtype", "float8", "--ratio-anchor", "rollout"),
+}
+# kpo train flags a regime cell fixes: a `--` flag for one of them would train another regime under the cell's
+# name.
+CELL_OWNED = {
+    "learning_rate": "--lr (or --cells)",
+    "rollout_dtype": "--mismatch (or --cells)",
+    "ratio_anchor": "--mismatch (or --cells)",
+    "minibatches": "--depth (or --cells)",
+}
 
 
 class KpoEngine:
@@ -109,11 +56,49 @@ class KpoEngine:
     def flag_errors(self, cfg) -> list[str]:
         return _owned_flag_errors(cfg.train_args) + keep_errors(cfg)
 
+    def data_errors(self, cfg) -> list[str]:
+        """``--dataset`` in a format kpo train reads; a ``--verl-config`` is verl's alone."""
+        from kpo.compare.checks import PROBLEM_FILES, file_errors
+
+        errors = []
+        if cfg.dataset is not None:
+            errors += file_errors("--dataset", cfg.dataset, PROBLEM_FILES, "training problems")
+        if cfg.verl_config is not None:
+            errors.append(f"--verl-config {cfg.verl_config}: a verl configuration needs --engine verl")
+        return errors
+
     def config_errors(self, cfg, runs) -> list[str]:
         return _train_config_errors(cfg, runs)
 
+    def cell_settings(self, cell) -> tuple[str, ...]:
+        return ("--learning-rate", repr(cell.lr), *MISMATCH_FLAGS[cell.mismatch])
+
+    def cell_errors(self, cfg) -> list[str]:
+        """`--` flags that would override what a cell fixes (its learning rate, sampler, anchor, depth): every
+        mismatch level is kpo train's."""
+        from kpo.train.flags import build_parser
+
+        try:
+            given = vars(build_parser("kpo compare regimes -- (kpo train flags)").parse_args(list(cfg.train_args)))
+        except SystemExit:  # argparse printed its own line; kpo compare's validation reports the rest
+            return []
+        return [
+            f"-- --{key.replace('_', '-')}: every cell sets it (its name says which); use {CELL_OWNED[key]} instead"
+            for key in given
+            if key in CELL_OWNED
+        ]
+
     def workers(self, cfg) -> int | None:
         return None
+
+    def embedded(self, cfg) -> bool:
+        return cfg.model is None and cfg.dataset is None and not cfg.eval_data
+
+    def embedded_task(self, cfg):
+        """The task kpo train's flags name (the embedded running-sum task by default)."""
+        from kpo.train.flags import parse_args
+
+        return parse_args(list(cfg.train_args)).task_config()
 
     def shared_start(self, cfg) -> bool:
         return cfg.model is not None
@@ -178,6 +163,18 @@ class KpoEngine:
             for k in fields
             if getattr(saved, k) != getattr(now, k)
         ]
+
+    def torn_files(self, out: Path) -> list[str]:
+        """kpo train's ``config.yaml``, where there is one, is not a kpo train configuration."""
+        from kpo.train.config import ConfigError, TrainConfig
+
+        if not (out / "config.yaml").exists():
+            return []
+        try:
+            TrainConfig.from_yaml(out / "config.yaml")
+        except ConfigError as e:
+            return ["; ".join(e.errors)]
+        return []
 
     def steps_done(self, cfg, out: Path) -> int:
         path = out / "metrics.jsonl"
@@ -285,12 +282,3 @@ def train_argv(cfg, run, out: Path) -> list[str]:
 
 def _model_args(cfg) -> list[str]:
     return ["--model", cfg.model] if cfg.model is not None else []
-
-
-def engine_of(cfg) -> Engine:
-    """The engine ``cfg.engine`` names (validated by :meth:`kpo.compare.CompareConfig.validate`)."""
-    if cfg.engine == "verl":
-        from kpo.compare.verl_engine import VerlEngine
-
-        return VerlEngine()
-    return KpoEngine()

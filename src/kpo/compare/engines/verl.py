@@ -25,8 +25,8 @@ What the user names is kept and made the run's own: ``trainer.experiment_name`` 
 every output folder the user sets (:data:`USER_DIRS`, TensorBoard's ``TENSORBOARD_DIR``) gets a subfolder per
 run. A Megatron actor is refused (kpo's actor config and the checkpoint kpo eval scores are the FSDP actor's).
 
-The plan composes each distinct run's configuration as main_ppo does (Hydra) and checks it with verl's own
-checks (main_ppo's ``validate_config``, which builds the actor's config class) and the field types of verl's
+The plan composes each distinct run's configuration as main_ppo does (Hydra,
+:mod:`kpo.compare.engines.verl_config`) and checks it with verl's own checks (main_ppo's ``validate_config``, which builds the actor's config class) and the field types of verl's
 config classes (a learning rate "abc" is refused, with OmegaConf's reason), plus what the comparison's arithmetic
 needs (a batch and ppo_epochs >= 1): each error is shown in full, before any run.
 
@@ -49,23 +49,27 @@ import shutil
 import signal
 import subprocess
 import sys
-from functools import lru_cache
 from pathlib import Path
 
 from kpo._files import replacing
 from kpo.compare.contract import BATCH_ROWS, keep_errors
+from kpo.compare.engines.verl_config import (
+    ABSENT,
+    ACTOR,
+    compose,
+    hydra_free,
+    megatron_errors,
+    one_line,
+    override_key,
+    select,
+    type_errors,
+    unresolved,
+    verl_check,
+    verl_config_errors,
+)
 
-__all__ = [
-    "OWNED",
-    "PAPER_CLIP",
-    "VerlEngine",
-    "cell_overrides",
-    "merge_rows",
-    "metrics_rows",
-    "override_key",
-]
+__all__ = ["CELL_SAMPLER", "OWNED", "PAPER_CLIP", "VerlEngine", "merge_rows", "metrics_rows"]
 
-ACTOR = "actor_rollout_ref.actor"
 # kpo compare's methods on verl -> verl's loss_mode (kpo's own losses are registered under their names by kpo's
 # plugin; vanilla and GSPO are verl's own, the same methods: kpo.integrations.verl.VERL_EQUIVALENTS)
 VERL_LOSS = {"vanilla": "vanilla", "gspo": "gspo", "kpo": "kpo", "kpo_unclipped": "kpo_unclipped"}
@@ -116,51 +120,14 @@ FITTED = {"kpo/q": "actor/kpo/q", "kpo/memory_tokens": "actor/kpo/memory_tokens"
 VALIDATION = "val-"  # verl's validation metrics: val-core/..., val-aux/...
 RUN_FILE = "run.json"
 STOP_SECONDS = 60  # after an interrupt, how long main_ppo may take to stop before it is killed
-
-
-def override_key(override: str) -> str:
-    """The config key a Hydra override sets: ``+a.b=1`` -> ``a.b``, ``~a.b`` -> ``a.b``."""
-    return override.split("=", 1)[0].lstrip("+~")
-
-
-def cell_overrides(mismatch: str, lr: float) -> tuple[str, ...]:
-    """A regime cell's settings on verl (:mod:`kpo.compare.regimes`): mismatch ``none`` = a float32 sampler whose
-    log-probs the trainer recomputes (verl's default, decoupled mode: each batch's first mini-batch has ratio 1),
-    ``bf16`` = a bfloat16 sampler whose own log-probs anchor the ratio (verl's bypass mode); the learning rate."""
-    sampler = {
-        "none": ("actor_rollout_ref.rollout.dtype=float32", "algorithm.rollout_correction.bypass_mode=false"),
-        "bf16": ("actor_rollout_ref.rollout.dtype=bfloat16", "algorithm.rollout_correction.bypass_mode=true"),
-    }
-    return (*sampler[mismatch], f"{ACTOR}.optim.lr={lr!r}")
-
-
-CELL_MISMATCH = ("none", "bf16")  # the regime map's mismatch levels cell_overrides maps
-
-
-def _config_dir() -> str:
-    """verl's own configuration folder (``ppo_trainer.yaml``), found without importing verl."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("verl")
-    return str(Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config")
-
-
-def _compose_fresh(verl_config: str | None, overrides: tuple[str, ...]):
-    """verl's configuration as main_ppo composes it: ``verl_config`` (a YAML file, as ``--config-path`` and
-    ``--config-name``) or verl's ``ppo_trainer``, with ``overrides``."""
-    from hydra import compose, initialize_config_dir
-
-    folder, name = (
-        (str(Path(verl_config).resolve().parent), Path(verl_config).stem)
-        if verl_config
-        else (_config_dir(), "ppo_trainer")
-    )
-    with initialize_config_dir(config_dir=folder, version_base=None):
-        return compose(name, overrides=list(overrides))
-
-
-# the same, composed once per process and read only (a composition takes 0.3 s, the first 4 s)
-_compose = lru_cache(maxsize=32)(_compose_fresh)
+# A regime cell's sampler on verl (kpo.compare.regimes), by the map's mismatch level: none = a float32 sampler
+# whose log-probs the trainer recomputes (verl's default, decoupled mode: each batch's first mini-batch has ratio
+# 1), bf16 = a bfloat16 sampler whose own log-probs anchor the ratio (verl's bypass mode). fp8 is not mapped.
+CELL_SAMPLER = {
+    "none": ("actor_rollout_ref.rollout.dtype=float32", "algorithm.rollout_correction.bypass_mode=false"),
+    "bf16": ("actor_rollout_ref.rollout.dtype=bfloat16", "algorithm.rollout_correction.bypass_mode=true"),
+}
+CELL_LR = f"{ACTOR}.optim.lr"  # a regime cell's learning rate
 
 
 def merge_rows(rows: list[dict]) -> list[dict]:
@@ -218,7 +185,7 @@ class VerlEngine:
         return (*self._user(cfg), *extra)
 
     def _composed(self, cfg):
-        return _compose(cfg.verl_config, self._base(cfg))
+        return compose(cfg.verl_config, self._base(cfg))
 
     def _steps_per_batch(self, cfg) -> int:
         return cfg.minibatches * int(self._composed(cfg).actor_rollout_ref.actor.ppo_epochs)
@@ -255,6 +222,19 @@ class VerlEngine:
             )
         return errors + keep_errors(cfg)
 
+    def data_errors(self, cfg) -> list[str]:
+        """``--dataset`` as verl's training parquet; ``--verl-config`` a YAML building on verl's trainer
+        configuration (:func:`kpo.compare.engines.verl_config.verl_config_errors`)."""
+        from kpo.compare.checks import file_errors
+
+        errors = []
+        if cfg.dataset is not None:
+            kinds = {".parquet": "verl's RL schema"}
+            errors += file_errors("--dataset", cfg.dataset, kinds, "verl's training parquet", "verl")
+        if cfg.verl_config is not None:
+            errors += verl_config_errors(cfg.verl_config)
+        return errors
+
     def config_errors(self, cfg, runs) -> list[str]:
         """The user's configuration composed as main_ppo composes it, then: a Megatron actor, a key kpo owns set
         by it (:meth:`_owned_in_config`), a value of the wrong type for verl's config classes, what the
@@ -263,8 +243,8 @@ class VerlEngine:
         try:
             composed = self._composed(cfg)
         except Exception as e:  # noqa: BLE001 - Hydra's and OmegaConf's many errors, each shown in full
-            return [f"verl configuration: {_reason(e)}"]
-        errors = _megatron_errors(composed) or self._owned_in_config(cfg) + _type_errors(composed)
+            return [f"verl configuration: {one_line(e)}"]
+        errors = megatron_errors(composed) or self._owned_in_config(cfg) + type_errors(composed)
         if errors:
             return errors
         batch, epochs = int(composed.data.train_batch_size), int(composed.actor_rollout_ref.actor.ppo_epochs)
@@ -284,7 +264,7 @@ class VerlEngine:
                 f"{cfg.minibatches * epochs} (a verl training step is one generation batch)"
             )
         for key in (MODEL_KEY, DATA_KEY):
-            value = str(_select(composed, key))
+            value = str(select(composed, key))
             if value.startswith(("/", ".")) and not Path(value).exists():
                 errors.append(f"{key}={value}: no such file or folder; check the path")
         if errors:
@@ -294,7 +274,7 @@ class VerlEngine:
             distinct.setdefault((run.method, run.loss_kwargs), run)
         first_run: dict[str, str] = {}
         for run in distinct.values():
-            for err in _verl_check(
+            for err in verl_check(
                 cfg.verl_config, self.overrides(cfg, run, Path(cfg.out) / "runs" / run.name)
             ):
                 first_run.setdefault(err, run.name)
@@ -310,17 +290,17 @@ class VerlEngine:
 
         written, mine, verl = (
             OmegaConf.load(cfg.verl_config),
-            _compose(cfg.verl_config, ()),
-            _compose(None, ()),
+            compose(cfg.verl_config, ()),
+            compose(None, ()),
         )
         errors = []
         for key, instead in OWNED.items():
-            value = _unresolved(written, key)
-            if value is _ABSENT and not key.startswith("hydra."):
-                value = _unresolved(mine, key)
-                if value == _unresolved(verl, key):
+            value = unresolved(written, key)
+            if value is ABSENT and not key.startswith("hydra."):
+                value = unresolved(mine, key)
+                if value == unresolved(verl, key):
                     continue
-            if value is not _ABSENT:
+            if value is not ABSENT:
                 errors.append(
                     f"--verl-config {cfg.verl_config}: sets {key} ({value}); kpo compare sets it for every run: "
                     f"remove it there and use {instead}"
@@ -357,7 +337,7 @@ class VerlEngine:
         ]
         # the user's output folders, one subfolder per run
         owned += [
-            f"{key}={Path(str(folder)) / run.name}" for key in USER_DIRS if (folder := _select(composed, key))
+            f"{key}={Path(str(folder)) / run.name}" for key in USER_DIRS if (folder := select(composed, key))
         ]
         # verl saves nothing by default; any positive period also saves the last step
         if int(trainer.save_freq) <= 0:
@@ -380,15 +360,39 @@ class VerlEngine:
             ]
         return (*self._base(cfg), *owned)
 
+    def cell_settings(self, cell) -> tuple[str, ...]:
+        """The cell's sampler (:data:`CELL_SAMPLER`: its dtype and verl's bypass mode) and learning rate."""
+        return (*CELL_SAMPLER[cell.mismatch], f"{CELL_LR}={cell.lr!r}")
+
+    def cell_errors(self, cfg) -> list[str]:
+        """A cell whose mismatch verl has no sampler for (fp8), or a `--` override of what each cell sets."""
+        errors = [
+            f"--mismatch {m}: not mapped to verl; use {', '.join(CELL_SAMPLER)}"
+            for m in sorted({c.mismatch for c in cfg.cells} - set(CELL_SAMPLER))
+        ]
+        owned = {override_key(o) for sampler in CELL_SAMPLER.values() for o in sampler} | {CELL_LR}
+        errors += [
+            f"-- {key}=...: each cell sets it (--mismatch, --lr); drop it"
+            for key in sorted({override_key(o) for o in cfg.train_args} & owned)
+        ]
+        return errors
+
     # ------------------------------------------------------------------ runs
     def workers(self, cfg) -> int | None:
         return 1
+
+    def embedded(self, cfg) -> bool:
+        return False
+
+    def embedded_task(self, cfg):
+        """None: verl trains on the user's parquet, and the runs are scored on ``--eval-data``."""
+        return None
 
     def shared_start(self, cfg) -> bool:
         return True
 
     def start_model(self, cfg, seed: int) -> Path:
-        return Path(os.path.expanduser(str(_select(self._composed(cfg), MODEL_KEY))))
+        return Path(os.path.expanduser(str(select(self._composed(cfg), MODEL_KEY))))
 
     def train(self, cfg, run, out: Path, resume: bool) -> Path:
         """Run main_ppo for ``run`` into ``out``; an interrupt (KeyboardInterrupt: kpo compare passes its SIGINT
@@ -409,7 +413,7 @@ class VerlEngine:
         from omegaconf import OmegaConf
 
         with replacing(out / "config.yaml") as partial:
-            partial.write_text(OmegaConf.to_yaml(_compose(cfg.verl_config, _hydra_free(overrides))))
+            partial.write_text(OmegaConf.to_yaml(compose(cfg.verl_config, hydra_free(overrides))))
         attempt = len(list(out.glob("verl_metrics-*.jsonl")))
         where = []
         if cfg.verl_config:
@@ -495,6 +499,10 @@ class VerlEngine:
             changed.append(f"--verl-config {cfg.verl_config}: its text (or the file given) differs")
         return changed
 
+    def torn_files(self, out: Path) -> list[str]:
+        """Nothing: what kpo reads back of a verl run (``run.json``, ``metrics.jsonl``) is written whole or not at all."""
+        return []
+
     def steps_done(self, cfg, out: Path) -> int:
         files = sorted(out.glob("verl_metrics-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
         if not files:
@@ -514,94 +522,6 @@ class VerlEngine:
 def _yaml(cfg) -> str | None:
     """The text of the user's verl YAML (what a rerun compares: the file may have been edited), None without one."""
     return None if cfg.verl_config is None else Path(cfg.verl_config).read_text()
-
-
-def _select(composed, key: str):
-    from omegaconf import OmegaConf
-
-    return OmegaConf.select(composed, key)
-
-
-_ABSENT = object()  # no such key (a value may be None)
-
-
-def _unresolved(config, key: str):
-    """The value at ``key`` as written (interpolations unresolved, so that ``${...}`` compares as text), or
-    :data:`_ABSENT`."""
-    from omegaconf import DictConfig, OmegaConf
-
-    parent, _, leaf = key.rpartition(".")
-    node = (
-        OmegaConf.select(config, parent, default=None, throw_on_resolution_failure=False)
-        if parent
-        else config
-    )
-    if not isinstance(node, DictConfig) or leaf not in node:
-        return _ABSENT
-    child = node._get_node(leaf)
-    return (
-        child._value() if not isinstance(child, DictConfig) else OmegaConf.to_container(child, resolve=False)
-    )
-
-
-def _reason(e: BaseException) -> str:
-    """An exception in one line, in full (Hydra's and verl's messages span lines)."""
-    return f"{type(e).__name__}: {' '.join(str(e).split())}"
-
-
-def _megatron_errors(composed) -> list[str]:
-    if _select(composed, f"{ACTOR}.strategy") != "megatron":
-        return []
-    return [
-        f"{ACTOR}.strategy=megatron: kpo compare runs verl's FSDP actor only (kpo's actor config extends "
-        "FSDPActorConfig, and kpo eval scores the FSDP checkpoint's Hugging Face weights); use fsdp or fsdp2"
-    ]
-
-
-def _type_errors(composed) -> list[str]:
-    """Every value of ``composed`` that the field of verl's config class reading it (the ``_target_`` of its
-    section) does not take: an int, float or bool field given something else, refused as OmegaConf's typed merge
-    refuses it (verl's ``omega_conf_to_dataclass`` with a class; main_ppo's ``_target_`` instantiation skips the
-    check, and a learning rate "abc" would fail in the optimizer, minutes into the run)."""
-    import dataclasses
-    import types
-    import typing
-
-    from hydra.utils import get_class
-    from omegaconf import DictConfig, ValidationError
-    from omegaconf.nodes import BooleanNode, FloatNode, IntegerNode
-
-    nodes = {int: IntegerNode, float: FloatNode, bool: BooleanNode}
-    errors = []
-
-    def walk(node: DictConfig, path: str) -> None:
-        target = node._get_node("_target_")._value() if "_target_" in node else None
-        try:
-            cls = get_class(target) if isinstance(target, str) and target else None
-            hints = typing.get_type_hints(cls) if cls is not None and dataclasses.is_dataclass(cls) else {}
-        except Exception:  # noqa: BLE001 - not a class verl can import here: main_ppo's own check says so
-            cls, hints = None, {}
-        for key in node:
-            child = node._get_node(key)
-            if isinstance(child, DictConfig):
-                walk(child, f"{path}{key}.")
-                continue
-            hint = hints.get(key)
-            union = typing.get_origin(hint) in (typing.Union, types.UnionType)
-            kinds = [k for k in (typing.get_args(hint) if union else (hint,)) if k in nodes]
-            value = getattr(child, "_value", lambda: None)()
-            if not kinds or value is None or (isinstance(value, str) and "${" in value):
-                continue
-            try:
-                nodes[kinds[0]](value)
-            except ValidationError:
-                errors.append(
-                    f"{path}{key}={value}: verl's {cls.__name__}.{key} takes a {kinds[0].__name__}, not "
-                    f"{type(value).__name__} {value!r}; give one"
-                )
-
-    walk(composed, "")
-    return errors
 
 
 def _env(out: Path, run, attempt: int) -> dict[str, str]:
@@ -635,26 +555,6 @@ def _prune_to(root: Path, keep: Path) -> None:
             shutil.rmtree(path)
         else:
             path.unlink()
-
-
-def _hydra_free(overrides: tuple[str, ...]) -> tuple[str, ...]:
-    """The overrides without Hydra's own settings (``hydra.*``), which the compose API refuses."""
-    return tuple(o for o in overrides if not override_key(o).startswith("hydra."))
-
-
-def _verl_check(verl_config: str | None, overrides: tuple[str, ...]) -> list[str]:
-    """What main_ppo's own check (``validate_config``) and kpo's actor config reject in this run's configuration."""
-    try:
-        composed = _compose_fresh(verl_config, _hydra_free(overrides))  # validate_config may write into it
-        from verl.trainer.ppo.utils import need_critic, need_reference_policy
-        from verl.utils.config import validate_config
-
-        validate_config(
-            composed, use_reference_policy=need_reference_policy(composed), use_critic=need_critic(composed)
-        )
-    except Exception as e:  # noqa: BLE001 - verl asserts and raises many types; each is shown in full
-        return [f"verl's configuration check: {_reason(e)}"]
-    return []
 
 
 def _checkpointed_step(out: Path) -> int:

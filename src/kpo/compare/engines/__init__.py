@@ -1,0 +1,146 @@
+"""What trains the runs of ``kpo compare``: an engine, one seam (:class:`Engine`) between the comparison and a
+trainer. The plan, the evaluation, the statistics, the regime map and the reports never branch on which engine
+runs: everything a trainer decides is a method here. An engine checks its settings before anything trains, maps
+the comparison's and a regime cell's settings to its own, trains one run into its folder (or resumes it), and
+hands back its final model (a Hugging Face directory that ``kpo eval`` scores), its metrics (``metrics.jsonl``:
+rows with at least ``step``, ``reward_mean``, ``entropy``, ``clip_frac``, each covering what :attr:`Engine.rows`
+declares), its configuration as it ran (``config.yaml``, which the report shows) and its ratio dumps
+(``ratios/``, :mod:`kpo.analysis.dumps`); once the run is scored, it removes what ``--keep`` (:data:`KEEP`) does
+not keep.
+
+- ``kpo`` (:class:`kpo.compare.engines.kpo.KpoEngine`, the default): ``kpo train`` (TRL) in the worker process,
+  on the embedded task or on ``--model``/``--dataset``; the ``--`` flags are kpo train's.
+- ``verl`` (:class:`kpo.compare.engines.verl.VerlEngine`): verl's ``main_ppo`` as a subprocess on the user's verl
+  configuration; the ``--`` flags are its Hydra overrides.
+
+Another trainer is one module with a class that has these methods, registered under its name
+(:func:`register_engine`); ``--engine NAME`` then runs it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from kpo.compare.contract import BATCH_ROWS, KEEP, STEP_ROWS
+from kpo.compare.engines.kpo import KpoEngine
+from kpo.compare.engines.verl import VerlEngine
+
+__all__ = [
+    "BATCH_ROWS",
+    "KEEP",
+    "STEP_ROWS",
+    "Engine",
+    "engine_names",
+    "engine_of",
+    "register_engine",
+]
+
+
+class Engine(Protocol):
+    """One trainer behind ``kpo compare``. ``cfg`` is the :class:`kpo.compare.CompareConfig` (a
+    :class:`kpo.compare.regimes.RegimeConfig` where said), ``run`` a :class:`kpo.compare.Run`, ``out`` the run's
+    folder. Methods marked "worker" run in a worker process."""
+
+    rows: str  # what one metrics.jsonl row covers: STEP_ROWS or BATCH_ROWS
+
+    # ------------------------------------------------------------------ checks, before anything trains
+    def flag_errors(self, cfg) -> list[str]:
+        """What is wrong with the settings alone (the ``--`` flags setting what the comparison owns, settings
+        the engine does not run, what it needs installed): checked before :meth:`config_errors`."""
+
+    def data_errors(self, cfg) -> list[str]:
+        """What is wrong with the files the engine reads: ``--dataset`` (in a format its trainer reads) and its
+        own configuration file (``--verl-config``), or that file given to an engine that reads none."""
+
+    def config_errors(self, cfg, runs) -> list[str]:
+        """What the trainer would reject in the configuration of each distinct run of ``runs`` (the plan's),
+        before anything trains."""
+
+    # ------------------------------------------------------------------ the regime map
+    def cell_settings(self, cell) -> tuple[str, ...]:
+        """A regime cell's (:class:`kpo.compare.regimes.Cell`) sampler mismatch and learning rate as the engine's
+        own ``--`` settings (its depth is ``--minibatches``, every engine's)."""
+
+    def cell_errors(self, cfg) -> list[str]:
+        """``cfg`` a RegimeConfig with its cells: the cells the engine cannot run, and ``--`` settings that would
+        override what a cell sets (:meth:`cell_settings`)."""
+
+    # ------------------------------------------------------------------ the plan and the scoring
+    def workers(self, cfg) -> int | None:
+        """Parallel runs when ``--jobs`` is not given; None = one per CPU."""
+
+    def embedded(self, cfg) -> bool:
+        """Whether ``cfg`` trains the embedded task and model on this engine, the setup the plan's cost constants
+        were measured on (:mod:`kpo.compare.plan`); elsewhere the plan's time comes from measured runs."""
+
+    def embedded_task(self, cfg):
+        """The embedded task (:class:`kpo.testbed.task.TaskConfig`) whose test split scores the runs when no
+        ``--eval-data`` is given, and whose running kind is scored by its exact expected accuracy
+        (:func:`kpo.compare.outcome.exact_applies`); None where the engine trains on the user's data only
+        (:meth:`flag_errors` then asks for ``--eval-data``)."""
+
+    def eval_settings(self, cfg) -> dict:
+        """``kpo eval`` settings that make its prompts the ones the runs trained on (``prompt_template``,
+        ``max_new_tokens``) and its ``backend``."""
+
+    # ------------------------------------------------------------------ runs
+    def shared_start(self, cfg) -> bool:
+        """Whether every seed starts from one model (evaluated once), not from a warm start of its own."""
+
+    def start_model(self, cfg, seed: int) -> Path:
+        """Worker: the model seed ``seed``'s runs start from (built first where it has to be)."""
+
+    def train(self, cfg, run, out: Path, resume: bool) -> Path:
+        """Worker: train ``run`` into ``out`` (``resume``: continue what an interrupt left, else afresh); returns
+        its final model's folder."""
+
+    def checkpoint(self, cfg, out: Path, step: int) -> Path:
+        """The model folder of the run's checkpoint after optimizer step ``step`` (learning curves)."""
+
+    def prune(self, cfg, out: Path) -> None:
+        """Worker, once the run is scored: remove what ``cfg.keep`` (:data:`KEEP`) does not keep; the run stays
+        done (:meth:`trained`) and is no longer resumable."""
+
+    def trained(self, cfg, out: Path) -> bool:
+        """Whether the run in ``out`` finished training (its metrics and final model are there)."""
+
+    def resumable(self, cfg, run, out: Path) -> bool:
+        """Whether the unfinished run in ``out`` can continue with this comparison's settings."""
+
+    def changed(self, cfg, run, out: Path) -> list[str]:
+        """``"setting: was -> now"`` for each training setting of the run in ``out`` that differs from now's."""
+
+    def torn_files(self, out: Path) -> list[str]:
+        """Why each file the engine reads back from the folder ``out`` (a run's, or a warm start's) is unreadable,
+        as a stop mid-write can leave it; the caller adds the fix."""
+
+    def steps_done(self, cfg, out: Path) -> int:
+        """Optimizer steps the run in ``out`` has logged (the progress bar's count)."""
+
+
+_ENGINES: dict[str, Engine] = {}  # name -> engine (--engine NAME)
+
+
+def register_engine(name: str, engine: Engine) -> None:
+    """Make ``engine`` the one ``--engine name`` runs; ValueError when another engine has the name."""
+    if _ENGINES.get(name, engine) is not engine:
+        raise ValueError(f"engine {name!r}: registered already ({type(_ENGINES[name]).__name__}); choose a new name")
+    _ENGINES[name] = engine
+
+
+def engine_names() -> tuple[str, ...]:
+    """The registered engines' names, in the order registered."""
+    return tuple(_ENGINES)
+
+
+def engine_of(cfg) -> Engine:
+    """The engine ``cfg.engine`` names; ValueError in one line naming the known engines when none has that name."""
+    try:
+        return _ENGINES[cfg.engine]
+    except KeyError:
+        raise ValueError(f"--engine={cfg.engine!r}: unknown; use one of {', '.join(_ENGINES)}") from None
+
+
+register_engine("kpo", KpoEngine())
+register_engine("verl", VerlEngine())

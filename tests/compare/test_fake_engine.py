@@ -1,0 +1,158 @@
+"""An engine is one class: a fake trainer, defined in this file alone and registered under its own name, runs a
+two-arm ``kpo compare`` and a one-cell regime map end to end (the plan, the forked workers, the scoring, the
+report and the map) without kpo's trainer. kpo eval is replaced by a stand-in that scores a model by its folder's
+name: KPO's runs get every sample right, the others half, the start model none."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+from pathlib import Path
+
+import pytest
+
+import kpo.compare.engines
+import kpo.compare.run
+from kpo.compare import CompareConfig, CompareError, run_compare
+from kpo.compare.contract import STEP_ROWS
+from kpo.compare.engines import engine_names, register_engine
+from kpo.compare.regime_run import run_regimes
+from kpo.compare.regimes import RegimeConfig
+
+PROBLEMS = 2
+
+
+class FakeEngine:
+    """Trains nothing: a run's final model is an empty folder, its metrics a constant row per optimizer step, its
+    configuration one line; a regime cell's settings are its own ``key=value`` words."""
+
+    rows = STEP_ROWS
+
+    def flag_errors(self, cfg) -> list[str]:
+        return [f"--minibatches={cfg.minibatches}: the fake engine takes 2"] if cfg.minibatches != 2 else []
+
+    def data_errors(self, cfg) -> list[str]:
+        return []
+
+    def config_errors(self, cfg, runs) -> list[str]:
+        return []
+
+    def cell_settings(self, cell) -> tuple[str, ...]:
+        return (f"sampler={cell.mismatch}", f"lr={cell.lr!r}")
+
+    def cell_errors(self, cfg) -> list[str]:
+        return []
+
+    def workers(self, cfg) -> int | None:
+        return 2
+
+    def embedded(self, cfg) -> bool:
+        return False
+
+    def embedded_task(self, cfg):
+        return None
+
+    def eval_settings(self, cfg) -> dict:
+        return {"prompt_template": "{problem}", "max_new_tokens": 4, "backend": "transformers"}
+
+    def shared_start(self, cfg) -> bool:
+        return True
+
+    def start_model(self, cfg, seed: int) -> Path:
+        path = Path(cfg.out) / "start"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def train(self, cfg, run, out: Path, resume: bool) -> Path:
+        (out / "final").mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(f"trainer: fake\nmethod: {run.method}\n")
+        rows = [{"step": s, "reward_mean": 0.5, "entropy": 1.0, "clip_frac": 0.0} for s in range(1, cfg.steps + 1)]
+        (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return out / "final"
+
+    def checkpoint(self, cfg, out: Path, step: int) -> Path:
+        return out / "final"
+
+    def prune(self, cfg, out: Path) -> None:
+        pass
+
+    def trained(self, cfg, out: Path) -> bool:
+        return (out / "metrics.jsonl").exists() and (out / "final").is_dir()
+
+    def resumable(self, cfg, run, out: Path) -> bool:
+        return False
+
+    def changed(self, cfg, run, out: Path) -> list[str]:
+        return []
+
+    def torn_files(self, out: Path) -> list[str]:
+        return []
+
+    def steps_done(self, cfg, out: Path) -> int:
+        path = out / "metrics.jsonl"
+        return sum(1 for _ in path.open()) if path.exists() else 0
+
+
+def fake_evaluate(model, data, *, n, output, **settings) -> dict:
+    """kpo eval's stand-in: every problem of ``data`` (one file of PROBLEMS) answered right n, n / 2 or 0 times."""
+    name = Path(model).parent.name if Path(model).name == "final" else Path(model).name
+    right = n if name.startswith("kpo") else 0 if name == "start" else n // 2
+    per_problem = [{"id": f"p{i}", "correct": right} for i in range(PROBLEMS)]
+    results = {
+        "params": {"n": n},
+        "benchmarks": {Path(data[0]).stem: {"problems": PROBLEMS, "per_problem": per_problem}},
+        "macro": {f"avg@{n}": right / n, f"pass@{n}": float(right > 0), "mean_response_tokens": 3.0},
+    }
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    Path(output).write_text(json.dumps(results))
+    return results
+
+
+@pytest.fixture
+def fake_engine(monkeypatch, tmp_path):
+    """The fake engine registered as ``fake`` for this test alone, its runs in workers forked from this process
+    (where it is registered), kpo eval replaced; returns the held-out benchmark file."""
+    monkeypatch.setattr(kpo.compare.engines, "_ENGINES", dict(kpo.compare.engines._ENGINES))
+    register_engine("fake", FakeEngine())
+    monkeypatch.setattr(kpo.compare.run, "get_context", lambda method: multiprocessing.get_context("fork"))
+    monkeypatch.setattr("kpo.evaluation.evaluate", fake_evaluate)
+    monkeypatch.setattr("kpo.compare.report.plot_training_dynamics", lambda curves, path, smooth: path)
+    monkeypatch.setattr("kpo.compare.report._plot_contrasts", lambda results, path: path)
+    problems = tmp_path / "held_out.jsonl"
+    problems.write_text("".join(json.dumps({"problem": f"{i}+1", "answer": str(i + 1)}) + "\n" for i in range(PROBLEMS)))
+    return problems
+
+
+def test_a_registered_engine_runs_a_two_arm_compare(fake_engine, tmp_path):
+    assert engine_names()[-1] == "fake"
+    cfg = CompareConfig(
+        out=str(tmp_path / "cmp"), engine="fake", methods=("vanilla", "kpo"), seeds=2, steps=4, minibatches=2,
+        matched=False, ablations=False, aa_seeds=0, eval_n=2, eval_data=(str(fake_engine),), dump_every=1,
+    )  # fmt: skip
+    report = run_compare(cfg)
+    found = json.loads((report.parent / "report.json").read_text())
+    assert found["contrasts"]["kpo - vanilla"]["mean"] == pytest.approx(0.5)  # 1.0 - 0.5 at both seeds
+    # the engine's own check runs with the comparison's, before anything trains
+    with pytest.raises(CompareError, match="--minibatches=4: the fake engine takes 2"):
+        CompareConfig(out=str(tmp_path / "other"), engine="fake", minibatches=4, eval_data=(str(fake_engine),)).validate()
+
+
+def test_a_registered_engine_runs_a_one_cell_map(fake_engine, tmp_path):
+    cfg = RegimeConfig(
+        out=str(tmp_path / "map"), engine="fake", cells_only=("none-depth2-lr0.0001",), seeds=1, max_seeds=1,
+        batches=2, eval_n=2, eval_data=(str(fake_engine),),
+    )  # fmt: skip
+    report = run_regimes(cfg)
+    [cell] = json.loads((report.parent / "report.json").read_text())["cells"]
+    assert cell["done"] and cell["steps"] == 4
+    assert {arm["label"]: arm["accuracy"] for arm in cell["arms"].values()} == {
+        "GRPO": [0.5], "GSPO": [0.5], "KPO (matched)": [1.0], "KPO (auto)": [1.0],
+    }  # fmt: skip
+    # the cell's settings are the engine's own words
+    assert cfg.cell_config(cfg.cells[0], 1).train_args == ("sampler=none", "lr=0.0001")
+
+
+def test_an_unknown_engine_is_one_line_naming_the_known_ones(tmp_path):
+    with pytest.raises(CompareError) as e:
+        CompareConfig(out=str(tmp_path), engine="nope").validate()
+    assert e.value.errors == [f"--engine='nope': unknown; use one of {', '.join(engine_names())}"]
