@@ -117,7 +117,7 @@ def fake_engine(monkeypatch, tmp_path):
     monkeypatch.setattr(kpo.compare.run, "get_context", lambda method: multiprocessing.get_context("fork"))
     monkeypatch.setattr("kpo.evaluation.evaluate", fake_evaluate)
     monkeypatch.setattr("kpo.compare.report.plot_training_dynamics", lambda curves, path, smooth: path)
-    monkeypatch.setattr("kpo.compare.report._plot_contrasts", lambda results, path: path)
+    monkeypatch.setattr("kpo.compare.report.plot_contrasts", lambda results, path: path)
     problems = tmp_path / "held_out.jsonl"
     problems.write_text("".join(json.dumps({"problem": f"{i}+1", "answer": str(i + 1)}) + "\n" for i in range(PROBLEMS)))
     return problems
