@@ -55,3 +55,28 @@ def bool_mask(mask: torch.Tensor) -> torch.Tensor:
             f"{mask[first].item()!r} at index {first}"
         )
     return mask != 0
+
+
+# What kpo reads as problems (kpo.data.math.load_problems)
+PROBLEM_FILES = {
+    ".jsonl": "one JSON object a line",
+    ".json": "a list of objects",
+    ".parquet": "a table of rows",
+}
+
+
+def file_errors(flag: str, path: str, kinds: dict[str, str], what: str, reader: str = "kpo") -> list[str]:
+    """A file setting that is a folder, missing, or of a kind ``reader`` does not read (``kinds``: suffix -> what
+    it holds)."""
+    found = Path(path)
+    accepted = "; ".join(f"{suffix}: {text}" for suffix, text in kinds.items())
+    if found.is_dir():
+        return [f"{flag} {path}: a folder, not a file; give {what} as a file ({accepted})"]
+    if not found.is_file():
+        return [f"{flag} {path}: no such file; give {what} ({accepted})"]
+    if found.suffix.lower() not in kinds:
+        return [
+            f"{flag} {path}: a {found.suffix or 'suffix-less'} file, which {reader} does not read; convert it to one of "
+            f"{accepted}"
+        ]
+    return []

@@ -5,30 +5,19 @@ engine adds its own (:meth:`kpo.compare.engines.Engine.flag_errors` and the othe
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
-from kpo._checks import file_in_the_way, no_tokenizer, unwritable
+from kpo._checks import PROBLEM_FILES, file_errors, file_in_the_way, no_tokenizer, unwritable
+from kpo.compare.defaults import AA_SEEDS, ABLATION_SEEDS, ABLATIONS, DEFAULT_ABLATIONS, SEEDS, STEPS
 from kpo.compare.engines import engine_of
-from kpo.compare.plan import (
-    AA_SEEDS,
-    ABLATION_SEEDS,
-    ABLATIONS,
-    DEFAULT_ABLATIONS,
-    SEEDS,
-    STEPS,
-    CompareConfig,
-    held_out_problems,
-    sweep_runs,
-)
 
-__all__ = ["PROBLEM_FILES", "WEIGHT_FILES", "eval_limit_errors", "file_errors", "out_errors", "settings_errors"]
+__all__ = ["WEIGHT_FILES", "out_errors", "settings_errors"]
 
 
-def settings_errors(cfg: CompareConfig) -> tuple[tuple[str, ...], list[str]]:
+def settings_errors(cfg) -> tuple[tuple[str, ...], list[str]]:
     """(the methods by their canonical names, every problem of the settings that the engine does not decide)."""
     methods, errors = _canonical_methods(cfg.methods)
-    errors = out_errors(cfg.out) + _range_errors(cfg) + errors + _sweep_name_errors(cfg) + _data_errors(cfg)
+    errors = out_errors(cfg.out) + _range_errors(cfg) + errors + _data_errors(cfg)
     return methods, errors
 
 
@@ -53,21 +42,7 @@ def _canonical_methods(names: tuple[str, ...]) -> tuple[tuple[str, ...], list[st
     return tuple(given), errors
 
 
-def _sweep_name_errors(cfg: CompareConfig) -> list[str]:
-    """--sweep-memory points whose runs would share a directory (a run's name spells the memory with 6
-    significant digits, so that the runs of ordinary values keep their names and finished ones are reused)."""
-    points_of: dict[str, list[str]] = {}  # run name at seed 0 -> the points that give it
-    for point, members in sweep_runs(replace(cfg, seeds=1, sweep_seeds=1)).items():
-        points_of.setdefault(members[0].name, []).append(point)
-    return [
-        f"--sweep-memory: {', '.join(points)} would share the run directories {name} (and the other seeds'); give "
-        "memories that differ within 6 significant digits"
-        for name, points in points_of.items()
-        if len(points) > 1
-    ]
-
-
-def _range_errors(cfg: CompareConfig) -> list[str]:
+def _range_errors(cfg) -> list[str]:
     """Integer settings outside their allowed range (None = the default, always allowed)."""
     seeds = max(cfg.seeds, 1)
     upper = {"sweep_seeds": seeds, "ablation_seeds": seeds, "aa_seeds": seeds}
@@ -114,7 +89,7 @@ def _range_errors(cfg: CompareConfig) -> list[str]:
     return errors
 
 
-def _look_errors(cfg: CompareConfig) -> list[str]:
+def _look_errors(cfg) -> list[str]:
     """--max-seeds below --seeds, or a second look after a first of one seed (no test over seeds to stop on)."""
     if cfg.max_seeds is None or cfg.seeds < 1 or cfg.max_seeds == cfg.seeds:
         return []
@@ -131,7 +106,7 @@ def _look_errors(cfg: CompareConfig) -> list[str]:
     return []
 
 
-def _steps_errors(cfg: CompareConfig) -> list[str]:
+def _steps_errors(cfg) -> list[str]:
     """--steps that does not end a generation batch (kpo train's own check would name its field, max_steps)."""
     if cfg.steps % cfg.minibatches == 0:
         return []
@@ -142,7 +117,7 @@ def _steps_errors(cfg: CompareConfig) -> list[str]:
     ]
 
 
-def _ablation_arm_errors(cfg: CompareConfig) -> list[str]:
+def _ablation_arm_errors(cfg) -> list[str]:
     """--ablation-arms naming an unknown arm, an arm twice, or arms that --no-matched / --no-ablations leave out
     (the ablations are contrasts against KPO at the matched memory)."""
     arms_given = cfg.ablation_arms
@@ -169,7 +144,7 @@ def _has_analyzed_dump(steps: int, every: int, minibatches: int) -> bool:
     return any(minibatches == 1 or not on_policy_step(s, minibatches) for s in range(every, steps + 1, every))
 
 
-def _dump_period_errors(cfg: CompareConfig) -> list[str]:
+def _dump_period_errors(cfg) -> list[str]:
     """--dump-every that dumps no step Table 2 can analyze within --steps (its settings are in range)."""
     steps, every, m = cfg.steps, cfg.dump_every, cfg.minibatches
     # steps < minibatches: no off-policy step at all, and kpo train's check (steps a multiple of it) says so
@@ -188,12 +163,6 @@ def _dump_period_errors(cfg: CompareConfig) -> list[str]:
     return [f"--dump-every={every} {problem}: use --dump-every={fix} (or more --steps)"]
 
 
-# What kpo reads as problems (kpo.data.math.load_problems)
-PROBLEM_FILES = {
-    ".jsonl": "one JSON object a line",
-    ".json": "a list of objects",
-    ".parquet": "a table of rows",
-}
 # A model's weights as save_pretrained writes them: one file, or shards listed in an index
 WEIGHT_FILES = (
     "model.safetensors",
@@ -216,7 +185,7 @@ def out_errors(out: str) -> list[str]:
     return [] if why is None else [f"--out: {why}; choose another --out"]
 
 
-def _data_errors(cfg: CompareConfig) -> list[str]:
+def _data_errors(cfg) -> list[str]:
     """Files the comparison reads that are not there or not what they should be, before anything trains:
     ``--model`` (a Hugging Face folder with its config, tokenizer and readable weights), each ``--eval-data``
     benchmark (read as kpo eval reads it), then the engine's own (:meth:`kpo.compare.engines.Engine.data_errors`:
@@ -243,23 +212,6 @@ def _data_errors(cfg: CompareConfig) -> list[str]:
             "--eval-data: two files share a name (kpo eval names a benchmark by its file name); rename one"
         )
     return errors + engine_of(cfg).data_errors(cfg)
-
-
-def file_errors(flag: str, path: str, kinds: dict[str, str], what: str, reader: str = "kpo") -> list[str]:
-    """A file setting that is a folder, missing, or of a kind ``reader`` does not read (``kinds``: suffix -> what
-    it holds)."""
-    found = Path(path)
-    accepted = "; ".join(f"{suffix}: {text}" for suffix, text in kinds.items())
-    if found.is_dir():
-        return [f"{flag} {path}: a folder, not a file; give {what} as a file ({accepted})"]
-    if not found.is_file():
-        return [f"{flag} {path}: no such file; give {what} ({accepted})"]
-    if found.suffix.lower() not in kinds:
-        return [
-            f"{flag} {path}: a {found.suffix or 'suffix-less'} file, which {reader} does not read; convert it to one of "
-            f"{accepted}"
-        ]
-    return []
 
 
 def _model_errors(model: str) -> list[str]:
@@ -303,19 +255,3 @@ def _weights_problem(folder: Path) -> str | None:
             except Exception as e:  # noqa: BLE001 - safetensors' own errors: the file is damaged
                 return f"{path.name} cannot be read ({e}): damaged or cut short; save or copy the model again"
     return None
-
-
-def eval_limit_errors(cfg: CompareConfig) -> list[str]:
-    if cfg.eval_data:  # kpo eval's --limit: the first N problems of each file, any N >= 1
-        return []
-    try:
-        held_out_problems(cfg, None)
-    except ValueError as err:  # a task too small for any test split
-        return [f"held-out evaluation: {err}"]
-    if cfg.eval_limit is None:
-        return []
-    try:
-        held_out_problems(cfg, cfg.eval_limit)
-    except ValueError as err:  # the data module's own words: the most problems it can supply, and the fix
-        return [f"--eval-limit={cfg.eval_limit}: {err}"]
-    return []

@@ -7,37 +7,24 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kpo.compare.defaults import (
+    AA_SEEDS,
+    ABLATION_SEEDS,
+    ABLATIONS,
+    DEFAULT_ABLATIONS,
+    DEFAULT_METHODS,
+    EVAL_N,
+    MATCHED,
+    MATCHED_KWARGS,
+    PAPER,
+    QUICK,
+    REPLICA_SEED,
+    SEEDS,
+    STEPS,
+    SWEEP_MEMORY,
+)
 from kpo.compare.engines import Engine, engine_of
 
-DEFAULT_METHODS = ("vanilla", "gspo")  # the baselines, at their paper hyperparameters, every seed
-PAPER, MATCHED = "paper", "matched"  # KPO at the paper's Q/V; at the length-matched memory
-MATCHED_KWARGS = (("memory", MATCHED),)
-# The ablations that isolate the filter, each against KPO at the matched memory: (a) the token ratio clipped at
-# KPO's band with no filter (memory -> 0); (b) a constant-gain moving average at the matched memory (the filter
-# started at its steady state: no ramp from the prior); (c) KPO at the paper's Q/V (memory 1000 tokens); (d) KPO
-# with its memory fitted to each mini-batch by maximum likelihood (memory=auto; not among the defaults).
-ABLATIONS = {
-    "clip_band": ("vanilla", (("clip_ratio_low", 3e-4), ("clip_ratio_high", 4e-4))),
-    "constant_gain": ("kpo", (("memory", MATCHED), ("p0", "steady"))),
-    "paper_qv": ("kpo", ()),
-    "auto_memory": ("kpo", (("memory", "auto"),)),
-}
-DEFAULT_ABLATIONS = ("clip_band", "constant_gain", "paper_qv")
-# Figure 4's points as filter memories in tokens (kpo.filter.memory); paper = Q/V 1e-6 = 1000 tokens. The
-# default compare runs no sweep (--sweep-memory 8,matched,125,paper adds one).
-SWEEP_MEMORY = ()
-# optimizer steps per run: the long-testbed runs gained about 80% of their reward by step 100, and a 40-step pilot
-# from the new warm start rose from 0.21 to 0.45 training reward; 80 leaves the budget 12 paired seeds
-STEPS = 80
-EVAL_N = 4  # samples per held-out problem (the claims read the exact expected accuracy, which needs none)
-SEEDS = 12  # paired seeds of the key arms: KPO (matched) against vanilla and against GSPO
-ABLATION_SEEDS = 4  # seeds of each ablation (the plan shows their wider intervals)
-AA_SEEDS = 6  # seeds of the A/A arm (KPO at the matched memory again, another RL seed); 0 = none
-REPLICA_SEED = (
-    1000  # an A/A replica's RL seed is its seed + REPLICA_SEED x replica (its warm start: the seed's)
-)
-# what --quick sets where the option is not given: a smoke test in minutes
-QUICK = {"steps": 40, "eval_n": 4, "seeds": 2, "ablation_seeds": 1, "aa_seeds": 1}
 WARM_START = "warm_start"  # the Table 1 row of the models every run starts from
 CURVE_FILE = "curve.json"  # a run's learning curve: its outcome (kpo.compare.outcome) at its checkpoints (--curve-every)
 TIMING_FILE = "timing.json"  # a finished run's wall-clock seconds, training and evaluation (for the plan)
@@ -106,17 +93,17 @@ class CompareConfig:
     def validate(self) -> CompareConfig:
         """Check every setting before anything trains, and name each loss by its canonical name (``grpo`` ->
         ``vanilla``). Raises :class:`CompareError` listing the problems found. Returns self."""
-        # imported here: the checks read this module's constants
-        from kpo.compare.checks import eval_limit_errors, settings_errors
+        from kpo.compare.checks import settings_errors
 
         engine = checked_engine(self)
         methods, errors = settings_errors(self)
+        errors += _sweep_name_errors(self)
         errors += engine.flag_errors(self)
         if errors:
             raise CompareError(errors)
         self.methods = methods
         # The run configs and the task are only built from settings that passed the checks above.
-        errors = engine.config_errors(self, plan_runs(self)) or eval_limit_errors(self)
+        errors = engine.config_errors(self, plan_runs(self)) or _eval_limit_errors(self)
         if errors:
             raise CompareError(errors)
         return self
@@ -445,3 +432,33 @@ def pilot_sd(report_json: Path) -> float:
     if not sds:
         raise CompareError([f"{where}: no contrast with a finite measured sd > 0 (a compare with 2+ seeds); {want}"])
     return (sum(s * s for s in sds) / len(sds)) ** 0.5
+
+
+def _sweep_name_errors(cfg: CompareConfig) -> list[str]:
+    """--sweep-memory points whose runs would share a directory (a run's name spells the memory with 6
+    significant digits, so that the runs of ordinary values keep their names and finished ones are reused)."""
+    points_of: dict[str, list[str]] = {}  # run name at seed 0 -> the points that give it
+    for point, members in sweep_runs(replace(cfg, seeds=1, sweep_seeds=1)).items():
+        points_of.setdefault(members[0].name, []).append(point)
+    return [
+        f"--sweep-memory: {', '.join(points)} would share the run directories {name} (and the other seeds'); give "
+        "memories that differ within 6 significant digits"
+        for name, points in points_of.items()
+        if len(points) > 1
+    ]
+
+
+def _eval_limit_errors(cfg: CompareConfig) -> list[str]:
+    if cfg.eval_data:  # kpo eval's --limit: the first N problems of each file, any N >= 1
+        return []
+    try:
+        held_out_problems(cfg, None)
+    except ValueError as err:  # a task too small for any test split
+        return [f"held-out evaluation: {err}"]
+    if cfg.eval_limit is None:
+        return []
+    try:
+        held_out_problems(cfg, cfg.eval_limit)
+    except ValueError as err:  # the data module's own words: the most problems it can supply, and the fix
+        return [f"--eval-limit={cfg.eval_limit}: {err}"]
+    return []

@@ -58,7 +58,7 @@ class KpoEngine:
 
     def data_errors(self, cfg) -> list[str]:
         """``--dataset`` in a format kpo train reads; a ``--verl-config`` is verl's alone."""
-        from kpo.compare.checks import PROBLEM_FILES, file_errors
+        from kpo._checks import PROBLEM_FILES, file_errors
 
         errors = []
         if cfg.dataset is not None:

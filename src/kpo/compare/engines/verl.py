@@ -225,7 +225,7 @@ class VerlEngine:
     def data_errors(self, cfg) -> list[str]:
         """``--dataset`` as verl's training parquet; ``--verl-config`` a YAML building on verl's trainer
         configuration (:func:`kpo.compare.engines.verl_config.verl_config_errors`)."""
-        from kpo.compare.checks import file_errors
+        from kpo._checks import file_errors
 
         errors = []
         if cfg.dataset is not None:
