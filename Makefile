@@ -49,11 +49,14 @@ VERL_TESTS := tests/losses/test_verl_*.py tests/integrations tests/test_public_a
 # The two run side by side (each keeps about one of 2 cores busy: subprocesses, compiles, Ray's waits); verl's
 # output goes to VERL_LOG and is printed once the suite has finished, so the two reports do not interleave.
 VERL_LOG ?= .pytest-verl.log
-VERL_PYTEST := $(VERL_PY) -m pytest -q -p no:asyncio -p no:cacheprovider $(VERL_TESTS)
-test: $(STAMP) $(VERL_STAMP)
+# The two environments install side by side too (each pip keeps about one core busy): the verl half, the longer,
+# starts about as soon as its own environment is ready. --durations: where the time went, in CI's log.
+VERL_PYTEST := $(VERL_PY) -m pytest -q -p no:asyncio -p no:cacheprovider --durations=15 $(VERL_TESTS)
+test:
+	@$(MAKE) --no-print-directory -j2 $(STAMP) $(VERL_STAMP)
 	@$(VERL_PYTEST) > $(VERL_LOG) 2>&1 & verl=$$!; \
 	trap 'kill $$verl 2>/dev/null' INT TERM; \
-	$(PY) -m pytest -q tests; suite=$$?; \
+	$(PY) -m pytest -q --durations=15 tests; suite=$$?; \
 	wait $$verl; verl_status=$$?; \
 	echo; echo "== .venv-verl: $(VERL_PYTEST)"; cat $(VERL_LOG); \
 	test $$suite -eq 0 && test $$verl_status -eq 0
