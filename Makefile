@@ -40,7 +40,7 @@ install: $(STAMP) $(VERL_STAMP)
 
 # The whole suite in .venv (newest transformers; the tests that need verl skip there) and, at the same time, in
 # verl's environment what only it can test: the plugin and verl's main_ppo (alone, and as `kpo compare --engine verl`:
-# tests/integrations/test_verl_compare.py, about 9.5 of its minutes), the losses' parity with verl's, `import kpo`,
+# tests/integrations/test_verl_compare.py, about 12 of its 15-20 minutes), the losses' parity with verl's, `import kpo`,
 # and the parts of `kpo train` that touch transformers and TRL (runs, resume, TRL's generate path) on the older
 # transformers verl pins. The rest is not run twice: both environments have the same torch, numba, numpy and
 # triton, and kpo's own logic (interrupts, processes, faults, sampler) does not depend on transformers' release.
