@@ -270,7 +270,7 @@ def contrast_table(results: dict, predicted: dict, interval: str = "95% paired i
         plan = predicted.get(name, {}).get("half_width")
         plan = "-" if plan is None else f"{plan:.1f}"
         sd = "-" if c["sd"] is None else f"{c['sd']:.1f}"
-        centre = c["median"] if c["method"] == "sign" else c["mean"]
+        centre = _centre(c)
         interval = "-" if c["low"] is None else f"[{100 * c['low']:+.1f}, {100 * c['high']:+.1f}]"
         half = "-" if c["half_width"] is None else f"{100 * c['half_width']:.1f}"
         p = "-" if c["p"] is None else f"{c['p']:.2g}"
@@ -300,7 +300,7 @@ def plot_contrasts(results: dict, path: Path) -> Path:
         y = len(names) - 1 - i
         color = {"key": "C0", "ablation": "C2", "aa": "C3"}[c["kind"]]
         ax.scatter([100 * d for d in c["per_seed"]], [y] * len(c["per_seed"]), s=12, color=color, alpha=0.45)
-        centre = c["median"] if c["method"] == "sign" else c["mean"]
+        centre = _centre(c)
         if c["low"] is None:  # the sign test below 6 pairs: no interval
             ax.plot(100 * centre, y, "o", color=color)
             continue
