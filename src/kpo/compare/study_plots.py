@@ -59,7 +59,7 @@ def plot_study(report: dict, plan: dict, folder: Path) -> list[str]:
                                               for b in v["batch_of_collapse"])]
     if falls:
         batches = plan["run_settings"]["batches"]
-        fig, axes = plt.subplots(1, len(falls), figsize=(4.2 * len(falls), 3.8), squeeze=False)
+        fig, axes = plt.subplots(1, len(falls), figsize=(4.6 * len(falls), 3.8), squeeze=False, layout="constrained")
         for ax, (g, c) in zip(axes[0], falls):
             arms = groups[g]["cells"][c]
             names = list(arms)
@@ -67,9 +67,11 @@ def plot_study(report: dict, plan: dict, folder: Path) -> list[str]:
             for i, a in enumerate(names):
                 for seed, b in zip(arms[a]["seeds"], arms[a]["batch_of_collapse"]):
                     by_seed.setdefault(seed, []).append((i, batches + 2 if b is None else b))
-            for points in by_seed.values():
+            # seeds spread a little apart along both axes: most share the same points (survived, batch 2)
+            spread = np.linspace(-0.15, 0.15, len(by_seed)) if len(by_seed) > 1 else [0.0]
+            for shift, points in zip(spread, by_seed.values()):
                 xs, ys = zip(*sorted(points))
-                ax.plot(xs, ys, color="0.6", lw=0.7, alpha=0.6, marker="o", ms=3)
+                ax.plot(np.add(xs, shift), np.add(ys, 2 * shift), color="0.4", lw=0.7, alpha=0.6, marker="o", ms=3)
             ax.axhline(batches + 1, color="k", lw=0.5, ls=":")
             ax.set_xticks(range(len(names)), names, rotation=35, ha="right")
             ax.set_ylim(0, batches + 3)

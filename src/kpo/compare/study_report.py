@@ -199,7 +199,8 @@ def _answer_line(key: str, e: dict) -> str:
 
 def _markdown(report: dict, plan: dict, figures: list[str]) -> str:
     seeds = report["seeds"]
-    state = "ended" if report["ended"] else f"under way: next look at {report['next']} seeds, arms {report['active']}"
+    state = "ended" if report["ended"] else "under way: next look at " + "; ".join(
+        f"{n} seeds of the {g} cells ({', '.join(report['active'].get(g, []))})" for g, n in report["next"].items())
     lines = [
         "# kpo compare study: where KPO helps (confirmatory)" if report["confirmatory"]
         else "# kpo compare study (not confirmatory)",
@@ -228,27 +229,29 @@ def _markdown(report: dict, plan: dict, figures: list[str]) -> str:
         + (f" ({100 * seeds['drop_rate']:.0f}% of {seeds['tried']} tried)." if seeds["tried"] else "."),
         "",
         "## Descriptive (not tests)",
-        "",
-        "| group | cell | arm | seeds | final accuracy, mean | collapsed (exact 95% interval) |",
-        "|---|---|---|---|---|---|",
     ]
     for group, d in report["descriptive"].items():
+        lines += ["", f"### The {group} cells", "",
+                  "| cell | arm | seeds | final accuracy, mean | collapsed (exact 95% interval) |", "|---|---|---|---|---|"]
         for cell, arms in d["cells"].items():
             for arm, a in arms.items():
                 acc, c = a["accuracy"], a["collapse"]
                 bound = "-" if not c["n"] else f"{c['k']}/{c['n']} [{100 * c['low95']:.0f}%, {100 * c['upper95']:.0f}%]"
-                lines.append(f"| {group} | {cell} | {arm} | {len(acc)} | {_pts(np.mean(acc) if acc else None, False)} "
-                             f"| {bound} |")
+                lines.append(f"| {cell} | {arm} | {len(acc)} | {_pts(np.mean(acc) if acc else None, False)} | {bound} |")
+        improvement = d["probability_of_improvement"]
+        lines += ["", "| arm | interquartile mean [95%, stratified bootstrap] | P(KPO (matched) beats it) [95%] |",
+                  "|---|---|---|"]
         for arm, v in d["iqm"].items():
-            lines.append(f"\n{group}: {arm} interquartile mean {_pts(v['iqm'], False)} "
-                         f"[{_pts(v['low'], False)}, {_pts(v['high'], False)}] (stratified bootstrap)")
-        for arm, v in d["probability_of_improvement"].items():
-            lines.append(f"\n{group}: P(KPO (matched) beats {arm}) = {v['p_kpo_better']:.2f} "
-                         f"[{v['low']:.2f}, {v['high']:.2f}]")
+            poi = improvement.get(arm)
+            beats = "-" if poi is None else f"{poi['p_kpo_better']:.2f} [{poi['low']:.2f}, {poi['high']:.2f}]"
+            lines.append(f"| {arm} | {_pts(v['iqm'], False)} [{_pts(v['low'], False)}, {_pts(v['high'], False)}] "
+                         f"| {beats} |")
+    sim = plan["simulation"]
     lines += ["", "## Figures", "", *[f"![{f}]({f})" for f in figures], "", "## The plan", "",
-              f"Questions in order, cells, arms, looks, spending, collapse and the simulation's power: "
-              f"[plan.json](plan.json). Power at the exploratory effects: "
-              f"{plan['simulation']['power']['measured']}; a third smaller: "
-              f"{plan['simulation']['power']['a third smaller']}; family-wise error (simulated): "
-              f"{plan['simulation']['fwer']}.", ""]
+              "Questions in order, cells, arms, looks, spending and collapse: [plan.json](plan.json). Its simulation:",
+              "", "| question | power at the exploratory map's effects | at effects a third smaller |", "|---|---|---|",
+              *[f"| {q} | {sim['power']['measured'][q]:.3f} | {sim['power']['a third smaller'][q]:.3f} |"
+                for q in sim["power"]["measured"]],
+              "", "| null hypothesis | family-wise error (simulated) |", "|---|---|",
+              *[f"| {k} | {v:.3f} |" for k, v in sim["fwer"].items()], ""]
     return "\n".join(lines)
