@@ -171,6 +171,28 @@ def test_interim_decides_the_clear_questions_and_their_arms_stop(tmp_path):
     assert found["active"] == {"stress": ["KPO (matched)", "clip band"]}  # GRPO and auto stop
 
 
+def test_a_family_member_whose_looks_are_spent_stays_open_while_the_gate_is(tmp_path):
+    plan = _plan(tmp_path)
+    seeds = list(range(8, 36))
+    # the interim: GRPO alone 2 of 28 pairs, the gate open; the stable cells' one look (12 seeds, all KPO below
+    # GSPO: sign-flip p = 2 / 4096) is taken, but the gate can still open at 28 seeds and Holm then decide it
+    found = analyze(plan, _data(plan, seeds, grpo_falls=1, stress_seeds=14), seeds)
+    assert found["next"] == {"stress": 28}
+    stable = found["questions"]["kpo_vs_gspo_depth4"]
+    assert len(stable["looks"]) == 1 and stable["p_sequential"] < 0.001
+    assert stable["verdict"] == "open" and "waits for the gate" in stable["answer"]
+    # ... and GRPO collapses in every later seed: the gate opens at the last look (30 of 56 pairs GRPO alone, 0
+    # KPO alone) and the stable question, its look long taken, is decided with it
+    data = _data(plan, seeds, grpo_falls=1)
+    for cell in plan["groups"]["stress"]["cells"]:
+        for s in seeds[14:]:
+            data[cell]["GRPO"][s] = (0.0, 0.2)
+    found = analyze(plan, data, seeds)
+    assert found["next"] is None and found["questions"]["grpo_collapses"]["decided_at_seeds"] == 28
+    assert found["questions"]["grpo_collapses"]["verdict"] == "yes"
+    assert found["questions"]["kpo_vs_gspo_depth4"]["verdict"] == "yes"
+
+
 def test_direction_comes_from_the_look_that_rejected_and_undecided_at_the_cap(tmp_path):
     plan = _plan(tmp_path)
     seeds = list(range(8, 36))

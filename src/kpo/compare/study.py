@@ -429,8 +429,14 @@ def _answers(plan, questions, taken, p_seq, rejected, adjusted, looks, wanted, l
             entry["decided_at_seeds"] = deciding["seeds"]
             entry["estimate"] = deciding["estimate"]
             entry["verdict"], entry["answer"] = _direction(q, deciding)
-        elif found and len(found) == last_look:
+        elif found and len(found) == last_look and (q.role == "primary" or wanted is None):
             entry["verdict"], entry["answer"] = "undecided", "undecided at the study's cap"
+            entry["estimate"] = found[-1]["estimate"]
+        elif found and len(found) == last_look:
+            # a family member's own looks are spent, but its decision is the gate's and Holm's over the whole
+            # family, and those p-values still fall while another group's looks run
+            entry["verdict"] = "open"
+            entry["answer"] = "open: its looks are taken; its decision waits for the gate and Holm at the study's end"
             entry["estimate"] = found[-1]["estimate"]
         else:
             entry["verdict"], entry["answer"] = "open", "open: its next look has not been taken"
