@@ -8,6 +8,8 @@ import math
 import re
 from pathlib import Path
 
+from kpo.compare.study_report import _p, _pts
+
 ROOT = Path(__file__).resolve().parents[2]
 STUDY = ROOT / "docs/results/study"
 
@@ -29,3 +31,34 @@ def test_readme_states_the_study_as_its_report_and_plan_do():
     assert f"and {looks['stable']['looks'][0]} (stable cells)" in readme
     if not report["looks"]:
         assert "no look is taken" in readme
+
+
+def test_readme_states_each_question_at_its_last_look_as_the_report_does():
+    """Each question's numbers at its last look, in the plan's order: who alone collapsed (or the accuracy
+    difference), the p at that look and the adjusted p; and no decision the report does not hold."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    report = json.loads((STUDY / "report.json").read_text())
+    plan = json.loads((STUDY / "plan.json").read_text())
+    if not report["looks"]:
+        return
+    at = readme.index("The confirmatory study")
+    for key, q in report["questions"].items():
+        if not q["looks"]:
+            continue
+        last = q["looks"][-1]
+        if q["kind"] == "collapse":
+            pieces = [f"{last['a_only']} to {last['b_only']} of {last['pairs']}"]
+        else:
+            pieces = [f"{_pts(last['estimate'])} points [{_pts(last['low'])}, {_pts(last['high'])}] over "
+                      f"{last['seeds']} seeds"]
+        pieces += [f"p = {_p(last['p'])} at this look", f"adjusted p {_p(q['p_adjusted'])}"]
+        for piece in pieces:  # each found after the one before: a number cannot be borrowed from another question
+            found = readme.find(piece, at)
+            assert found >= 0, f"README: {key}: {piece!r} not found after the question before it"
+            at = found + len(piece)
+    if not any(q["rejected"] for q in report["questions"].values()):
+        assert f"At the first look ({report['looks'][0]['seeds']['stress']} seeds in the stress cells, " in readme
+        assert "no question is decided" in readme
+        assert f"the interim's level is {plan['groups']['stress']['spending'][0]:.2g}" in readme
+    else:
+        assert "no question is decided" not in readme
