@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from kpo.compare import CompareConfig, CompareError
 from kpo.compare.cli import config_from_args, main
-from kpo.compare.regimes import _parse_cell
+from kpo.compare.regimes import RegimeConfig, _parse_cell
 
 
 def _model(folder: Path, weights: str = "whole") -> Path:
@@ -110,6 +110,9 @@ def test_an_empty_out_is_refused(tmp_path, capsys, no_training, monkeypatch):
     assert main(["regimes", "--plan", "--out", "", "--cells", "none-depth4-lr0.0001"]) == 2
     assert "--out '': empty" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+    # the same refusal where the API is called: RegimeConfig checks it itself
+    with pytest.raises(CompareError, match="--out '': empty"):
+        RegimeConfig(out=" ", cells_only=("none-depth4-lr0.0001",)).validate()
 
 
 def test_a_file_listed_twice_in_eval_data_is_read_once_with_a_note(tmp_path, capsys, problems, monkeypatch):

@@ -7,7 +7,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from kpo.compare.checks import out_errors
 from kpo.compare.engines import KEEP, engine_names
 from kpo.compare.plan import (
     AA_SEEDS,
@@ -389,9 +388,6 @@ def build_regimes_parser() -> argparse.ArgumentParser:
 
 def regimes_main(argv: list[str]) -> int:
     args = build_regimes_parser().parse_args(argv)
-    if args.out.strip() == "":  # each cell's folder would be made in the current folder
-        print(CompareError(out_errors(args.out)), file=sys.stderr)
-        return 2
     extra = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     cfg = RegimeConfig(
         out=args.out,

@@ -43,6 +43,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kpo.compare.checks import out_errors
 from kpo.compare.engines import engine_of
 from kpo.compare.outcome import load_outcome
 from kpo.compare.plan import (
@@ -198,7 +199,8 @@ class RegimeConfig:
     def validate(self) -> RegimeConfig:
         """Check every setting and every cell's compare before anything trains (CompareError lists them)."""
         engine = checked_engine(self)
-        errors = []
+        # each cell's folder sits under --out, so the cells' own checks would not see an empty one
+        errors = out_errors(self.out) if not str(self.out).strip() else []
         unknown = sorted(set(self.mismatch) - set(MISMATCH))
         if unknown:
             errors.append(f"--mismatch {unknown}: unknown; use {', '.join(MISMATCH)}")
