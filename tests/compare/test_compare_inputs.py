@@ -224,3 +224,20 @@ def test_a_cell_in_a_wrong_form_says_what_is_wrong_with_it(cell, problem):
     with pytest.raises(ValueError) as e:
         _parse_cell(cell)
     assert str(e.value) == f"cell {cell!r}: {problem}; write MISMATCH-depthN-lrX, e.g. none-depth4-lr0.0001"
+
+
+def test_the_regime_map_keeps_of_each_run_what_keep_says(tmp_path, monkeypatch):
+    """`kpo compare regimes` had no --keep: every cell kept the default (a map's hundreds of runs on a cluster)."""
+    from kpo.compare import cli
+
+    seen = {}
+
+    def fake_run(cfg, **_):
+        seen["cfg"] = cfg
+
+    monkeypatch.setattr(cli, "run_regimes", fake_run)
+    argv = ["regimes", "--out", str(tmp_path / "map"), "--cells", "none-depth4-lr0.0001,bf16-depth4-lr0.0005"]
+    assert main([*argv, "--keep", "none"]) == 0
+    cfg = seen["cfg"].validate()
+    assert [cfg.cell_config(cell, 4).keep for cell in cfg.cells] == ["none", "none"]
+    assert main(argv) == 0 and seen["cfg"].keep == CompareConfig.keep == "hf"

@@ -149,14 +149,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="Ratio dump period in optimizer steps (default: %(default)s).",
     )
     p.add_argument(
-        "--keep",
-        choices=tuple(KEEP),
-        default=d.keep,
-        help="What stays of each run once it is scored, besides its metrics, scores, ratio dumps and log: "
-        + "; ".join(f"{k}: {v}" for k, v in KEEP.items())
-        + ". Each run's disk use, written and kept, is printed as it finishes.",
-    )
-    p.add_argument(
         "--jobs",
         type=int,
         default=None,
@@ -227,6 +219,14 @@ def _setup_options(p: argparse.ArgumentParser) -> None:
         help="--engine verl: your verl YAML (as main_ppo's --config-path/--config-name); its overrides go after "
         "`--` (default: verl's ppo_trainer).",
     )
+    p.add_argument(
+        "--keep",
+        choices=tuple(KEEP),
+        default=CompareConfig.keep,
+        help="What stays of each run once it is scored, besides its metrics, scores, ratio dumps and log: "
+        + "; ".join(f"{k}: {v}" for k, v in KEEP.items())
+        + ". Each run's disk use, written and kept, is printed as it finishes.",
+    )
 
 
 def _setup(args) -> dict:
@@ -236,6 +236,7 @@ def _setup(args) -> dict:
         "dataset": args.dataset,
         "eval_data": _eval_files(args.eval_data),
         "verl_config": args.verl_config,
+        "keep": args.keep,
     }
 
 
@@ -277,7 +278,6 @@ def _config(args) -> CompareConfig:
         jobs=args.jobs,
         train_args=tuple(extra),
         quick=args.quick,
-        keep=args.keep,
         **_setup(args),
     )
 

@@ -191,6 +191,7 @@ class RegimeConfig:
     dataset: str | None = None
     eval_data: tuple[str, ...] = ()
     verl_config: str | None = None
+    keep: str = CompareConfig.keep
     cells: list[Cell] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -294,6 +295,7 @@ class RegimeConfig:
             dataset=self.dataset,
             eval_data=self.eval_data,
             verl_config=self.verl_config,
+            keep=self.keep,
         )
 
 
