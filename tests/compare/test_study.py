@@ -346,3 +346,18 @@ def test_probability_of_improvement_is_mann_whitney_u_over_nm():
     assert probability_of_improvement(xs, ys) == pytest.approx(expected, abs=1e-12)
     # hand case: X = [1, 2], Y = [2]: 1 < 2 (0), 2 = 2 (a half) -> 0.25
     assert probability_of_improvement([np.array([1.0, 2.0])], [np.array([2.0])]) == pytest.approx(0.25)
+
+
+def test_seeds_needed_at_the_level_each_question_faces(tmp_path):
+    """The gate is tested at the full 5%, a family member at Holm's first threshold (5% / 3): the seeds an undecided
+    question would need are sized at those levels (the gate's were sized at 5% / 3 too)."""
+    from kpo.compare.stats import discordance_seeds
+    from kpo.compare.study_report import _seeds_needed
+
+    plan = _plan(tmp_path)
+    look = {"a_only": 7, "b_only": 2, "pairs": 28}  # 28 (cell, seed) pairs over the 2 stress cells
+    gate = {"role": "primary", "kind": "collapse", "cells": ["a", "b"], "looks": [look]}
+    band = {**gate, "role": "family"}
+    assert _seeds_needed(gate, plan) == discordance_seeds(7, 2, 28, 2, 0.05)
+    assert _seeds_needed(band, plan) == discordance_seeds(7, 2, 28, 2, 0.05 / 3)
+    assert _seeds_needed(gate, plan) < _seeds_needed(band, plan)

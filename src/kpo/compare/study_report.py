@@ -46,11 +46,13 @@ def batch_of_collapse(rewards: list[float]) -> int | None:
 def _seeds_needed(entry: dict, plan: dict) -> int | None:
     """For a question undecided at its cap: seeds per cell an 80%-power test at the level it had would need, from
     what was measured (kpo.compare.stats: exact binomial power of McNemar, or t power as the sign-flip test's
-    approximation)."""
+    approximation). The level: the gate's own (the plan's alpha) for the primary; for a family member, Holm's
+    first threshold (alpha over the family), the strictest it can face."""
     from kpo.compare.stats import discordance_seeds, seeds_for_effect
 
     last = entry["looks"][-1]
-    level = plan["alpha"] / max(1, sum(q["role"] == "family" for q in plan["questions"]))
+    family = sum(q["role"] == "family" for q in plan["questions"])
+    level = plan["alpha"] if entry["role"] == "primary" else plan["alpha"] / max(1, family)
     if entry["kind"] == "collapse":
         pairs = last["pairs"]
         return discordance_seeds(last["a_only"], last["b_only"], pairs, len(entry["cells"]), level)
