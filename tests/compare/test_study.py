@@ -361,3 +361,23 @@ def test_seeds_needed_at_the_level_each_question_faces(tmp_path):
     assert _seeds_needed(gate, plan) == discordance_seeds(7, 2, 28, 2, 0.05)
     assert _seeds_needed(band, plan) == discordance_seeds(7, 2, 28, 2, 0.05 / 3)
     assert _seeds_needed(gate, plan) < _seeds_needed(band, plan)
+
+
+def test_what_an_undecided_question_would_take_is_said_in_words(tmp_path):
+    """The report says what deciding would take even where no number of seeds comes out: the study's own band
+    question ended at 4 to 2 of 56 pairs, which needs more seeds than the search tries, and an effect of 0 needs
+    none that would do; behind a closed gate the gate comes first."""
+    from kpo.compare.stats import MOST_SEEDS
+    from kpo.compare.study_report import _seeds_needed, _seeds_needed_words
+
+    plan = _plan(tmp_path)
+    band = {"role": "family", "kind": "collapse", "cells": ["a", "b"],
+            "looks": [{"a_only": 4, "b_only": 2, "pairs": 56}]}
+    assert _seeds_needed(band, plan) is None
+    assert _seeds_needed_words(band, plan, None, True).startswith(f"more than {MOST_SEEDS} seeds per cell")
+    tied = {**band, "looks": [{"a_only": 3, "b_only": 3, "pairs": 56}]}
+    assert _seeds_needed_words(tied, plan, None, True).startswith("no number of seeds")
+    lopsided = {**band, "looks": [{"a_only": 7, "b_only": 2, "pairs": 28}]}
+    n = _seeds_needed(lopsided, plan)
+    assert _seeds_needed_words(lopsided, plan, n, True).startswith(f"about {n} seeds per cell for 80% power at level 0.017")
+    assert _seeds_needed_words(lopsided, plan, n, False).startswith(f"the gate's rejection first, then about {n}")

@@ -18,7 +18,7 @@ def test_readme_states_the_study_as_its_report_and_plan_do():
     readme = " ".join((ROOT / "README.md").read_text().split())
     report = json.loads((STUDY / "report.json").read_text())
     plan = json.loads((STUDY / "plan.json").read_text())
-    recorded, at_most = map(int, re.search(r"So far (\d+) of at most (\d+) runs are recorded", readme).groups())
+    recorded, at_most = map(int, re.search(r"(\d+) of at most (\d+) runs", readme).groups())
     assert (recorded, at_most) == (report["runs"], report["runs_at_most"]) == (report["runs"], plan["runs_at_most"])
     assert f"asks {report['hypotheses']} questions" in readme
     power = plan["simulation"]["power"]
@@ -64,5 +64,22 @@ def test_readme_states_each_question_at_its_last_look_as_the_report_does():
         assert "no question is decided" in readme
     else:
         assert "no question is decided" not in readme
+        decided = sum(q["rejected"] for q in report["questions"].values())
+        assert f"{decided} of the {report['hypotheses']} questions are decided" in readme
+    for cited in re.findall(r"more than (\d+) seeds a cell", readme):  # what an undecided question would take
+        assert any(q.get("seeds_needed_words", "").startswith(f"more than {cited} seeds per cell")
+                   for q in report["questions"].values())
+    if "under each of the plan's three other collapse rules too" in readme:  # the gate's sensitivity
+        others = [s for s in report["sensitivity"] if not s["primary"]]
+        assert len(others) == 3 and all(s["verdict"] == report["questions"]["grpo_collapses"]["verdict"] for s in others)
     if len(looks) == 1:
         assert f"the interim's level is {plan['groups']['stress']['spending'][0]:.2g}" in readme
+
+
+def test_docs_compare_states_the_study_as_its_report_does():
+    docs = " ".join((ROOT / "docs/compare.md").read_text().split())
+    report = json.loads((STUDY / "report.json").read_text())
+    ended = re.search(r"The study has ended \((\d+) runs, both looks", docs)
+    assert bool(ended) == report["ended"]
+    if ended:
+        assert int(ended.group(1)) == report["runs"] and len(report["looks"]) == 2

@@ -58,6 +58,7 @@ __all__ = [
 
 ALPHA = 0.05  # family-wise error rate of a report's claims
 MARGIN = 0.05  # "within +-5 points": the equivalence / non-inferiority margin, a fraction
+MOST_SEEDS = 200  # the most seeds per cell a sample-size search tries before it says "more than this"
 MEDIAN_CI_MIN = 6  # pairs from which the median's distribution-free interval reaches 95% (1 - 2 / 2^6 = 0.969)
 
 
@@ -309,7 +310,7 @@ def seeds_for_effect(sd: float | None, effect: float, alpha: float, power: float
 
 
 def discordance_seeds(
-    a_only: int, b_only: int, pairs: int, cells: int, alpha: float, power: float = 0.8, cap: int = 200
+    a_only: int, b_only: int, pairs: int, cells: int, alpha: float, power: float = 0.8, cap: int = MOST_SEEDS
 ) -> int | None:
     """Seeds (per cell, over ``cells`` pooled cells) an exact McNemar test at ``alpha`` needs for ``power`` when
     pairs are discordant as measured (``a_only``, ``b_only`` of ``pairs``): exact binomial power over the number

@@ -43,20 +43,40 @@ def batch_of_collapse(rewards: list[float]) -> int | None:
     return None
 
 
+def _needed_level(entry: dict, plan: dict) -> float:
+    """The level an undecided question is sized at: the gate's own (the plan's alpha) for the primary; for a family
+    member, Holm's first threshold (alpha over the family), the strictest it can face."""
+    family = sum(q["role"] == "family" for q in plan["questions"])
+    return plan["alpha"] if entry["role"] == "primary" else plan["alpha"] / max(1, family)
+
+
 def _seeds_needed(entry: dict, plan: dict) -> int | None:
-    """For a question undecided at its cap: seeds per cell an 80%-power test at the level it had would need, from
-    what was measured (kpo.compare.stats: exact binomial power of McNemar, or t power as the sign-flip test's
-    approximation). The level: the gate's own (the plan's alpha) for the primary; for a family member, Holm's
-    first threshold (alpha over the family), the strictest it can face."""
+    """For a question undecided at its cap: seeds per cell an 80%-power test at :func:`_needed_level` would need,
+    from what was measured (kpo.compare.stats: exact binomial power of McNemar, or t power as the sign-flip test's
+    approximation); None where no effect was measured or (collapse) beyond ``MOST_SEEDS``."""
     from kpo.compare.stats import discordance_seeds, seeds_for_effect
 
-    last = entry["looks"][-1]
-    family = sum(q["role"] == "family" for q in plan["questions"])
-    level = plan["alpha"] if entry["role"] == "primary" else plan["alpha"] / max(1, family)
+    last, level = entry["looks"][-1], _needed_level(entry, plan)
     if entry["kind"] == "collapse":
-        pairs = last["pairs"]
-        return discordance_seeds(last["a_only"], last["b_only"], pairs, len(entry["cells"]), level)
+        return discordance_seeds(last["a_only"], last["b_only"], last["pairs"], len(entry["cells"]), level)
     return seeds_for_effect(last.get("sd"), last["estimate"], level)
+
+
+def _seeds_needed_words(entry: dict, plan: dict, n: int | None, gate_open: bool) -> str:
+    """What deciding an undecided question would take, in words: post-hoc, as if the measured effect were true; a
+    family member behind a closed gate needs the gate's rejection first."""
+    from kpo.compare.stats import MOST_SEEDS
+
+    last = entry["looks"][-1]
+    level = f"80% power at level {_needed_level(entry, plan):.2g}"
+    if n is not None:
+        words = f"about {n} seeds per cell for {level}, if the measured effect were the true one (post-hoc)"
+    elif entry["kind"] == "collapse" and last["a_only"] != last["b_only"]:
+        words = (f"more than {MOST_SEEDS} seeds per cell for {level}, if the measured {last['a_only']} to "
+                 f"{last['b_only']} of {last['pairs']} pairs were the true effect (post-hoc)")
+    else:
+        words = "no number of seeds: the measured effect is 0 (or its spread unknown)"
+    return words if gate_open or entry["role"] == "primary" else f"the gate's rejection first, then {words}"
 
 
 def probability_of_improvement(xs, ys):
@@ -130,9 +150,11 @@ def write_study_report(study, answer: dict, plan_commit: dict) -> Path:
     (:func:`kpo.compare.study.analyze`); returns report.md."""
     plan, records, seeds = study.plan, study.records(), study.seeds()
     ok, why = confirmatory(plan_commit, records)
+    gate_open = any(e["rejected"] for e in answer["questions"].values() if e["role"] == "primary")
     for entry in answer["questions"].values():
         if entry["verdict"] == "undecided":
             entry["seeds_needed"] = _seeds_needed(entry, plan)
+            entry["seeds_needed_words"] = _seeds_needed_words(entry, plan, entry["seeds_needed"], gate_open)
     primary = next(q["key"] for q in plan["questions"] if q["role"] == "primary")
     sensitivity, data = [], study.data()
     for rule in [plan["collapse"], *plan["sensitivity"]]:
@@ -192,8 +214,7 @@ def _answer_line(key: str, e: dict) -> str:
         detail = f"{e['a']} - {e['b']} {_pts(last['estimate'])} points{ci} over {last['seeds']} seeds, all pairs"
     needed = ""
     if e["verdict"] == "undecided":
-        n = e.get("seeds_needed")
-        needed = f" Seeds per cell an 80%-power test would need: {'about ' + str(n) if n else 'no estimate'}."
+        needed = f" Deciding it would take {e['seeds_needed_words']}."
     return (f"- **{e['question']}** ({e['role']}) **{e['answer']}**. {last['test']} at {last['seeds']} seeds: "
             f"{detail}; p at this look {_p(last['p'])}, sequential p {_p(e['p_sequential'])}, adjusted p "
             f"{_p(e['p_adjusted'])} (gate, then Holm; after the look split).{needed}")
