@@ -331,6 +331,9 @@ def test_report_from_records_alone(tmp_path):
     assert stress["collapse"]["k"] == 1 and stress["batch_of_collapse"] == [2, None, None]
     text = report_md.read_text()
     assert "not confirmatory" in text and "22" in text
+    # the plan's simulated error with its exact interval: 102 of 2000 studies (0.051) is [0.042, 0.062], so 5% is
+    # inside it (Clopper-Pearson, scipy's binomtest)
+    assert "| kpo_vs_gspo_depth4 null | 0.051 | [0.042, 0.062] |" in text
     assert {p.name for p in study.folder.glob("*.png")} == {"collapse.png", "time_to_collapse.png", "accuracy.png"}
 
 
