@@ -36,6 +36,8 @@ import statistics
 
 import numpy as np
 
+from kpo.compare.stats import centre
+
 __all__ = ["CLAIM_RULES", "paper_claims"]
 
 CLAIM_RULES = {
@@ -75,9 +77,8 @@ def _decision_claims(labels, subject: str, results: dict, baselines: list[str]) 
         c = results[name]
         one = "; one seed: the interval covers the problems only" if c["seeds"] == 1 else ""
         interval = "" if c["low"] is None else f" [{100 * c['low']:+.1f}, {100 * c['high']:+.1f}]"
-        sign = c["method"] == "sign"
-        test = f"median; sign test p = {c['p']:.2g}; " if sign else ""
-        return f"{name} {100 * (c['median'] if sign else c['mean']):+.1f}{interval} ({test}{c['verdict']}{one})"
+        test = f"median; sign test p = {c['p']:.2g}; " if c["method"] == "sign" else ""
+        return f"{name} {100 * centre(c):+.1f}{interval} ({test}{c['verdict']}{one})"
 
     title = f"Table 1: {subject} has the best held-out accuracy"
     # sorted: the verdict and its text never depend on the order of --methods

@@ -11,6 +11,7 @@ import numpy as np
 from kpo.compare.claims import CLAIM_RULES
 from kpo.compare.stats import (
     ALPHA,
+    centre,
     discordance_seeds,
     holm,
     holm_adjusted,
@@ -119,11 +120,6 @@ def looked(cfg, groups: dict, warm: dict[int, dict], taken: tuple[int, ...]) -> 
     return per_look
 
 
-def _centre(c: dict) -> float:
-    """A contrast's estimate: the median where the sign test read it, else the mean."""
-    return c["median"] if c["method"] == "sign" else c["mean"]
-
-
 def decide(per_look: list[dict], sequential: bool) -> tuple[dict, bool]:
     """The contrasts' verdicts from their looks (:func:`looked`), and whether the compare stops (every key
     contrast decided). At each look the key and ablation contrasts' tests of no difference go through Holm's
@@ -149,7 +145,7 @@ def decide(per_look: list[dict], sequential: bool) -> tuple[dict, bool]:
         for name, rejected in zip(family, holm([p_seq[name] for name in family])):
             c = results[name]
             if rejected:
-                c["verdict"] = "better" if _centre(c) > 0 else "worse"
+                c["verdict"] = "better" if centre(c) > 0 else "worse"
             elif interval[name] in ("better", "worse"):
                 c["verdict"] = "undecided"
             c["holm_rejected"] = rejected
@@ -270,13 +266,13 @@ def contrast_table(results: dict, predicted: dict, interval: str = "95% paired i
         plan = predicted.get(name, {}).get("half_width")
         plan = "-" if plan is None else f"{plan:.1f}"
         sd = "-" if c["sd"] is None else f"{c['sd']:.1f}"
-        centre = _centre(c)
+        estimate = centre(c)
         interval = "-" if c["low"] is None else f"[{100 * c['low']:+.1f}, {100 * c['high']:+.1f}]"
         half = "-" if c["half_width"] is None else f"{100 * c['half_width']:.1f}"
         p = "-" if c["p"] is None else f"{c['p']:.2g}"
         fell = "-" if c["collapses"] is None else f"{c['collapses']['a_only']} / {c['collapses']['b_only']}"
         lines.append(
-            f"| {name} | {c['kind']} | {c['seeds']} | {100 * centre:+.1f}{' (median)' if c['method'] == 'sign' else ''} "
+            f"| {name} | {c['kind']} | {c['seeds']} | {100 * estimate:+.1f}{' (median)' if c['method'] == 'sign' else ''} "
             f"| {c['method']} | {interval} | {p} | {half} | {plan} | {sd} | {fell} | {c['verdict']} |"
         )
     return "\n".join(lines)
@@ -300,14 +296,14 @@ def plot_contrasts(results: dict, path: Path) -> Path:
         y = len(names) - 1 - i
         color = {"key": "C0", "ablation": "C2", "aa": "C3"}[c["kind"]]
         ax.scatter([100 * d for d in c["per_seed"]], [y] * len(c["per_seed"]), s=12, color=color, alpha=0.45)
-        centre = _centre(c)
+        estimate = centre(c)
         if c["low"] is None:  # the sign test below 6 pairs: no interval
-            ax.plot(100 * centre, y, "o", color=color)
+            ax.plot(100 * estimate, y, "o", color=color)
             continue
         ax.errorbar(
-            100 * centre,
+            100 * estimate,
             y,
-            xerr=[[100 * (centre - c["low"])], [100 * (c["high"] - centre)]],
+            xerr=[[100 * (estimate - c["low"])], [100 * (c["high"] - estimate)]],
             fmt="o",
             color=color,
             capsize=4,

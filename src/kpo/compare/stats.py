@@ -62,6 +62,12 @@ MOST_SEEDS = 200  # the most seeds per cell a sample-size search tries before it
 MEDIAN_CI_MIN = 6  # pairs from which the median's distribution-free interval reaches 95% (1 - 2 / 2^6 = 0.969)
 
 
+def centre(c: dict) -> float:
+    """A contrast's estimate (``c``: a result of kpo.compare.contrasts.contrast): the median where the sign test
+    read it, else the mean."""
+    return c["median"] if c["method"] == "sign" else c["mean"]
+
+
 def collapse_count(flags: Sequence[bool]) -> dict:
     """{k, n, rate, low95, upper95}: how many of ``flags`` are True, with the exact (Clopper-Pearson) two-sided
     95% interval of the rate (0 of 8 bounds it below 0.37)."""
