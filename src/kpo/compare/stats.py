@@ -42,6 +42,8 @@ import numpy as np
 __all__ = [
     "ALPHA",
     "MARGIN",
+    "MOST_SEEDS",
+    "centre",
     "collapse_count",
     "discordance_seeds",
     "holm",
@@ -50,6 +52,7 @@ __all__ = [
     "paired_accuracy",
     "pick_set",
     "pooled_accuracy",
+    "rate_interval",
     "cells_differ",
     "seeds_for_effect",
     "shifted_sign_test",
@@ -68,16 +71,22 @@ def centre(c: dict) -> float:
     return c["median"] if c["method"] == "sign" else c["mean"]
 
 
-def collapse_count(flags: Sequence[bool]) -> dict:
-    """{k, n, rate, low95, upper95}: how many of ``flags`` are True, with the exact (Clopper-Pearson) two-sided
-    95% interval of the rate (0 of 8 bounds it below 0.37)."""
+def rate_interval(k: int, n: int) -> tuple[float, float]:
+    """The exact (Clopper-Pearson) two-sided 95% interval of a rate seen as ``k`` of ``n`` (n > 0; scipy)."""
     from scipy.stats import binomtest
 
+    ci = binomtest(k, n).proportion_ci(0.95, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+def collapse_count(flags: Sequence[bool]) -> dict:
+    """{k, n, rate, low95, upper95}: how many of ``flags`` are True, with :func:`rate_interval` (0 of 8 bounds the
+    rate below 0.37)."""
     k, n = int(sum(bool(f) for f in flags)), len(flags)
     if n == 0:
         return {"k": 0, "n": 0, "rate": None, "low95": None, "upper95": None}
-    ci = binomtest(k, n).proportion_ci(0.95, method="exact")
-    return {"k": k, "n": n, "rate": k / n, "low95": float(ci.low), "upper95": float(ci.high)}
+    low, high = rate_interval(k, n)
+    return {"k": k, "n": n, "rate": k / n, "low95": low, "upper95": high}
 
 
 def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> dict:

@@ -283,11 +283,10 @@ def _markdown(report: dict, plan: dict, figures: list[str]) -> str:
 def _fwer_rows(sim: dict) -> list[str]:
     """The simulated family-wise errors with their Monte Carlo uncertainty, so that 0.051 of 2000 reads as what it
     is: consistent with 5%."""
-    from kpo.compare.stats import collapse_count
+    from kpo.compare.stats import rate_interval
 
     rows = []
     for null, rate in sim["fwer"].items():
-        hits = round(rate * sim["sims"])
-        ci = collapse_count([True] * hits + [False] * (sim["sims"] - hits))
-        rows.append(f"| {null} | {rate:.3f} | [{ci['low95']:.3f}, {ci['upper95']:.3f}] |")
+        low, high = rate_interval(round(rate * sim["sims"]), sim["sims"])
+        rows.append(f"| {null} | {rate:.3f} | [{low:.3f}, {high:.3f}] |")
     return rows
