@@ -80,7 +80,7 @@ def test_no_import_runs_up_the_layers():
 
 def test_layers_of_sample_modules():
     assert layer_of("kpo") == "domain"
-    assert layer_of("kpo.train.cli") == "cli" and layer_of("kpo.compare.study_cli") == "cli"
+    assert layer_of("kpo.train.cli") == "cli" and layer_of("kpo.compare.study.cli") == "cli"
     assert layer_of("kpo.train.config") == "engines"
     assert layer_of("kpo.filter.scan") == "kernel"
     assert layer_of("kpo.nowhere") is None

@@ -242,3 +242,98 @@ def test_the_design_controls_false_claims(truth, maps, effect, collapse, sequent
         # a 5-point effect with a run-to-run sd of 5 points an arm (7 a pair, 3.5 for a seed's mean over the 4
         # pooled cells) at Holm's and the looks' levels: measured 0.38 (docs/compare.md)
         assert power / maps > 0.3
+
+
+# ------------------------------------------------------------------ the seed as the unit
+def _scipy_sign_flip(d, alternative="two-sided"):
+    from scipy.stats import permutation_test
+
+    return permutation_test(
+        (np.asarray(d, dtype=np.float64),), np.mean, permutation_type="samples", alternative=alternative,
+        n_resamples=np.inf, vectorized=True,
+    ).pvalue
+
+
+@pytest.mark.parametrize("alternative", ["two-sided", "greater", "less"])
+def test_sign_flip_p_is_scipys_permutation_test(alternative):
+    from kpo.compare.stats import sign_flip_p
+
+    rng = np.random.default_rng(7)
+    cases = [rng.normal(0.03, 0.05, size=n) for n in (3, 7, 12)]
+    cases += [np.array([0.02] * 5 + [-0.02] * 3), np.array([1.0, 2.0, -1.0, 0.0, 2.0, 1.0, 1.0, -2.0, 1.0])]
+    for d in cases:  # real differences, ties in |d|, integer counts with zeros
+        assert sign_flip_p(d, alternative) == pytest.approx(min(1.0, _scipy_sign_flip(d, alternative)), abs=1e-12)
+
+
+def test_sign_flip_p_hand_cases():
+    from kpo.compare.stats import sign_flip_p
+
+    # five positive differences: 2 of the 32 sign patterns have |mean| >= the observed one -> p = 2/32
+    assert sign_flip_p([0.1, 0.2, 0.3, 0.4, 0.5]) == pytest.approx(2 / 32)
+    # one-sided: only the all-plus pattern reaches the observed sum -> 1/32
+    assert sign_flip_p([0.1, 0.2, 0.3, 0.4, 0.5], "greater") == pytest.approx(1 / 32)
+    # shifted: d + 0.05 (a non-inferiority margin of 5 points) = [0.04, 0.05, 0.06]: 1/8 one-sided
+    assert sign_flip_p([-0.01, 0.0, 0.01], "greater", shift=-0.05) == pytest.approx(1 / 8)
+    assert sign_flip_p([0.0, 0.0]) == 1.0 and sign_flip_p([1.0, -1.0]) == 1.0
+    with pytest.raises(ValueError, match="finite"):
+        sign_flip_p([0.1, float("nan")])
+
+
+def test_sign_flip_p_exact_where_scipy_cannot_enumerate():
+    from scipy.stats import binomtest
+
+    from kpo.compare.stats import sign_flip_p
+
+    # collapse counts of one cell are +-1 or 0: the sign-flip test is the exact McNemar (binomial) test, at 60
+    # seeds as at 6 (scipy would enumerate 2^60 patterns)
+    d = np.array([1] * 15 + [-1] * 2 + [0] * 43, dtype=float)
+    assert sign_flip_p(d) == pytest.approx(binomtest(15, 17).pvalue, rel=1e-10)
+    # real differences at 24 seeds: counted in halves, equal to the brute-force count over all 2^24 patterns
+    # done in blocks (both exact)
+    rng = np.random.default_rng(2)
+    d = rng.normal(0.01, 0.05, size=22)
+    signs = 1.0 - 2.0 * ((np.arange(2**11)[:, None] >> np.arange(11)) & 1)
+    half = np.add.outer(signs @ d[:11], signs @ d[11:]).ravel()
+    s = d.sum()
+    brute = min(1.0, 2 * min(np.mean(half <= s + 1e-13 * abs(s)), np.mean(half >= s - 1e-13 * abs(s))))
+    assert sign_flip_p(d) == pytest.approx(brute, abs=1e-12)
+
+
+def test_sign_flip_many_agrees_with_sign_flip_p():
+    from kpo.compare.stats import sign_flip_many, sign_flip_p
+
+    rng = np.random.default_rng(3)
+    real = rng.normal(-0.03, 0.04, size=(30, 9))
+    real[0, :] = 0.02  # ties in |d|: exactness of the comparison matters
+    counts = rng.integers(-2, 3, size=(30, 28)).astype(float)
+    for d in (real, counts):
+        for alternative in ("two-sided", "greater"):
+            assert sign_flip_many(d, alternative) == pytest.approx(
+                [sign_flip_p(row, alternative) for row in d], abs=1e-12
+            )
+    # beyond 16 real-valued seeds: random sign patterns, within 5 standard errors of the exact p (a two-sided p is
+    # twice a tail estimated from 4000 patterns: se = 2 sqrt(tail (1 - tail) / 4000))
+    wide = rng.normal(0.02, 0.05, size=(20, 24))
+    exact = np.array([sign_flip_p(row) for row in wide])
+    se = 2 * np.sqrt(exact / 2 * (1 - exact / 2) / 4000)
+    assert np.all(np.abs(sign_flip_many(wide, resamples=4000) - exact) <= 5 * se + 2 / 4000)
+
+
+def test_e_values_hand_case_and_their_error_under_continuous_monitoring():
+    from scipy.stats import binomtest
+
+    from kpo.compare.stats import ALPHA, BETS, anytime_p, e_values
+
+    # one seed at the full scale: each bettor's wealth is 1 + bet (greater) -> the mean of 1.1 .. 1.9 = 1.5
+    assert e_values(np.array([0.2]), 0.2, "greater")[0] == pytest.approx(1 + BETS.mean())
+    # two-sided: half the bettors win, half lose the same amounts -> 1
+    assert e_values(np.array([0.2]), 0.2)[0] == pytest.approx(1.0)
+    # under the null (symmetric differences, here heavy-tailed and scaled wrongly on purpose), the share of 5,000
+    # studies whose e-value ever reaches 1 / alpha over 60 seeds, looked at after every seed, is at most alpha
+    rng = np.random.default_rng(4)
+    d = rng.standard_t(3, size=(5000, 60)) * 0.05
+    crossed = (anytime_p(e_values(d, 0.1)) <= ALPHA).any(axis=1)
+    assert binomtest(int(crossed.sum()), crossed.size, ALPHA, alternative="greater").pvalue > 0.01
+    # and it has power: a 0.6-sd effect crosses in most studies
+    crossed = (anytime_p(e_values(d + 0.05, 0.1)) <= ALPHA).any(axis=1)
+    assert crossed.mean() > 0.8

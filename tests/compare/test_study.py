@@ -1,9 +1,11 @@
-"""The confirmatory study (kpo.compare.study, study_run, study_report): its tests against scipy/statsmodels, the
-gatekept sequential decisions on hand-made data, the simulation that sized it, the seed rule, and the plan's
-commit check. No training: the runner's pieces are driven with records and fake warm-start builders."""
+"""A study (kpo.compare.study): its looks and decisions on hand-made records (the first study's plan, as
+registered, and plans of this format), the simulation that sizes a plan (its family-wise error with whole seeds
+resampled, for group-sequential and anytime looks), registration, the runner's pieces and the report. No training:
+the runner is driven with records and fake start-model builders (test_study_run.py trains a small study)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import time
@@ -11,232 +13,294 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
+from tests.compare.conftest import TOY_TASK
 
+from kpo.compare.guards import lock_run, unlock_run
 from kpo.compare.plan import CompareError
-from kpo.compare.study import (
-    ALPHA,
-    QUESTIONS,
-    _decide_many,
-    _sign_flip_many,
-    analyze,
-    collapsed,
-    design,
-    gate_and_holm,
-    sign_flip_p,
-    simulate,
-    simulation_inputs,
-    spending,
-)
-from kpo.compare.study_report import batch_of_collapse, confirmatory
-from kpo.compare.study_run import Study, _admit, _jobs, _run, _write_json, plan_commit, register, run_study
+from kpo.compare.stats import ALPHA
+from kpo.compare.study.looks import analyze, gate_and_holm
+from kpo.compare.study.plan import load_plan, normalize, run_name
+from kpo.compare.study.records import write_json
+from kpo.compare.study.registration import confirmatory, plan_history
+from kpo.compare.study.report import batch_of_collapse, probability_of_improvement
+from kpo.compare.study.run import Study, _admit, _jobs, run_study
+from kpo.compare.study.simulate import simulate, sizing_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
-EXPLORATORY = ROOT / "docs/results/regimes/report.json"
-COMMITTED_PLAN = ROOT / "docs/results/study/plan.json"
+FIRST_STUDY = ROOT / "docs/results/study"
+EXAMPLE = ROOT / "examples/study/plan.yaml"
 
 
-# ------------------------------------------------------------------ the tests and the spending
-def test_spending_is_obrien_fleming_and_adds_to_alpha():
-    # Lan-DeMets O'Brien-Fleming at t = 1/2: 2 - 2 Phi(1.959964 / sqrt(0.5)) = 2 - 2 Phi(2.771808) = 0.005575
-    first, second = spending(0.05, (14, 28))
-    assert first == pytest.approx(0.005575, abs=2e-6)
-    assert first + second == pytest.approx(0.05, abs=1e-15)
-    assert spending(0.05, (12,)) == [0.05]
-
-
-def test_sign_flip_p_hand_cases_and_parity_with_the_vectorized_simulation():
-    # five positive differences: 2 of the 32 sign patterns have |mean| >= the observed one -> p = 2/32
-    assert sign_flip_p([0.1, 0.2, 0.3, 0.4, 0.5]) == pytest.approx(2 / 32)
-    # mean 0 by construction: every pattern is at least as extreme -> p = 1
-    assert sign_flip_p([1.0, -1.0]) == pytest.approx(1.0)
-    assert sign_flip_p([0.0, 0.0, 0.0]) == 1.0
-    rng = np.random.default_rng(3)
-    d = rng.normal(-0.03, 0.04, size=(40, 9))
-    d[0, :] = 0.02  # ties in |d|: exactness of the comparison matters
-    ours = _sign_flip_many(d)
-    assert ours == pytest.approx([sign_flip_p(row) for row in d], abs=1e-12)
-
-
-def test_vectorized_decisions_equal_the_gate_and_statsmodels_holm():
-    rng = np.random.default_rng(5)
-    p = {q.key: rng.uniform(0, 0.12, size=200) for q in QUESTIONS}
-    many = _decide_many(p)
-    assert 0 < sum(many["band_collapses"]) < 200  # the draws cover both decisions
-    for i in range(200):
-        rejected, _ = gate_and_holm({k: float(v[i]) for k, v in p.items()})
-        assert rejected == {k: bool(v[i]) for k, v in many.items()}
-
-
-def test_gate_closed_tests_no_family_member_and_adjusted_p_is_at_least_the_gates():
-    p = {"grpo_collapses": 0.2, "band_collapses": 1e-6, "auto_collapses": 1e-6, "kpo_vs_gspo_depth4": 1e-6}
-    rejected, adjusted = gate_and_holm(p)
-    assert not any(rejected.values())
-    assert all(adjusted[k] == 0.2 for k in p)
-    # gate open: Holm over the three (3 x 0.01 = 0.03, 2 x 0.02 = 0.04, 1 x 0.04 = 0.04)
-    rejected, adjusted = gate_and_holm({**p, "grpo_collapses": 0.001, "band_collapses": 0.01,
-                                        "auto_collapses": 0.02, "kpo_vs_gspo_depth4": 0.04})
-    assert all(rejected.values())
-    assert adjusted["band_collapses"] == pytest.approx(0.03)
-    assert adjusted["auto_collapses"] == pytest.approx(0.04)
-
-
-def test_collapse_rules():
-    assert collapsed(0.11, 0.23) and not collapsed(0.12, 0.23)  # half of 23% is 11.5%
-    assert collapsed(0.04, 0.23, {"rule": "below_absolute", "value": 0.05})
-    assert collapsed(0.22, 0.23, {"rule": "below_fraction_of_warm", "value": 1.0})
-    with pytest.raises(ValueError, match="collapse rule"):
-        collapsed(0.1, 0.2, {"rule": "median", "value": 1})
-
-
-# ------------------------------------------------------------------ the simulation that sized the design
 @pytest.fixture(scope="module")
-def exploratory() -> dict:
-    return json.loads(EXPLORATORY.read_text())
+def first_plan() -> dict:
+    return load_plan(FIRST_STUDY / "plan.json")
 
 
-def test_simulation_family_wise_error_and_power(exploratory):
-    """The design's error and power, 2000 simulated studies (a few seconds): family-wise error consistent with
-    at most 5% under the global null and each partial null (a one-sided binomial test of the simulated count),
-    power >= 90% at the exploratory map's effects and >= 50% at effects a third smaller, every question."""
-    from scipy.stats import binomtest
-
-    plan = json.loads(COMMITTED_PLAN.read_text())
-    looks = {g: v["looks"] for g, v in plan["groups"].items()}
-    sim = simulate(simulation_inputs(exploratory), looks, sims=2000, seed=11)
-    for scenario, fwer in sim["fwer"].items():
-        assert binomtest(round(fwer * 2000), 2000, ALPHA, alternative="greater").pvalue > 0.001, scenario
-    assert min(sim["power"]["measured"].values()) >= 0.9
-    assert min(sim["power"]["a third smaller"].values()) >= 0.5
-
-
-def test_the_committed_plan_is_what_design_gives(exploratory):
-    """plan.json was written by design() from the committed exploratory map: recomputed, everything but the
-    registration time agrees (its simulation too: same seed)."""
-    plan = json.loads(COMMITTED_PLAN.read_text())
-    again = json.loads(json.dumps(design(exploratory)))
-    assert {k: v for k, v in plan.items() if k != "registered"} == again
-
-
-# ------------------------------------------------------------------ the analysis on hand-made data
-def _plan(tmp_path: Path) -> dict:
-    plan = json.loads(COMMITTED_PLAN.read_text())
-    return plan
-
-
-def _data(plan: dict, seeds: list[int], grpo_falls: int, band_falls: int = 0, auto_falls: int = 0,
-          gap: float = -0.05, stress_seeds: int | None = None) -> dict:
-    """Stress: GRPO / band / auto collapse (accuracy 0 against warm 0.2) in their first ``*_falls`` seeds of every
-    cell, KPO never; stable: KPO = GSPO + gap + a small spread."""
+def _records(plan: dict, seeds: list[int], grpo_falls: int, band_falls: int = 0, auto_falls: int = 0,
+             gap: float = -0.05, stress_seeds: int | None = None) -> dict:
+    """The first study's cells. Stress: GRPO / band / auto collapse (accuracy 0 against warm 0.2) in their first
+    ``*_falls`` seeds of every cell, KPO never; stable: KPO = GSPO + gap + a small spread."""
     data: dict = {}
-    stress = plan["groups"]["stress"]
-    for cell in stress["cells"]:
-        for arm in stress["arms"]:
+    for cell in plan["groups"]["stress"]["cells"]:
+        for arm in ("GRPO", "KPO (matched)", "clip band", "KPO (auto)"):
             falls = {"GRPO": grpo_falls, "clip band": band_falls, "KPO (auto)": auto_falls}.get(arm, 0)
-            data.setdefault(cell, {})[arm] = {
-                s: (0.0 if i < falls else 0.5, 0.2) for i, s in enumerate(seeds[: stress_seeds or len(seeds)])
-            }
-    stable = plan["groups"]["stable"]
-    for cell in stable["cells"]:
-        data[cell] = {
-            "GSPO": {s: (0.6, 0.2) for s in seeds},
-            "KPO (matched)": {s: (0.6 + gap + 0.01 * ((i % 3) - 1), 0.2) for i, s in enumerate(seeds)},
-        }
+            data.setdefault(cell, {})[arm] = {s: _run(0.0 if i < falls else 0.5)
+                                              for i, s in enumerate(seeds[: stress_seeds or len(seeds)])}
+    for cell in plan["groups"]["stable"]["cells"]:
+        data[cell] = {"GSPO": {s: _run(0.6) for s in seeds},
+                      "KPO (matched)": {s: _run(0.6 + gap + 0.01 * ((i % 3) - 1)) for i, s in enumerate(seeds)}}
     return data
 
 
-def test_a_look_is_taken_only_when_every_run_of_it_is_there(tmp_path):
-    plan = _plan(tmp_path)
+def _run(accuracy: float, warm: float = 0.2) -> dict:
+    return {"accuracy": accuracy, "warm": warm}
+
+
+# ------------------------------------------------------------------ the first study's design, as registered
+def test_a_look_is_taken_only_when_every_run_of_it_is_there(first_plan):
     seeds = list(range(8, 36))
-    data = _data(plan, seeds, grpo_falls=10, band_falls=6, auto_falls=8)
-    cell = plan["groups"]["stress"]["cells"][0]
-    del data[cell]["GRPO"][seeds[3]]  # one run of the first look missing
-    found = analyze(plan, data, seeds)
-    assert found["looks"] == []
-    assert all(q["verdict"] == "open" for q in found["questions"].values())
-    assert found["next"] == {"stress": 14, "stable": 12}
+    data = _records(first_plan, seeds, grpo_falls=10, band_falls=6, auto_falls=8)
+    del data[first_plan["groups"]["stress"]["cells"][0]]["GRPO"][seeds[3]]  # one run of the first look missing
+    found = analyze(first_plan, data, seeds)
+    assert [look["group"] for look in found["looks"]] == ["stable"]  # the other group's look is not held back
+    assert found["questions"]["grpo_collapses"]["verdict"] == "open"
+    assert found["next"] == {"stress": 14}
 
 
-def test_interim_decides_the_clear_questions_and_their_arms_stop(tmp_path):
-    plan = _plan(tmp_path)
+def test_interim_decides_the_clear_questions_and_their_arms_stop(first_plan):
     seeds = list(range(8, 36))
     # 28 pairs at the interim (14 seeds x 2 cells): GRPO alone 20 -> p = 2 x 0.5^20, x 0.05/0.005575 -> 1.7e-5
-    data = _data(plan, seeds, grpo_falls=10, band_falls=1, auto_falls=8, stress_seeds=14)
-    found = analyze(plan, data, seeds)
+    found = analyze(first_plan, _records(first_plan, seeds, 10, band_falls=1, auto_falls=8, stress_seeds=14), seeds)
     q = found["questions"]
-    assert q["grpo_collapses"]["verdict"] == "yes" and q["grpo_collapses"]["decided_at_seeds"] == 14
-    assert q["auto_collapses"]["verdict"] == "yes"
-    assert q["kpo_vs_gspo_depth4"]["verdict"] == "yes"  # 12 seeds all below: p = 2 / 4096
+    assert q["grpo_collapses"]["verdict"] == "decided" and q["grpo_collapses"]["decided_at_seeds"] == 14
+    assert q["grpo_collapses"]["answer"] == "GRPO collapses where KPO (matched) does not (20 pairs to 0)"
+    assert q["auto_collapses"]["verdict"] == "decided"
+    assert q["kpo_vs_gspo_depth4"]["answer"].startswith("KPO (matched) is less accurate than GSPO, by 5.0")
     assert q["band_collapses"]["verdict"] == "open"
     assert found["next"] == {"stress": 28}
     assert found["active"] == {"stress": ["KPO (matched)", "clip band"]}  # GRPO and auto stop
 
 
-def test_a_family_member_whose_looks_are_spent_stays_open_while_the_gate_is(tmp_path):
-    plan = _plan(tmp_path)
+def test_a_family_member_whose_looks_are_spent_stays_open_while_the_gate_is(first_plan):
     seeds = list(range(8, 36))
-    # the interim: GRPO alone 2 of 28 pairs, the gate open; the stable cells' one look (12 seeds, all KPO below
-    # GSPO: sign-flip p = 2 / 4096) is taken, but the gate can still open at 28 seeds and Holm then decide it
-    found = analyze(plan, _data(plan, seeds, grpo_falls=1, stress_seeds=14), seeds)
+    found = analyze(first_plan, _records(first_plan, seeds, grpo_falls=1, stress_seeds=14), seeds)
     assert found["next"] == {"stress": 28}
     stable = found["questions"]["kpo_vs_gspo_depth4"]
     assert len(stable["looks"]) == 1 and stable["p_sequential"] < 0.001
     assert stable["verdict"] == "open" and "waits for the gate" in stable["answer"]
-    # ... and GRPO collapses in every later seed: the gate opens at the last look (30 of 56 pairs GRPO alone, 0
-    # KPO alone) and the stable question, its look long taken, is decided with it
-    data = _data(plan, seeds, grpo_falls=1)
-    for cell in plan["groups"]["stress"]["cells"]:
+    # GRPO collapses in every later seed: the gate opens at the last look and the stable question goes with it
+    data = _records(first_plan, seeds, grpo_falls=1)
+    for cell in first_plan["groups"]["stress"]["cells"]:
         for s in seeds[14:]:
-            data[cell]["GRPO"][s] = (0.0, 0.2)
-    found = analyze(plan, data, seeds)
+            data[cell]["GRPO"][s] = _run(0.0)
+    found = analyze(first_plan, data, seeds)
     assert found["next"] is None and found["questions"]["grpo_collapses"]["decided_at_seeds"] == 28
-    assert found["questions"]["grpo_collapses"]["verdict"] == "yes"
-    assert found["questions"]["kpo_vs_gspo_depth4"]["verdict"] == "yes"
+    assert found["questions"]["kpo_vs_gspo_depth4"]["verdict"] == "decided"
 
 
-def test_direction_comes_from_the_look_that_rejected_and_undecided_at_the_cap(tmp_path):
-    plan = _plan(tmp_path)
+def test_gate_not_passed_leaves_every_family_member_undecided(first_plan):
     seeds = list(range(8, 36))
-    data = _data(plan, seeds, grpo_falls=10, band_falls=1, auto_falls=8)
-    # after the interim, KPO collapses where auto does not in seeds 15-27: the auto question was decided at 14
-    # seeds (auto collapses more) and keeps that direction whatever the last look shows
-    for cell in plan["groups"]["stress"]["cells"]:
-        for s in seeds[14:]:
-            data[cell]["KPO (matched)"][s] = (0.0, 0.2)
-    found = analyze(plan, data, seeds)
-    auto = found["questions"]["auto_collapses"]
-    assert auto["decided_at_seeds"] == 14 and auto["verdict"] == "yes"
-    assert found["next"] is None  # the study ended
-    band = found["questions"]["band_collapses"]
-    assert band["verdict"] in ("no", "undecided")
-    assert found["questions"]["grpo_collapses"]["verdict"] == "yes"
-
-
-def test_gate_not_passed_leaves_every_family_member_undecided(tmp_path):
-    plan = _plan(tmp_path)
-    seeds = list(range(8, 36))
-    found = analyze(plan, _data(plan, seeds, grpo_falls=0, band_falls=10, auto_falls=10, gap=-0.2), seeds)
+    found = analyze(first_plan, _records(first_plan, seeds, 0, band_falls=10, auto_falls=10, gap=-0.2), seeds)
     assert found["next"] is None
-    assert {k: v["verdict"] for k, v in found["questions"].items()} == {k.key: "undecided" for k in QUESTIONS}
+    assert {v["verdict"] for v in found["questions"].values()} == {"undecided"}
     assert found["questions"]["band_collapses"]["p_adjusted"] == 1.0
 
 
-# ------------------------------------------------------------------ the runner's pieces
+def test_gate_then_holm_is_statsmodels_holm_behind_the_gate(first_plan):
+    keys = ["grpo_collapses", "band_collapses", "auto_collapses", "kpo_vs_gspo_depth4"]
+    rejected, adjusted = gate_and_holm(dict(zip(keys, (0.2, 1e-6, 1e-6, 1e-6))), first_plan)
+    assert not any(rejected.values()) and all(adjusted[k] == 0.2 for k in keys)
+    # gate open: Holm over the three (3 x 0.01 = 0.03, 2 x 0.02 = 0.04, 1 x 0.04 = 0.04)
+    rejected, adjusted = gate_and_holm(dict(zip(keys, (0.001, 0.01, 0.02, 0.04))), first_plan)
+    assert all(rejected.values())
+    assert adjusted["band_collapses"] == pytest.approx(0.03) and adjusted["auto_collapses"] == pytest.approx(0.04)
+    # no primary: Holm over every question
+    family = {**first_plan, "questions": [{**q, "role": "family"} for q in first_plan["questions"]]}
+    rejected, adjusted = gate_and_holm(dict(zip(keys, (0.2, 0.001, 0.02, 0.04))), family)
+    assert rejected == {"grpo_collapses": False, "band_collapses": True, "auto_collapses": False,
+                        "kpo_vs_gspo_depth4": False}
+
+
+# ------------------------------------------------------------------ plans of this format: the seed as the unit
+@pytest.fixture
+def plan() -> dict:
+    """The documented example (two stress cells, KPO against GRPO as the gate, against the band in the family)."""
+    return normalize(yaml.safe_load(EXAMPLE.read_text().replace("e-4", ".0e-4")))
+
+
+def _example_records(seeds, kpo=0.5, grpo=0.3, band=0.45, noise=0.02, falls=()):
+    """Per seed and cell: each arm's accuracy, with a seed effect shared by the seed's cells (its warm start)."""
+    data, rng = {}, np.random.default_rng(1)
+    for s in seeds:
+        shared = rng.normal(0, 0.05)
+        for cell in ("none-depth4-lr0.0005", "bf16-depth4-lr0.0005"):
+            for arm, mean in (("KPO (matched)", kpo), ("GRPO", grpo), ("clip band", band)):
+                acc = 0.0 if (arm, s) in falls else float(np.clip(mean + shared + rng.normal(0, noise), 0, 1))
+                data.setdefault(cell, {}).setdefault(arm, {})[s] = _run(acc)
+    return data
+
+
+def test_the_seed_is_the_unit_of_every_test(plan):
+    seeds = list(range(100, 110))
+    found = analyze(plan, _example_records(seeds), seeds)
+    look = found["questions"]["kpo_vs_grpo"]["looks"][0]
+    assert look["test"] == "exact sign-flip permutation test" and len(look["per_seed"]) == 10
+    # 10 seeds all positive, one-sided: p = 1 / 2^10; at the interim (O'Brien-Fleming's 0.0012 of 0.05) that is
+    # 9.8e-4 x 0.05 / 0.0012 = 0.04 <= 0.05: the gate is rejected at the first look
+    assert look["p"] == pytest.approx(1 / 1024)
+    assert found["questions"]["kpo_vs_grpo"]["verdict"] == "decided"
+    # the descriptive question is tested at each look, decides nothing, and is counted per seed (its cells pooled)
+    collapse = found["questions"]["grpo_collapses"]
+    assert collapse["verdict"] == "descriptive" and collapse["looks"][0]["runs"] == 20
+
+
+def test_a_margin_shifts_the_null_and_a_metric_is_an_outcome(plan):
+    seeds = list(range(100, 110))
+    data = _example_records(seeds, kpo=0.50, band=0.52)  # KPO 2 points below the band
+    q = plan["questions"][1]
+    plan["questions"][1] = {**q, "alternative": "greater", "margin": 0.05}  # not worse by 5 points or more?
+    plan["questions"][0]["role"] = "family"
+    found = analyze(plan, data, seeds)["questions"]["filter_vs_band"]
+    assert found["verdict"] == "decided" and found["answer"].startswith("KPO (matched) is not worse than clip band by 5")
+    for cell in data.values():
+        for arm in cell.values():
+            for s, r in arm.items():
+                r["metrics"] = {"entropy": 0.5 + 0.001 * s}
+    plan["questions"][1] = {**q, "outcome": "metric", "metric": "entropy", "alternative": "two-sided", "margin": 0.0}
+    found = analyze(plan, data, seeds)["questions"]["filter_vs_band"]
+    assert found["looks"][0]["estimate"] == 0.0 and found["looks"][0]["p"] == 1.0
+
+
+def test_anytime_looks_take_a_look_after_every_seed_and_stop_when_decided(plan):
+    plan["groups"]["stress"] = {"cells": plan["groups"]["stress"]["cells"], "looks": "anytime", "max_seeds": 30}
+    for q in plan["questions"]:
+        q["scale"] = 0.3
+    seeds = list(range(100, 130))
+    found = analyze(plan, _example_records(seeds), seeds)
+    gate = found["questions"]["kpo_vs_grpo"]
+    assert gate["verdict"] == "decided" and gate["looks"][-1]["test"] == "e-process (sign-flip bets)"
+    assert [look["seeds"] for look in gate["looks"]] == list(range(1, gate["decided_at_seeds"] + 1))
+    assert gate["p_sequential"] <= ALPHA < min(look["p"] for look in gate["looks"][:-1])
+
+
+# ------------------------------------------------------------------ the simulation, whole seeds resampled
+def _sized(plan: dict, **sizing) -> dict:
+    plan["sizing"] = {"pilot": {"records": str(FIRST_STUDY / "runs.json")}, **sizing}
+    return plan
+
+
+def _first_studys_questions(looks) -> dict:
+    """The first study's stress questions with the seed as the unit, at ``looks``."""
+    arms = {"GRPO": {"loss": "vanilla"}, "KPO (matched)": {"loss": "kpo", "loss_kwargs": {"memory": "matched"}},
+            "clip band": {"loss": "vanilla", "loss_kwargs": {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4}},
+            "KPO (auto)": {"loss": "kpo", "loss_kwargs": {"memory": "auto"}}}
+    cells = {"none-depth4-lr0.0005": {"depth": 4, "lr": 5e-4},
+             "bf16-depth4-lr0.0005": {"mismatch": "bf16", "depth": 4, "lr": 5e-4}}
+    group = {"cells": list(cells), **looks}
+    ask = [("grpo", "GRPO", "collapse", "primary"), ("band", "clip band", "collapse", "family"),
+           ("auto", "KPO (auto)", "collapse", "family"), ("band_accuracy", "clip band", "accuracy", "family")]
+    questions = [{"key": k, "text": k, "outcome": o, "a": a, "b": "KPO (matched)", "group": "stress", "role": r}
+                 for k, a, o, r in ask]
+    return normalize({"title": "t", "arms": arms, "cells": cells, "groups": {"stress": group}, "questions": questions})
+
+
+@pytest.mark.parametrize("looks", [{"looks": [14, 28]}, {"looks": "anytime", "max_seeds": 40}],
+                         ids=["group-sequential", "anytime"])
+def test_family_wise_error_is_at_most_alpha_with_whole_seeds_resampled(looks):
+    """The first study's records resampled seed by seed (its cells together): under the global null and every
+    partial null the share of 2000 simulated studies that reject a true null is consistent with at most 5% (a
+    one-sided binomial test of the count), for looks at planned seeds and for looks after every seed. (The first
+    study's own design, McNemar on (cell, seed) pairs, reached 0.058-0.10 so.)"""
+    from scipy.stats import binomtest
+
+    plan = _sized(_first_studys_questions(looks))
+    for q in plan["questions"]:
+        q.setdefault("scale", 0.3)
+    sim = simulate(plan, sizing_inputs(plan), sims=2000, seed=5)
+    assert set(sim["fwer"]) == {"global null", "grpo null", "band null", "auto null", "band_accuracy null"}
+    for null, rate in sim["fwer"].items():
+        assert binomtest(round(rate * 2000), 2000, ALPHA, alternative="greater").pvalue > 0.001, (null, rate)
+    assert sim["power"]["measured"]["auto"] > 0.5  # and it can reject: 20 to 4 collapsed runs of 56
+
+
+def test_a_question_the_pilot_has_not_run_needs_its_effect_stated(plan):
+    _sized(plan)
+    plan["arms"]["clip band"]["loss_kwargs"]["clip_ratio_low"] = 0.1  # (the pilot's arms are named by label)
+    plan["sizing"]["pilot"]["arms"] = {"clip band": "nothing like it"}
+    with pytest.raises(CompareError, match="question 'filter_vs_band': the pilot has not run"):
+        sizing_inputs(plan)
+    plan["sizing"]["effects"] = {"filter_vs_band": {"mean": 0.1, "sd": "x"}}
+    with pytest.raises(CompareError, match="sizing.effects.filter_vs_band: write {mean"):
+        sizing_inputs(plan)
+    plan["sizing"]["effects"] = {"filter_vs_band": {"mean": 0.1, "sd": 0.1}}
+    inputs = sizing_inputs(plan)
+    assert inputs["questions"]["filter_vs_band"]["from"] == "stated"
+    assert inputs["questions"]["kpo_vs_grpo"]["from"] == "pilot" and len(inputs["groups"]["stress"]["pilot_seeds"]) == 28
+    sim = simulate(plan, inputs, sims=300)
+    assert sim["power"]["measured"]["filter_vs_band"] > sim["power"]["a third smaller"]["filter_vs_band"]
+    plan["sizing"]["pilot"]["records"] = str(FIRST_STUDY / "plan.json")  # a plan is not records
+    with pytest.raises(CompareError, match="neither a study's runs.json nor a regime map's report.json"):
+        sizing_inputs(plan)
+
+
+# ------------------------------------------------------------------ registration
+def _git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                   env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"})
+
+
 def _study(tmp_path: Path) -> Study:
     folder = tmp_path / "study"
     folder.mkdir()
-    (folder / "plan.json").write_text(COMMITTED_PLAN.read_text())
+    (folder / "plan.json").write_text((FIRST_STUDY / "plan.json").read_text())
     return Study(folder, tmp_path / "runs")
 
 
-def test_register_writes_once(tmp_path, exploratory):
-    path = register(tmp_path / "s", EXPLORATORY, sims=200)
-    plan = json.loads(path.read_text())
-    assert [q["key"] for q in plan["questions"]] == [q.key for q in QUESTIONS]
-    with pytest.raises(CompareError, match="written once"):
-        register(tmp_path / "s", EXPLORATORY, sims=200)
+def test_a_study_runs_only_from_its_plan_as_first_committed(tmp_path):
+    study = _study(tmp_path)
+    with pytest.raises(CompareError, match="is not committed"):
+        run_study(study)
+    _git(study.folder, "init", "-q")
+    _git(study.folder, "add", "plan.json")
+    _git(study.folder, "commit", "-qm", "plan")
+    history = plan_history(study.folder)
+    assert history["first"] and history["changed"] is None
+    assert confirmatory(history, {"a": {"started": history["first"]["time"] + 5}})[0]
+    ok, why = confirmatory(history, {"a": {"started": history["first"]["time"] - 60}})
+    assert not ok and "before the plan's commit" in why
+    # the plan edited (collapse below 0.6 of the warm start, not 0.5) and committed again after the runs: neither
+    # runnable nor confirmatory
+    seeds = [8]
+    write_json(study.folder / "seeds.json", {"admitted": seeds, "warm": {"8": 0.2}, "dropped": []})
+    key = f"none-depth4-lr0.0005/{run_name(study.plan, 'GRPO', 8)}"
+    write_json(study.folder / "runs.json", {key: {"cell": "none-depth4-lr0.0005", "arm": "GRPO", "seed": 8,
+                                                  "accuracy": 0.5, "warm": 0.2, "reward_by_batch": [0.3],
+                                                  "started": time.time() + 5, "code": None}})
+    plan = json.loads((study.folder / "plan.json").read_text())
+    plan["collapse"]["value"] = 0.6
+    (study.folder / "plan.json").write_text(json.dumps(plan))
+    _git(study.folder, "commit", "-qam", "another collapse rule")
+    history = plan_history(study.folder)
+    assert "committed again, changed" in history["changed"]
+    assert not confirmatory(history, {})[0]
+    with pytest.raises(CompareError, match="after its runs began: a changed plan is a new study"):
+        run_study(Study(study.folder, study.runs))
 
 
-def test_a_seed_whose_warm_start_fails_is_dropped_and_the_next_takes_its_place(tmp_path, monkeypatch):
+def test_a_second_process_on_one_study_is_refused_before_anything(tmp_path):
+    study = _study(tmp_path)
+    assert lock_run(study.folder) is not None  # another kpo compare study holds the folder
+    try:
+        with pytest.raises(CompareError, match="is running this study"):
+            run_study(study, report_only=True)
+    finally:
+        unlock_run(study.folder)
+
+
+# ------------------------------------------------------------------ the runner's pieces
+def test_a_seed_whose_warm_start_fails_is_dropped_and_the_next_takes_its_place(tmp_path):
     study = _study(tmp_path)
     built = []
 
@@ -257,44 +321,15 @@ def test_a_seed_whose_warm_start_fails_is_dropped_and_the_next_takes_its_place(t
 
 def test_recorded_runs_are_never_trained_again(tmp_path):
     study = _study(tmp_path)
-    plan = study.plan
     seeds = list(range(8, 22))
-    _write_json(study.folder / "seeds.json", {"admitted": seeds, "warm": {str(s): 0.2 for s in seeds}, "dropped": []})
-    answer = analyze(plan, study.data(), seeds)
-    planned = _jobs(study, answer, seeds)
-    assert len(planned) == 14 * 2 * 4 + 12 * 2 * 2  # the first look: stress 14 seeds, stable 12
-    records = {
-        job.label: {"cell": cell.name, "arm": label, "seed": job.run.seed, "accuracy": 0.5, "warm": 0.2,
-                    "reward_by_batch": [0.3, 0.4], "started": time.time()}
-        for cell, label, job in planned[:10]
-    }
-    _write_json(study.folder / "runs.json", records)
-    assert len(_jobs(study, analyze(plan, study.data(), seeds), seeds)) == len(planned) - 10
-    assert all(job.label == f"{cell.name}/{_run(label, job.run.seed).name}" for cell, label, job in planned)
-
-
-def _git(cwd: Path, *args: str) -> None:
-    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
-                   env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-                        "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"})
-
-
-def test_a_study_runs_only_from_a_committed_plan_and_runs_before_it_are_not_confirmatory(tmp_path):
-    study = _study(tmp_path)
-    with pytest.raises(CompareError, match="is not committed"):
-        run_study(study)
-    _git(study.folder, "init", "-q")
-    _git(study.folder, "add", "plan.json")
-    _git(study.folder, "commit", "-qm", "plan")
-    found = plan_commit(study.folder)
-    assert found["commit"] and found["clean"]
-    assert confirmatory(found, {"a": {"started": found["time"] + 5}})[0]
-    ok, why = confirmatory(found, {"a": {"started": found["time"] - 60}})
-    assert not ok and "before the plan's commit" in why
-    (study.folder / "plan.json").write_text(COMMITTED_PLAN.read_text() + " ")
-    assert not plan_commit(study.folder)["clean"]
-    with pytest.raises(CompareError, match="differs from its committed version"):
-        run_study(study)
+    write_json(study.folder / "seeds.json", {"admitted": seeds, "warm": {str(s): 0.2 for s in seeds}, "dropped": []})
+    planned = _jobs(study, analyze(study.plan, study.data(), seeds), seeds)
+    assert len(planned) == 14 * 2 * 4 + 12 * 2 * 2  # the first looks: stress 14 seeds, stable 12
+    records = {job.label: {"cell": cell, "arm": arm, "seed": job.run.seed, "accuracy": 0.5, "warm": 0.2,
+                           "reward_by_batch": [0.3, 0.4], "started": time.time(), "code": None}
+               for cell, arm, job in planned[:10]}
+    write_json(study.folder / "runs.json", records)
+    assert len(_jobs(study, analyze(study.plan, study.data(), seeds), seeds)) == len(planned) - 10
 
 
 def test_batch_of_collapse():
@@ -303,44 +338,8 @@ def test_batch_of_collapse():
     assert batch_of_collapse([0.3, 0.4, 0.5]) is None
 
 
-def test_report_from_records_alone(tmp_path):
-    """The report reads only the committed folder (plan, seeds, records): no run folders. Not committed here, so it
-    is labelled exploratory, and the look it has not reached stays open."""
-    study = _study(tmp_path)
-    plan = study.plan
-    seeds = list(range(8, 22))
-    _write_json(study.folder / "seeds.json", {"admitted": seeds, "warm": {str(s): 0.2 for s in seeds},
-                                              "dropped": [{"seed": 22, "reason": "expected accuracy 0.0%"}]})
-    records = {}
-    for group in plan["groups"].values():
-        for cell in group["cells"]:
-            for arm in group["arms"]:
-                for i, s in enumerate(seeds[:3]):
-                    acc = 0.0 if arm == "GRPO" and i == 0 else 0.5 + 0.01 * i
-                    records[f"{cell}/{_run(arm, s).name}"] = {
-                        "cell": cell, "arm": arm, "seed": s, "accuracy": acc, "warm": 0.2,
-                        "reward_by_batch": [0.3, 0.1, 0.0] if acc == 0 else [0.3, 0.5], "started": time.time()}
-    _write_json(study.folder / "runs.json", records)
-    report_md = run_study(study, report_only=True)
-    report = json.loads((study.folder / "report.json").read_text())
-    assert report["study"] == "exploratory" and "not committed" in report["why"]
-    assert report["runs"] == len(records) and report["hypotheses"] == 4
-    assert report["seeds"]["drop_rate"] == pytest.approx(1 / 15)
-    assert all(q["verdict"] == "open" for q in report["questions"].values())
-    stress = report["descriptive"]["stress"]["cells"]["none-depth4-lr0.0005"]["GRPO"]
-    assert stress["collapse"]["k"] == 1 and stress["batch_of_collapse"] == [2, None, None]
-    text = report_md.read_text()
-    assert "not confirmatory" in text and "22" in text
-    # the plan's simulated error with its exact interval: 102 of 2000 studies (0.051) is [0.042, 0.062], so 5% is
-    # inside it (Clopper-Pearson, scipy's binomtest)
-    assert "| kpo_vs_gspo_depth4 null | 0.051 | [0.042, 0.062] |" in text
-    assert {p.name for p in study.folder.glob("*.png")} == {"collapse.png", "time_to_collapse.png", "accuracy.png"}
-
-
 def test_probability_of_improvement_is_mann_whitney_u_over_nm():
     from scipy.stats import mannwhitneyu
-
-    from kpo.compare.study_report import probability_of_improvement
 
     rng = np.random.default_rng(2)
     xs = [rng.choice([0.0, 0.5, 0.6], size=7), rng.normal(0.5, 0.1, size=5)]
@@ -351,36 +350,97 @@ def test_probability_of_improvement_is_mann_whitney_u_over_nm():
     assert probability_of_improvement([np.array([1.0, 2.0])], [np.array([2.0])]) == pytest.approx(0.25)
 
 
-def test_seeds_needed_at_the_level_each_question_faces(tmp_path):
-    """The gate is tested at the full 5%, a family member at Holm's first threshold (5% / 3): the seeds an undecided
-    question would need are sized at those levels (the gate's were sized at 5% / 3 too)."""
-    from kpo.compare.stats import discordance_seeds
-    from kpo.compare.study_report import _seeds_needed
+def test_report_from_records_alone(tmp_path):
+    """The report reads only the study folder (plan, seeds, records): no run folders. Not committed here, so it is
+    labelled exploratory, and the looks it has not reached stay open."""
+    study = _study(tmp_path)
+    seeds = list(range(8, 22))
+    write_json(study.folder / "seeds.json", {"admitted": seeds, "warm": {str(s): 0.2 for s in seeds},
+                                             "dropped": [{"seed": 22, "reason": "expected accuracy 0.0%"}]})
+    records = {}
+    for cell, arm, job in _jobs(study, analyze(study.plan, {}, seeds), seeds):
+        i = seeds.index(job.run.seed)
+        if i < 3:
+            acc = 0.0 if arm == "GRPO" and i == 0 else 0.5 + 0.01 * i
+            records[job.label] = {"cell": cell, "arm": arm, "seed": job.run.seed, "accuracy": acc, "warm": 0.2,
+                                  "reward_by_batch": [0.3, 0.1, 0.0] if acc == 0 else [0.3, 0.5],
+                                  "started": time.time(), "code": None}
+    write_json(study.folder / "runs.json", records)
+    text = run_study(study, report_only=True).read_text()
+    report = json.loads((study.folder / "report.json").read_text())
+    assert report["study"] == "exploratory" and "not committed" in report["why"]
+    assert report["runs"] == len(records) and report["hypotheses"] == 4
+    assert report["seeds"]["drop_rate"] == pytest.approx(1 / 15)
+    assert all(q["verdict"] == "open" for q in report["questions"].values())
+    stress = report["descriptive"]["stress"]["cells"]["none-depth4-lr0.0005"]["GRPO"]
+    assert stress["collapse"]["k"] == 1 and stress["batch_of_collapse"] == [2, None, None]
+    assert "not confirmatory" in text and "22" in text
+    # the plan's simulated error with its exact interval: 102 of 2000 studies (0.051) is [0.042, 0.062]
+    assert "| kpo_vs_gspo_depth4 null | 0.051 | [0.042, 0.062] |" in text
+    assert {p.name for p in study.folder.glob("*.png")} == {"collapse.png", "time_to_collapse.png", "accuracy.png"}
 
-    plan = _plan(tmp_path)
-    look = {"a_only": 7, "b_only": 2, "pairs": 28}  # 28 (cell, seed) pairs over the 2 stress cells
-    gate = {"role": "primary", "kind": "collapse", "cells": ["a", "b"], "looks": [look]}
-    band = {**gate, "role": "family"}
-    assert _seeds_needed(gate, plan) == discordance_seeds(7, 2, 28, 2, 0.05)
-    assert _seeds_needed(band, plan) == discordance_seeds(7, 2, 28, 2, 0.05 / 3)
-    assert _seeds_needed(gate, plan) < _seeds_needed(band, plan)
+
+def test_the_first_study_keeps_its_decisions_and_shows_the_seed_as_the_unit():
+    """docs/results/study/report.json, rewritten from its records by this kpo: the registered tests' decisions are
+    the ones the study ended with (gate 15 to 2 of 56 pairs, adjusted p 0.0026), and beside them the seed-level
+    analysis (gate sequential p 0.0096, KPO (auto) 0.00055) and the stable cell's repeats of the default compare
+    (seeds 8-11; without them 8 seeds, p 0.0078, adjusted 0.016)."""
+    report = json.loads((FIRST_STUDY / "report.json").read_text())
+    q = report["questions"]
+    assert report["confirmatory"] and report["ended"]
+    assert {k: v["verdict"] for k, v in q.items()} == {"grpo_collapses": "decided", "band_collapses": "undecided",
+                                                       "auto_collapses": "decided", "kpo_vs_gspo_depth4": "decided"}
+    assert (q["grpo_collapses"]["looks"][-1]["a_only"], q["grpo_collapses"]["looks"][-1]["b_only"]) == (15, 2)
+    assert q["grpo_collapses"]["p_adjusted"] == pytest.approx(0.0026447, abs=1e-6)
+    seed_unit = report["sensitivity"]["seed_unit"]
+    assert seed_unit["grpo_collapses"]["p_sequential"] == pytest.approx(0.0096, abs=5e-5)
+    assert seed_unit["auto_collapses"]["p_sequential"] == pytest.approx(0.00055, abs=5e-6)
+    repeated = report["sensitivity"]["repeats"]
+    assert {(r["cell"], r["seed"], r["where"]) for r in repeated} == {
+        ("none-depth4-lr0.0001", s, "docs/results/compare") for s in (8, 9, 10, 11)}
+    without = report["sensitivity"]["without_repeats"]["kpo_vs_gspo_depth4"]
+    assert without["seeds"] == 8 and without["p_sequential"] == pytest.approx(2 / 256)
+    assert without["p_adjusted"] == pytest.approx(0.015625) and without["rejected"]
 
 
-def test_what_an_undecided_question_would_take_is_said_in_words(tmp_path):
-    """The report says what deciding would take even where no number of seeds comes out: the study's own band
-    question ended at 4 to 2 of 56 pairs, which needs more seeds than the search tries, and an effect of 0 needs
-    none that would do; behind a closed gate the gate comes first."""
-    from kpo.compare.stats import MOST_SEEDS
-    from kpo.compare.study_report import _seeds_needed, _seeds_needed_words
+def test_a_plan_repeating_committed_runs_is_refused_at_registration(tmp_path):
+    """A plan whose seeds the default compare (seeds 0-11) and the first study (its stable cell, seeds 8-19),
+    committed before it, already ran with the same settings: refused, with the seed to start above."""
+    from kpo.compare.study.registration import register
 
-    plan = _plan(tmp_path)
-    band = {"role": "family", "kind": "collapse", "cells": ["a", "b"],
-            "looks": [{"a_only": 4, "b_only": 2, "pairs": 56}]}
-    assert _seeds_needed(band, plan) is None
-    assert _seeds_needed_words(band, plan, None, True).startswith(f"more than {MOST_SEEDS} seeds per cell")
-    tied = {**band, "looks": [{"a_only": 3, "b_only": 3, "pairs": 56}]}
-    assert _seeds_needed_words(tied, plan, None, True).startswith("no number of seeds")
-    lopsided = {**band, "looks": [{"a_only": 7, "b_only": 2, "pairs": 28}]}
-    n = _seeds_needed(lopsided, plan)
-    assert _seeds_needed_words(lopsided, plan, n, True).startswith(f"about {n} seeds per cell for 80% power at level 0.017")
-    assert _seeds_needed_words(lopsided, plan, n, False).startswith(f"the gate's rejection first, then about {n}")
+    raw = yaml.safe_load(EXAMPLE.read_text().replace("e-4", ".0e-4"))
+    raw["seeds"] = {"first": 0}
+    raw["cells"] = {"none-depth4-lr0.0001": {"depth": 4, "lr": 1e-4}}
+    raw["groups"] = {"stress": {"cells": ["none-depth4-lr0.0001"], "looks": [4]}}
+    raw["arms"] = {"KPO (matched)": raw["arms"]["KPO (matched)"], "GSPO": {"loss": "gspo"}}
+    raw["questions"] = [{**raw["questions"][0], "b": "GSPO"}]
+    raw["sizing"] = {"effects": {"kpo_vs_grpo": {"mean": 0.05, "sd": 0.05}}, "sims": 100}
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(raw))
+    folder = ROOT / "runs" / f"test-register-{time.time_ns()}"  # inside the repository: its history is read
+    try:
+        with pytest.raises(CompareError, match=r"repeat runs committed in docs/results/compare, docs/results/study.*set seeds.first above 19"):
+            register(tmp_path / "plan.yaml", folder)
+        assert not (folder / "plan.json").exists()
+    finally:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_registration_writes_the_plan_once_with_its_simulation(tmp_path):
+    from kpo.compare.study.registration import register
+
+    raw = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text().replace("e-4", ".0e-4")))
+    raw["sizing"]["sims"] = 200
+    raw["setup"]["train_args"] = [*TOY_TASK, "--prompts-per-step", "8"]  # a task quick to check
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(raw))
+    plan = register(tmp_path / "plan.yaml", tmp_path / "s")
+    on_disk = load_plan(tmp_path / "s" / "plan.json")
+    assert on_disk == plan and plan["runs_at_most"] == 2 * 3 * 20 and plan["simulation"]["sims"] == 200
+    assert set(plan["simulation"]["fwer"]) == {"global null", "kpo_vs_grpo null", "filter_vs_band null"}
+    with pytest.raises(CompareError, match="written once"):
+        register(tmp_path / "plan.yaml", tmp_path / "s")
+    raw["arms"]["GRPO"]["loss_kwargs"] = {"clip_ratio_lo": 0.2}  # a keyword vanilla does not take
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(CompareError, match="arm GRPO.*clip_ratio_lo"):
+        register(tmp_path / "bad.yaml", tmp_path / "t")

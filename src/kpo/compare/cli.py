@@ -7,7 +7,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from kpo.compare.engines import KEEP, engine_names
 from kpo.compare.plan import (
     AA_SEEDS,
     ABLATION_SEEDS,
@@ -25,6 +24,7 @@ from kpo.compare.questions import LOOKS
 from kpo.compare.regime_run import run_regimes
 from kpo.compare.regimes import BATCHES, DIFF_SD, GRID, MISMATCH, RegimeConfig
 from kpo.compare.run import run_compare
+from kpo.compare.setup_cli import setup_from_args, setup_options
 
 
 def _sweep_memory(text: str) -> tuple[str, ...]:
@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and the A/A arm), where those options are not given: a smoke test instead of the comparison in 90 "
         "minutes.",
     )
-    _setup_options(p)
+    setup_options(p)
     p.add_argument(
         "train_args",
         nargs=argparse.REMAINDER,
@@ -182,73 +182,6 @@ def build_parser() -> argparse.ArgumentParser:
         "data.train_batch_size=32 actor_rollout_ref.actor.optim.lr=1e-6).",
     )
     return p
-
-
-def _setup_options(p: argparse.ArgumentParser) -> None:
-    """The options of the user's own setup, shared by kpo compare and kpo compare regimes."""
-    p.add_argument(
-        "--engine",
-        choices=engine_names(),
-        default="kpo",
-        help="What trains each run: kpo (kpo train: TRL, one node) or verl (verl's main_ppo on your verl "
-        "configuration) (default: %(default)s).",
-    )
-    p.add_argument(
-        "--model",
-        default=None,
-        help="A Hugging Face causal LM every run starts from; its held-out score is the start row and the collapse "
-        "threshold (default: the embedded warm start of each seed; --engine verl: your configuration's model).",
-    )
-    p.add_argument(
-        "--dataset",
-        default=None,
-        help="Training problems, in the formats kpo train --dataset reads (verl: its parquet) (default: the embedded "
-        "task; --engine verl: your configuration's data.train_files).",
-    )
-    p.add_argument(
-        "--eval-data",
-        nargs="+",
-        default=(),
-        metavar="FILE",
-        help="Held-out benchmarks in the formats kpo eval reads, scored by avg@--eval-n with the same problems and "
-        "sample seeds for every run (default: the embedded task's test split; required with --engine verl).",
-    )
-    p.add_argument(
-        "--verl-config",
-        default=None,
-        help="--engine verl: your verl YAML (as main_ppo's --config-path/--config-name); its overrides go after "
-        "`--` (default: verl's ppo_trainer).",
-    )
-    p.add_argument(
-        "--keep",
-        choices=tuple(KEEP),
-        default=CompareConfig.keep,
-        help="What stays of each run once it is scored, besides its metrics, scores, ratio dumps and log: "
-        + "; ".join(f"{k}: {v}" for k, v in KEEP.items())
-        + ". Each run's disk use, written and kept, is printed as it finishes.",
-    )
-
-
-def _setup(args) -> dict:
-    return {
-        "engine": args.engine,
-        "model": args.model,
-        "dataset": args.dataset,
-        "eval_data": _eval_files(args.eval_data),
-        "verl_config": args.verl_config,
-        "keep": args.keep,
-    }
-
-
-def _eval_files(paths: list[str]) -> tuple[str, ...]:
-    """``--eval-data`` with a file listed more than once read once, and a note saying so."""
-    resolved = [Path(p).resolve() for p in paths]
-    first = dict(zip(reversed(resolved), reversed(paths)))  # the file -> how it was first given
-    repeated = [first[r] for r in dict.fromkeys(resolved) if resolved.count(r) > 1]
-    if repeated:
-        note = f"note: --eval-data lists {', '.join(repeated)} more than once; each is read once"
-        print(note, file=sys.stderr)
-    return tuple(first[r] for r in dict.fromkeys(resolved))
 
 
 def config_from_args(argv: list[str] | None = None) -> CompareConfig:
@@ -278,7 +211,7 @@ def _config(args) -> CompareConfig:
         jobs=args.jobs,
         train_args=tuple(extra),
         quick=args.quick,
-        **_setup(args),
+        **setup_from_args(args),
     )
 
 
@@ -377,7 +310,7 @@ def build_regimes_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"A finished compare's report.json: plan with the sd it measured (default: {DIFF_SD} points).",
     )
-    _setup_options(p)
+    setup_options(p)
     p.add_argument(
         "train_args",
         nargs=argparse.REMAINDER,
@@ -403,7 +336,7 @@ def regimes_main(argv: list[str]) -> int:
         eval_limit=args.eval_limit,
         jobs=args.jobs,
         train_args=tuple(extra),
-        **_setup(args),
+        **setup_from_args(args),
     )
     try:
         report = run_regimes(cfg, plan_only=args.plan, report_only=args.report, pilot=args.pilot)
@@ -420,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["regimes"]:
         return regimes_main(argv[1:])
     if argv[:1] == ["study"]:
-        from kpo.compare.study_cli import main as study_main
+        from kpo.compare.study.cli import main as study_main
 
         return study_main(argv[1:])
     args = build_parser().parse_args(argv)

@@ -25,7 +25,14 @@ seeds of such a mixture says little, so collapse and accuracy are separate outco
   sign test cannot reach the level at all (its least one-sided p is 1 / 2^pairs), and the pick then excludes
   nothing;
 - **seeds to decide**: the seeds a 80%-power test needs, from the measured spread (statsmodels' TTestPower) or
-  the measured discordance (exact binomial power).
+  the measured discordance (exact binomial power);
+- **the seed as the unit** (a study's tests, :mod:`kpo.compare.study`): a seed's cells share its warm start and
+  prompt stream, so they are pooled into one number per seed (a collapse count difference, a mean accuracy
+  difference) and tested by the sign-flip randomisation test (:func:`sign_flip_p`: exact at any number of seeds
+  for counts, up to :data:`SIGN_FLIP_EXACT_MOST` seeds for real differences, random sign patterns beyond), or
+  watched after every seed by an e-process (:func:`e_values`: a bet on each seed's difference that is a
+  nonnegative martingale under the null, so that by Ville's inequality it crosses 1 / alpha with probability at
+  most alpha however often it is looked at).
 
 Everything is in fractions (accuracy 0..1); reports print points. Only scipy and statsmodels compute
 distributions.
@@ -42,10 +49,12 @@ import numpy as np
 __all__ = [
     "ALPHA",
     "MARGIN",
+    "anytime_p",
     "MOST_SEEDS",
     "centre",
     "collapse_count",
     "discordance_seeds",
+    "e_values",
     "holm",
     "holm_adjusted",
     "mcnemar_exact",
@@ -56,6 +65,8 @@ __all__ = [
     "cells_differ",
     "seeds_for_effect",
     "shifted_sign_test",
+    "sign_flip_many",
+    "sign_flip_p",
     "spending",
 ]
 
@@ -63,6 +74,9 @@ ALPHA = 0.05  # family-wise error rate of a report's claims
 MARGIN = 0.05  # "within +-5 points": the equivalence / non-inferiority margin, a fraction
 MOST_SEEDS = 200  # the most seeds per cell a sample-size search tries before it says "more than this"
 MEDIAN_CI_MIN = 6  # pairs from which the median's distribution-free interval reaches 95% (1 - 2 / 2^6 = 0.969)
+SIGN_FLIP_EXACT_MOST = 40  # seeds up to which sign_flip_p enumerates real differences exactly (2 x 2^20 half sums)
+SIGN_FLIP_RESAMPLES = 99_999  # random sign patterns beyond them (p = (k + 1) / (R + 1), valid at any R)
+BETS = np.arange(1, 10) / 10  # e_values' bets on each seed: a uniform mixture over these fractions of the wealth
 
 
 def centre(c: dict) -> float:
@@ -357,3 +371,152 @@ def spending(alpha: float, looks: tuple[int, ...]) -> list[float]:
     spent = [float(2 * norm.sf(z / math.sqrt(n / looks[-1]))) for n in looks]
     spent[-1] = alpha  # alpha(1) = alpha exactly
     return [spent[0]] + [b - a for a, b in zip(spent, spent[1:])]
+
+
+# ------------------------------------------------------------------ the seed as the unit: sign-flip tests
+def _tails(null_sums: np.ndarray, observed: float) -> tuple[float, float]:
+    """P(S <= s) and P(S >= s) over equally likely null sums, values within scipy's tolerance (100 eps relative) of
+    the observed sum counted as equal to it."""
+    gamma = abs(np.finfo(np.float64).eps * 100 * observed)
+    return float(np.mean(null_sums <= observed + gamma)), float(np.mean(null_sums >= observed - gamma))
+
+
+def _integer_tails(values: np.ndarray, observed: float) -> tuple[float, float]:
+    """Exact P(S <= s), P(S >= s) for S = sum of +-values, values integers: the null law by convolution."""
+    values = values.astype(np.int64)
+    top = int(values.sum())
+    pmf = np.zeros(2 * top + 1)
+    pmf[top] = 1.0  # offset: index top is S = 0
+    for v in values:
+        pmf = 0.5 * (np.roll(pmf, v) + np.roll(pmf, -v))  # no wrap: |S| never exceeds the sum of the values
+    s = int(round(observed)) + top
+    return float(min(1.0, pmf[: s + 1].sum())), float(min(1.0, pmf[s:].sum()))
+
+
+def _half_sums(values: np.ndarray) -> np.ndarray:
+    sums = np.zeros(1)
+    for v in values:
+        sums = np.concatenate([sums + v, sums - v])
+    return sums
+
+
+def _meet_in_the_middle_tails(values: np.ndarray, observed: float) -> tuple[float, float]:
+    """Exact tails over all 2^n sign patterns, counted as pairs of half patterns (2 x 2^(n/2) sums, sorted once)."""
+    gamma = abs(np.finfo(np.float64).eps * 100 * observed)
+    left, right = _half_sums(values[: values.size // 2]), np.sort(_half_sums(values[values.size // 2 :]))
+    total = float(left.size) * right.size
+    at_most = np.searchsorted(right, observed + gamma - left, side="right").sum() / total
+    at_least = (right.size - np.searchsorted(right, observed - gamma - left, side="left")).sum() / total
+    return float(at_most), float(at_least)
+
+
+def _random_tails(values: np.ndarray, observed: float, resamples: int, rng) -> tuple[float, float]:
+    """Tails from ``resamples`` random sign patterns, counted as (k + 1) / (R + 1) (scipy's randomised
+    ``permutation_test``: a valid p-value at any R)."""
+    gamma = abs(np.finfo(np.float64).eps * 100 * observed)
+    less = greater = 0
+    for start in range(0, resamples, 10_000):
+        signs = rng.choice((-1.0, 1.0), size=(min(10_000, resamples - start), values.size))
+        sums = signs @ values
+        less += int(np.sum(sums <= observed + gamma))
+        greater += int(np.sum(sums >= observed - gamma))
+    return (less + 1) / (resamples + 1), (greater + 1) / (resamples + 1)
+
+
+def _p_of(tails: tuple[float, float], alternative: str) -> float:
+    less, greater = tails
+    if alternative == "greater":
+        return greater
+    if alternative == "less":
+        return less
+    return min(1.0, 2.0 * min(less, greater))
+
+
+def _is_integer(values: np.ndarray) -> bool:
+    return bool(np.all(values == np.round(values))) and float(np.abs(values).sum()) <= 1e6
+
+
+def sign_flip_p(d: Sequence[float], alternative: str = "two-sided", shift: float = 0.0) -> float:
+    """p-value of the sign-flip randomisation test (Fisher's one-sample test) that the per-seed differences ``d``
+    are symmetric about ``shift``, on their mean: "two-sided", "greater" (the mean above ``shift``) or "less". A
+    seed's difference keeps its size and takes either sign with probability 1/2 under the null (the arms of a seed
+    exchangeable), so the test is exact without normality. Exact at any number of seeds for integer differences
+    (collapse counts: the null law by convolution), by enumerating every sign pattern up to
+    :data:`SIGN_FLIP_EXACT_MOST` seeds otherwise (counted in halves), and from :data:`SIGN_FLIP_RESAMPLES` random
+    patterns beyond (a fixed seed). The values and tie handling of ``scipy.stats.permutation_test(...,
+    permutation_type="samples")`` on the mean (a test checks them); 1.0 with no seed away from ``shift``."""
+    d = np.asarray(d, dtype=np.float64) - shift
+    if not np.all(np.isfinite(d)):
+        raise ValueError("sign_flip_p: the differences must be finite numbers")
+    values = np.abs(d[d != 0])
+    if values.size == 0:
+        return 1.0
+    observed = float(d[d != 0].sum())
+    if _is_integer(values):
+        tails = _integer_tails(values, observed)
+    elif values.size <= SIGN_FLIP_EXACT_MOST:
+        tails = _meet_in_the_middle_tails(values, observed)
+    else:
+        tails = _random_tails(values, observed, SIGN_FLIP_RESAMPLES, np.random.default_rng(0))
+    return _p_of(tails, alternative)
+
+
+def sign_flip_many(d: np.ndarray, alternative: str = "two-sided", resamples: int = 2000, rng=None) -> np.ndarray:
+    """:func:`sign_flip_p` of every row of ``d`` [sims, n] for a design's simulation: exact for integer rows (one
+    null law per distinct row, remembered) and up to 16 seeds (every sign pattern at once); from ``resamples``
+    random patterns per row beyond (the simulation's test is then the randomised one, which is valid too)."""
+    d = np.asarray(d, dtype=np.float64)
+    sims, n = d.shape
+    out = np.empty(sims)
+    if _is_integer(d):
+        seen: dict[tuple, float] = {}
+        for i, row in enumerate(d):
+            key = (tuple(sorted(np.abs(row[row != 0]).tolist())), float(row.sum()))
+            if key not in seen:
+                seen[key] = sign_flip_p(row, alternative)
+            out[i] = seen[key]
+        return out
+    if n <= 16:
+        signs = 1.0 - 2.0 * ((np.arange(2**n)[:, None] >> np.arange(n)) & 1)  # [2^n, n]
+        null = lambda chunk: signs @ chunk.T  # noqa: E731  [patterns, chunk]
+    else:
+        rng = rng if rng is not None else np.random.default_rng(0)
+        null = lambda chunk: rng.choice((-1.0, 1.0), size=(resamples, n)) @ chunk.T  # noqa: E731
+    adjustment = 0 if n <= 16 else 1
+    for lo in range(0, sims, 128):
+        chunk = d[lo : lo + 128]
+        sums = null(chunk)
+        observed = chunk.sum(axis=1)
+        gamma = np.abs(np.finfo(np.float64).eps * 100 * observed)
+        count = sums.shape[0]
+        less = (np.sum(sums <= observed + gamma, axis=0) + adjustment) / (count + adjustment)
+        greater = (np.sum(sums >= observed - gamma, axis=0) + adjustment) / (count + adjustment)
+        if alternative == "greater":
+            out[lo : lo + 128] = greater
+        elif alternative == "less":
+            out[lo : lo + 128] = less
+        else:
+            out[lo : lo + 128] = np.minimum(1.0, 2.0 * np.minimum(less, greater))
+    return out
+
+
+# ------------------------------------------------------------------ the seed as the unit: looks at any time
+def e_values(d: np.ndarray, scale: float, alternative: str = "two-sided") -> np.ndarray:
+    """Running e-values [..., n] of the seeds' differences ``d`` [..., n] (in seed order) against the null that
+    each is symmetric about 0 given the seeds before it: the wealth of a uniform mixture of bettors, each staking a
+    fixed fraction (:data:`BETS`; both signs for "two-sided", + for "greater", - for "less") of its wealth on
+    ``clip(d / scale, -1, 1)``, an odd function of the difference whose mean is 0 under the null. Each bettor's
+    wealth, and so the mixture's, is a nonnegative martingale under the null starting at 1: the chance it ever
+    reaches 1 / alpha is at most alpha (Ville), whatever the looks. ``scale``, fixed in the plan, sets how large a
+    difference counts as a full bet (a collapse count: the cells pooled; an accuracy: about twice the seeds' sd)."""
+    if not scale > 0:
+        raise ValueError(f"e_values: scale={scale}: give a scale > 0")
+    x = np.clip(np.asarray(d, dtype=np.float64) / scale, -1.0, 1.0)
+    bets = {"greater": BETS, "less": -BETS, "two-sided": np.concatenate([BETS, -BETS])}[alternative]
+    wealth = np.cumprod(1.0 + bets[:, None] * x[..., None, :], axis=-1)  # [..., bettors, n]
+    return wealth.mean(axis=-2)
+
+
+def anytime_p(e: np.ndarray) -> np.ndarray:
+    """The anytime-valid p-values of running e-values ``e`` [..., n]: min(1, 1 / the largest e-value so far)."""
+    return np.minimum(1.0, 1.0 / np.maximum.accumulate(np.maximum(e, 1e-300), axis=-1))

@@ -148,21 +148,24 @@ class KpoEngine:
         has_checkpoint = last_checkpoint(out) is not None
         return has_checkpoint and (out / "config.yaml").exists() and not self.changed(cfg, run, out)
 
+    def run_settings(self, cfg, run) -> dict:
+        """kpo train's settings of ``run`` that shape its trajectory, and its length (``max_steps``): two runs
+        with equal settings train the same model."""
+        from kpo.train.config import TRAJECTORY_FIELDS
+        from kpo.train.flags import parse_args
+
+        config = parse_args(train_argv(cfg, run, Path(cfg.out) / "runs" / run.name))
+        return {k: getattr(config, k) for k in (*TRAJECTORY_FIELDS, "max_steps")}
+
     def changed(self, cfg, run, out: Path) -> list[str]:
         """Against the run's ``config.yaml``: every setting that shapes its trajectory, its length and the period
         of its ratio dumps."""
-        from kpo.train.config import TRAJECTORY_FIELDS, TrainConfig
-        from kpo.train.flags import parse_args
+        from kpo.train.config import TrainConfig
 
-        saved, now = TrainConfig.from_yaml(out / "config.yaml"), parse_args(train_argv(cfg, run, out))
-        # output_dir says where the run is (spelled as --out was), not how it ran; max_steps ends its trajectory.
-        # dump_ratios_every changes no trajectory, but the report analyzes the dumps at the period it records.
-        fields = [k for k in TRAJECTORY_FIELDS if k != "output_dir"] + ["max_steps", "dump_ratios_every"]
-        return [
-            f"{k}: {getattr(saved, k)!r} -> {getattr(now, k)!r}"
-            for k in fields
-            if getattr(saved, k) != getattr(now, k)
-        ]
+        saved, now = TrainConfig.from_yaml(out / "config.yaml").to_dict(), self.run_settings(cfg, run)
+        # dump_ratios_every changes no trajectory, but the report analyzes the dumps at the period it records
+        now["dump_ratios_every"] = cfg.dump_every
+        return [f"{k}: {saved[k]!r} -> {v!r}" for k, v in now.items() if saved[k] != v]
 
     def torn_files(self, out: Path) -> list[str]:
         """kpo train's ``config.yaml``, where there is one, is not a kpo train configuration."""

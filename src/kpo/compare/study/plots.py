@@ -1,4 +1,4 @@
-"""The confirmatory study's figures (descriptive, beside the tests): collapse rates per arm and cell with their
+"""A study's figures (descriptive, beside the tests): collapse rates per arm and cell with their
 exact intervals, the generation batch at which collapsed runs fell, and final accuracy (each run, the
 interquartile mean with its stratified bootstrap interval, and performance profiles)."""
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from kpo._files import replacing
+from kpo.compare.study.plan import group_arms, rule_text
 
 __all__ = ["plot_study"]
 
@@ -50,7 +51,7 @@ def plot_study(report: dict, plan: dict, folder: Path) -> list[str]:
         ax.set_ylim(0, 1)
         ax.set_title(c, fontsize=9)
     axes[0][0].set_ylabel("collapsed runs (exact 95% interval)")
-    fig.suptitle(f"collapse: {plan['collapse_text']}", fontsize=10)
+    fig.suptitle(f"collapse: {rule_text(plan['collapse'])}", fontsize=10)
     _save(fig, folder / "collapse.png")
     drawn.append("collapse.png")
 
@@ -58,7 +59,7 @@ def plot_study(report: dict, plan: dict, folder: Path) -> list[str]:
     falls = [(g, c) for g, c in cells if any(b is not None for v in groups[g]["cells"][c].values()
                                               for b in v["batch_of_collapse"])]
     if falls:
-        batches = plan["run_settings"]["batches"]
+        batches = plan["setup"]["batches"]
         fig, axes = plt.subplots(1, len(falls), figsize=(4.6 * len(falls), 3.8), squeeze=False, layout="constrained")
         for ax, (g, c) in zip(axes[0], falls):
             arms = groups[g]["cells"][c]
@@ -88,7 +89,7 @@ def plot_study(report: dict, plan: dict, folder: Path) -> list[str]:
     fig, axes = plt.subplots(1, 2 * len(groups), figsize=(5.0 * 2 * len(groups), 3.8), squeeze=False)
     for k, (g, d) in enumerate(groups.items()):
         ax, prof = axes[0][2 * k], axes[0][2 * k + 1]
-        arms = plan["groups"][g]["arms"]
+        arms = group_arms(plan, g)
         for i, a in enumerate(arms):
             ys = [y for c in d["cells"] for y in d["cells"][c][a]["accuracy"]]
             ax.scatter(i + np.linspace(-0.2, 0.2, len(ys)) if ys else [], ys, s=10, alpha=0.6)

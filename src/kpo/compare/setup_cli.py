@@ -1,0 +1,81 @@
+"""The options of the user's own setup (engine, model, data, verl configuration, what a run keeps), shared by
+``kpo compare``, ``kpo compare regimes`` and ``kpo compare study``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kpo.compare.engines import KEEP, engine_names
+from kpo.compare.plan import CompareConfig
+
+__all__ = ["setup_from_args", "setup_options"]
+
+
+def setup_options(p: argparse.ArgumentParser) -> None:
+    """The options of the user's own setup, shared by kpo compare and kpo compare regimes."""
+    p.add_argument(
+        "--engine",
+        choices=engine_names(),
+        default="kpo",
+        help="What trains each run: kpo (kpo train: TRL, one node) or verl (verl's main_ppo on your verl "
+        "configuration) (default: %(default)s).",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="A Hugging Face causal LM every run starts from; its held-out score is the start row and the collapse "
+        "threshold (default: the embedded warm start of each seed; --engine verl: your configuration's model).",
+    )
+    p.add_argument(
+        "--dataset",
+        default=None,
+        help="Training problems, in the formats kpo train --dataset reads (verl: its parquet) (default: the embedded "
+        "task; --engine verl: your configuration's data.train_files).",
+    )
+    p.add_argument(
+        "--eval-data",
+        nargs="+",
+        default=(),
+        metavar="FILE",
+        help="Held-out benchmarks in the formats kpo eval reads, scored by avg@--eval-n with the same problems and "
+        "sample seeds for every run (default: the embedded task's test split; required with --engine verl).",
+    )
+    p.add_argument(
+        "--verl-config",
+        default=None,
+        help="--engine verl: your verl YAML (as main_ppo's --config-path/--config-name); its overrides go after "
+        "`--` (default: verl's ppo_trainer).",
+    )
+    p.add_argument(
+        "--keep",
+        choices=tuple(KEEP),
+        default=CompareConfig.keep,
+        help="What stays of each run once it is scored, besides its metrics, scores, ratio dumps and log: "
+        + "; ".join(f"{k}: {v}" for k, v in KEEP.items())
+        + ". Each run's disk use, written and kept, is printed as it finishes.",
+    )
+
+
+def setup_from_args(args) -> dict:
+    """The setup options as the settings of the same names."""
+    return {
+        "engine": args.engine,
+        "model": args.model,
+        "dataset": args.dataset,
+        "eval_data": _eval_files(args.eval_data),
+        "verl_config": args.verl_config,
+        "keep": args.keep,
+    }
+
+
+def _eval_files(paths: list[str]) -> tuple[str, ...]:
+    """``--eval-data`` with a file listed more than once read once, and a note saying so."""
+    resolved = [Path(p).resolve() for p in paths]
+    first = dict(zip(reversed(resolved), reversed(paths)))  # the file -> how it was first given
+    repeated = [first[r] for r in dict.fromkeys(resolved) if resolved.count(r) > 1]
+    if repeated:
+        note = f"note: --eval-data lists {', '.join(repeated)} more than once; each is read once"
+        print(note, file=sys.stderr)
+    return tuple(first[r] for r in dict.fromkeys(resolved))
