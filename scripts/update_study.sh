@@ -8,7 +8,7 @@
 #   scripts/update_study.sh SRC [DEST]    # SRC: the running checkout's study folder; DEST: docs/results/study
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SRC="${1:?give the folder of the running study, e.g. /work/study-runner/docs/results/study}"
+SRC="${1:?give the folder of the running study, e.g. ../study-runner/docs/results/study}"
 DEST="${2:-docs/results/study}"
 cmp -s "$SRC/plan.json" "$DEST/plan.json" || { echo "update_study: $SRC/plan.json differs from $DEST/plan.json" >&2; exit 2; }
 for f in seeds.json runs.json; do
