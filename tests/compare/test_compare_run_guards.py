@@ -20,7 +20,7 @@ from kpo.compare.engines import KEEP, engine_of
 from kpo.compare.engines.kpo import KpoEngine
 from kpo.compare.engines.verl import merge_rows, metrics_rows
 from kpo.compare.guards import LOCK_FILE, lock_run, unlock_run
-from kpo.compare.plan import CompareConfig, CompareError, Run
+from kpo.compare.plan import CompareConfig, CompareError, Run, plan_runs
 from kpo.compare.regimes import Cell, RegimeConfig, _arm_stats
 from kpo.compare.run import Job, _execute, _size, disk_bytes, train_jobs
 
@@ -153,3 +153,27 @@ def test_compare_takes_keep_on_its_command_line():
     from kpo.compare.cli import config_from_args
 
     assert config_from_args(["--keep", "none"]).keep == "none" and config_from_args([]).keep == "hf"
+
+
+def test_a_second_compare_on_one_folder_is_refused_before_anything(compare_config, fake_done_run, no_training):
+    """Two kpo compare on one --out: the second stops in one line naming the first's process, before it reads or
+    writes a run (it used to start, then end in a RuntimeError traceback when the runs' own locks met)."""
+    from kpo.compare.run import run_compare
+
+    cfg = compare_config(sweep_memory=())
+    for run in plan_runs(cfg):
+        fake_done_run(cfg, run)
+    out = Path(cfg.out)
+    assert lock_run(out) is not None  # the first kpo compare holds the folder
+    try:
+        with pytest.raises(CompareError, match=f"process {os.getpid()} is running kpo compare here"):
+            run_compare(cfg)
+        assert not (out / "report.md").exists()
+    finally:
+        unlock_run(out)
+
+
+def test_seeds_beyond_the_most_a_comparison_runs_are_refused_at_once(compare_config, no_training):
+    """--max-seeds 1000000 --plan planned (and stat'ed) a million run folders; now it is one line."""
+    with pytest.raises(CompareError, match=r"--max-seeds=1000000: at most 200 seeds"):
+        compare_config(seeds=2, max_seeds=1_000_000).validate()

@@ -1,7 +1,8 @@
-"""An engine is one class: a fake trainer, defined in this file alone and registered under its own name, runs a
-two-arm ``kpo compare`` and a one-cell regime map end to end (the plan, the forked workers, the scoring, the
-report and the map) without kpo's trainer. kpo eval is replaced by a stand-in that scores a model by its folder's
-name: KPO's runs get every sample right, the others half, the start model none."""
+"""An engine is one class: a fake trainer, defined in this file alone and installed as a plug-in (a ``kpo.engines``
+entry point of a small package's metadata), runs a two-arm ``kpo compare`` and a one-cell regime map end to end
+(the plan, the workers, the scoring, the report and the map) without kpo's trainer, and a spawned worker finds it
+by name as kpo compare's do. kpo eval is replaced by a stand-in that scores a model by its folder's name: KPO's
+runs get every sample right, the others half, the start model none."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import kpo.compare.engines
 import kpo.compare.run
 from kpo.compare import CompareConfig, CompareError, run_compare
 from kpo.compare.contract import STEP_ROWS
-from kpo.compare.engines import engine_names, register_engine
+from kpo.compare.engines import engine_names, engine_of
 from kpo.compare.regime_run import run_regimes
 from kpo.compare.regimes import RegimeConfig
 
@@ -92,6 +93,9 @@ class FakeEngine:
         path = out / "metrics.jsonl"
         return sum(1 for _ in path.open()) if path.exists() else 0
 
+    def run_settings(self, cfg, run) -> dict:
+        return {"method": run.method, "seed": run.seed, "steps": cfg.steps, "settings": list(cfg.train_args)}
+
 
 def fake_evaluate(model, data, *, n, output, **settings) -> dict:
     """kpo eval's stand-in: every problem of ``data`` (one file of PROBLEMS) answered right n, n / 2 or 0 times."""
@@ -108,12 +112,39 @@ def fake_evaluate(model, data, *, n, output, **settings) -> dict:
     return results
 
 
+def install_fake_engine(monkeypatch, root: Path) -> None:
+    """A package's metadata under ``root`` (on sys.path) whose ``kpo.engines`` entry point ``fake`` is FakeEngine,
+    as ``pip install`` of a package declaring it would leave; kpo's engine registry as it was before it."""
+    info = root / "kpo_fake_engine-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kpo-fake-engine\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[kpo.engines]\nfake = tests.compare.test_fake_engine:FakeEngine\n")
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setattr(kpo.compare.engines, "_ENGINES", dict(kpo.compare.engines._ENGINES))
+
+
+def _engine_type(name: str) -> str:
+    """Worker: the class of the engine ``--engine name`` runs, found in this process alone."""
+    return type(engine_of(CompareConfig(engine=name))).__name__
+
+
+def test_an_installed_engine_is_found_by_name_in_a_spawned_worker(monkeypatch, tmp_path):
+    from concurrent.futures import ProcessPoolExecutor
+
+    install_fake_engine(monkeypatch, tmp_path / "site")
+    assert "fake" in engine_names() and "fake" not in kpo.compare.engines._ENGINES  # listed before it is loaded
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        assert pool.submit(_engine_type, "fake").result() == "FakeEngine"
+    (tmp_path / "site/kpo_fake_engine-1.0.dist-info/entry_points.txt").write_text("[kpo.engines]\nfake = nowhere:X\n")
+    with pytest.raises(ValueError, match="its entry point nowhere:X does not load"):
+        engine_of(CompareConfig(engine="fake"))
+
+
 @pytest.fixture
 def fake_engine(monkeypatch, tmp_path):
-    """The fake engine registered as ``fake`` for this test alone, its runs in workers forked from this process
-    (where it is registered), kpo eval replaced; returns the held-out benchmark file."""
-    monkeypatch.setattr(kpo.compare.engines, "_ENGINES", dict(kpo.compare.engines._ENGINES))
-    register_engine("fake", FakeEngine())
+    """The fake engine installed as ``fake`` for this test alone, kpo eval replaced by a stand-in (its runs in
+    workers forked from this process, where the stand-in is); returns the held-out benchmark file."""
+    install_fake_engine(monkeypatch, tmp_path / "site")
     monkeypatch.setattr(kpo.compare.run, "get_context", lambda method: multiprocessing.get_context("fork"))
     monkeypatch.setattr("kpo.evaluation.evaluate", fake_evaluate)
     monkeypatch.setattr("kpo.compare.report.plot_training_dynamics", lambda curves, path, smooth: path)
@@ -124,7 +155,7 @@ def fake_engine(monkeypatch, tmp_path):
 
 
 def test_a_registered_engine_runs_a_two_arm_compare(fake_engine, tmp_path):
-    assert engine_names()[-1] == "fake"
+    assert "fake" in engine_names()
     cfg = CompareConfig(
         out=str(tmp_path / "cmp"), engine="fake", methods=("vanilla", "kpo"), seeds=2, steps=4, minibatches=2,
         matched=False, ablations=False, aa_seeds=0, eval_n=2, eval_data=(str(fake_engine),), dump_every=1,

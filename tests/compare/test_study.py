@@ -293,7 +293,7 @@ def test_a_second_process_on_one_study_is_refused_before_anything(tmp_path):
     study = _study(tmp_path)
     assert lock_run(study.folder) is not None  # another kpo compare study holds the folder
     try:
-        with pytest.raises(CompareError, match="is running this study"):
+        with pytest.raises(CompareError, match="process .* is running kpo compare study here"):
             run_study(study, report_only=True)
     finally:
         unlock_run(study.folder)

@@ -10,6 +10,7 @@ from pathlib import Path
 from kpo._checks import PROBLEM_FILES, file_errors, file_in_the_way, no_tokenizer, unwritable
 from kpo.compare.defaults import AA_SEEDS, ABLATION_SEEDS, ABLATIONS, DEFAULT_ABLATIONS, SEEDS, STEPS
 from kpo.compare.engines import engine_of
+from kpo.compare.stats import MOST_SEEDS
 
 __all__ = ["WEIGHT_FILES", "out_errors", "settings_errors"]
 
@@ -90,7 +91,13 @@ def _range_errors(cfg) -> list[str]:
 
 
 def _look_errors(cfg) -> list[str]:
-    """--max-seeds below --seeds, or a second look after a first of one seed (no test over seeds to stop on)."""
+    """--seeds or --max-seeds beyond MOST_SEEDS, --max-seeds below --seeds, or a second look after a first of one
+    seed (no test over seeds to stop on)."""
+    too_many = [f"--{name.replace('_', '-')}={value}: at most {MOST_SEEDS} seeds a comparison (each a run per arm); "
+                "give fewer" for name, value in (("seeds", cfg.seeds), ("max_seeds", cfg.max_seeds))
+                if value is not None and value > MOST_SEEDS]
+    if too_many:
+        return too_many
     if cfg.max_seeds is None or cfg.seeds < 1 or cfg.max_seeds == cfg.seeds:
         return []
     if cfg.max_seeds < cfg.seeds:

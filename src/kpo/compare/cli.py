@@ -23,7 +23,7 @@ from kpo.compare.plan import (
 from kpo.compare.questions import LOOKS
 from kpo.compare.regime_run import run_regimes
 from kpo.compare.regimes import BATCHES, DIFF_SD, GRID, MISMATCH, RegimeConfig
-from kpo.compare.run import run_compare
+from kpo.compare.run import RunsFailed, run_compare
 from kpo.compare.setup_cli import setup_from_args, setup_options
 
 
@@ -343,6 +343,9 @@ def regimes_main(argv: list[str]) -> int:
     except CompareError as e:
         print(e, file=sys.stderr)
         return 2
+    except RunsFailed as e:
+        print(e, file=sys.stderr)
+        return 1
     if report is not None:
         print(f"report: {report}\nfigure: {report.parent / 'regimes.png'}")
     return 0
@@ -363,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     except CompareError as e:
         print(e, file=sys.stderr)
         return 2
+    except RunsFailed as e:
+        print(e, file=sys.stderr)
+        return 1
     if report is None:
         return 0
     print(f"report: {report}\nfigures: {', '.join(str(p) for p in sorted(report.parent.glob('*.png')))}")

@@ -48,8 +48,8 @@ def run_regimes(
     undecided ones the next block of seeds, until every question is decided or at the cap. Returns report.md
     (None with ``plan_only``). ``report_only`` trains nothing: the looks are replayed up to the first one with a
     missing run, and the map is written as it stood after the last complete one."""
-    from kpo.compare.plan import parallel_runs, pilot_sd
-    from kpo.compare.run import Job, _done, _stale_run_errors, train_jobs
+    from kpo.compare.plan import pilot_sd
+    from kpo.compare.run import holding
 
     if plan_only and report_only:
         raise CompareError(["--plan and --report: --plan prints the plan and stops, --report writes the map; give one"])
@@ -65,6 +65,14 @@ def run_regimes(
         check_plan(out / "plan.json", on_disk, est)
     if plan_only:
         return None
+    with holding(out, "kpo compare regimes"):
+        return _run_locked(cfg, out, on_disk, est, report_only)
+
+
+def _run_locked(cfg: RegimeConfig, out: Path, on_disk: dict | None, est: dict, report_only: bool) -> Path:
+    from kpo.compare.plan import parallel_runs
+    from kpo.compare.run import Job, _done, _stale_run_errors, train_jobs
+
     errors = _torn_files(cfg)
     for cell in cfg.cells if not errors else ():
         cell_cfg = cfg.cell_config(cell, cfg.max_seeds)

@@ -9,6 +9,7 @@ stops before anything trains."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -25,7 +26,7 @@ from pathlib import Path
 from kpo._files import replacing
 from kpo._progress import progress_bar
 from kpo.compare.engines import engine_of
-from kpo.compare.guards import busy, busy_line, die_with_parent, lock_run, unlock_run
+from kpo.compare.guards import LOCK_FILE, busy, busy_line, die_with_parent, lock_run, unlock_run
 from kpo.compare.outcome import EVAL_FILE, EXPECTED_FILE, exact_applies, load_outcome, outcome_file
 from kpo.compare.plan import (
     CURVE_FILE,
@@ -46,6 +47,25 @@ from kpo.compare.plan import (
     warm_start_dir,
 )
 from kpo.compare.report import looks_decided, write_report
+
+
+class RunsFailed(RuntimeError):
+    """Runs of a comparison failed (each named with its log); the others ended first."""
+
+
+@contextlib.contextmanager
+def holding(folder: Path, what: str):
+    """Hold the lock of ``folder`` (a comparison's ``--out``, a map's, a study's) while the block runs, so that two
+    processes never work on one; CompareError in one line, before anything else, when another process holds it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if lock_run(folder) is None:
+        holder = (folder / LOCK_FILE).read_text().strip() or "?"
+        raise CompareError([f"{folder}: process {holder} is running {what} here (lock {folder / LOCK_FILE}); wait for "
+                            "it to end or stop it"])
+    try:
+        yield
+    finally:
+        unlock_run(folder)
 
 
 def _log_to(out: Path) -> None:
@@ -380,7 +400,7 @@ def _worker_start() -> None:
 
 def train_jobs(jobs: list[Job], workers: int | None, on_done: OnDone | None = None) -> None:
     """Train and evaluate ``jobs`` (and those ``on_done`` adds) in parallel worker processes (``workers``; None =
-    one per CPU); RuntimeError listing every failed run (after the others ended) when any failed, CompareError
+    one per CPU); :class:`RunsFailed` listing every failed run (after the others ended) when any failed, CompareError
     before anything starts when another process writes one of them (its lock). An interrupt is passed on to the
     workers (:func:`_stop_workers`)."""
     jobs = list(jobs)
@@ -413,7 +433,7 @@ def train_jobs(jobs: list[Job], workers: int | None, on_done: OnDone | None = No
     started = [j for j in broken if _log_size(j.folder) > log_sizes[j]]
     failures += _broken_pool_failures(broken, started)
     if failures:
-        raise RuntimeError("kpo compare: runs failed:\n  " + "\n  ".join(failures))
+        raise RunsFailed("kpo compare: runs failed:\n  " + "\n  ".join(failures))
 
 
 def _design(plan: dict) -> tuple[int, dict[str, int], list | None]:
@@ -461,7 +481,11 @@ def run_compare(cfg: CompareConfig, *, pilot: Path | None = None, plan_only: boo
     print(format_plan(cfg, est), flush=True)
     if plan_only:
         return None
-    out.mkdir(parents=True, exist_ok=True)
+    with holding(out, "kpo compare"):
+        return _run_compare_locked(cfg, out, scheduled, est)
+
+
+def _run_compare_locked(cfg: CompareConfig, out: Path, scheduled: tuple[int, ...], est: dict) -> Path:
     with replacing(out / "compare.json") as partial:
         partial.write_text(json.dumps(asdict(cfg), indent=2) + "\n")
     _write_plan(out / "plan.json", est)

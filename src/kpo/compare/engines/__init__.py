@@ -13,12 +13,15 @@ not keep.
 - ``verl`` (:class:`kpo.compare.engines.verl.VerlEngine`): verl's ``main_ppo`` as a subprocess on the user's verl
   configuration; the ``--`` flags are its Hydra overrides.
 
-Another trainer is one module with a class that has these methods, registered under its name
-(:func:`register_engine`); ``--engine NAME`` then runs it.
+Another trainer is one module with a class that has these methods, registered under its name: by a package's
+``kpo.engines`` entry point (``[project.entry-points."kpo.engines"] NAME = "package.module:EngineClass"``), found
+by name in kpo compare and in every worker process it spawns, or by :func:`register_engine` in the process that
+runs it; ``--engine NAME`` then runs it.
 """
 
 from __future__ import annotations
 
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Protocol
 
@@ -28,6 +31,7 @@ from kpo.compare.engines.verl import VerlEngine
 
 __all__ = [
     "BATCH_ROWS",
+    "ENTRY_POINTS",
     "KEEP",
     "STEP_ROWS",
     "Engine",
@@ -118,7 +122,12 @@ class Engine(Protocol):
     def steps_done(self, cfg, out: Path) -> int:
         """Optimizer steps the run in ``out`` has logged (the progress bar's count)."""
 
+    def run_settings(self, cfg, run) -> dict:
+        """The settings of ``run`` that shape its trajectory and its length: two runs with equal settings (and
+        engine) train the same model (a study's check that its runs are new)."""
 
+
+ENTRY_POINTS = "kpo.engines"  # the entry-point group of installed packages' engines: NAME = "module:Engine"
 _ENGINES: dict[str, Engine] = {}  # name -> engine (--engine NAME)
 
 
@@ -130,16 +139,26 @@ def register_engine(name: str, engine: Engine) -> None:
 
 
 def engine_names() -> tuple[str, ...]:
-    """The registered engines' names, in the order registered."""
-    return tuple(_ENGINES)
+    """The engines' names: those registered, in the order registered, then installed packages' (entry points)."""
+    installed = [ep.name for ep in entry_points(group=ENTRY_POINTS) if ep.name not in _ENGINES]
+    return (*_ENGINES, *sorted(set(installed)))
 
 
 def engine_of(cfg) -> Engine:
-    """The engine ``cfg.engine`` names; ValueError in one line naming the known engines when none has that name."""
-    try:
-        return _ENGINES[cfg.engine]
-    except KeyError:
-        raise ValueError(f"--engine={cfg.engine!r}: unknown; use one of {', '.join(_ENGINES)}") from None
+    """The engine ``cfg.engine`` names, an installed package's loaded (and registered) on first use; ValueError in
+    one line naming the known engines when none has that name, or naming the package whose engine fails to load."""
+    if cfg.engine not in _ENGINES:
+        found = entry_points(group=ENTRY_POINTS, name=cfg.engine)
+        if not found:
+            raise ValueError(f"--engine={cfg.engine!r}: unknown; use one of {', '.join(engine_names())}")
+        ep = next(iter(found))
+        try:
+            made = ep.load()
+            register_engine(cfg.engine, made() if isinstance(made, type) else made)
+        except Exception as e:  # noqa: BLE001 - a broken plug-in is the user's package, said in one line
+            raise ValueError(f"--engine={cfg.engine!r}: its entry point {ep.value} does not load ({type(e).__name__}: "
+                             f"{e}); fix or reinstall the package that provides it") from None
+    return _ENGINES[cfg.engine]
 
 
 register_engine("kpo", KpoEngine())

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from kpo.compare.plan import CompareError
+from kpo.compare.run import RunsFailed
 from kpo.compare.setup_cli import setup_from_args, setup_options
 from kpo.compare.study.run import Study, run_study
 
@@ -83,6 +84,9 @@ def main(argv: list[str]) -> int:
     except CompareError as e:
         print(e, file=sys.stderr)
         return 2
+    except RunsFailed as e:
+        print(e, file=sys.stderr)
+        return 1
     print(f"report: {report}")
     return 0
 

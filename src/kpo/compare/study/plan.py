@@ -35,6 +35,7 @@ from pathlib import Path
 import yaml
 
 from kpo.compare.plan import CompareConfig, CompareError, Run
+from kpo.compare.stats import MOST_SEEDS
 
 __all__ = [
     "ALTERNATIVES",
@@ -331,15 +332,16 @@ def _group_errors(name: str, group, cells: dict, owner: dict, alpha: float) -> l
         errors.append(f"{where}: a cell listed twice")
     looks = group.get("looks")
     if looks == "anytime":
-        if not (_integer(group.get("max_seeds")) and group["max_seeds"] >= 2):
-            errors.append(f"{where}: looks: anytime needs max_seeds, the most seeds it runs (an integer >= 2)")
+        if not (_integer(group.get("max_seeds")) and 2 <= group["max_seeds"] <= MOST_SEEDS):
+            errors.append(f"{where}: looks: anytime needs max_seeds, the most seeds it runs (an integer from 2 to "
+                          f"{MOST_SEEDS})")
         if "spending" in group:
             errors.append(f"{where}: looks at any time spend no error per look; remove spending")
         return errors
     if "max_seeds" in group:
         errors.append(f"{where}: max_seeds goes with looks: anytime; with looks [N, ...] the last look is the cap")
-    if not (isinstance(looks, list) and looks and all(_integer(n) and n >= 1 for n in looks)):
-        return errors + [f"{where}: looks is a list of seeds at each look, e.g. [14, 28], or anytime"]
+    if not (isinstance(looks, list) and looks and all(_integer(n) and 1 <= n <= MOST_SEEDS for n in looks)):
+        return errors + [f"{where}: looks is a list of seeds at each look (1 to {MOST_SEEDS}), e.g. [14, 28], or anytime"]
     if any(b <= a for a, b in zip(looks, looks[1:])):
         errors.append(f"{where}: looks {looks} must grow (seeds at each look, in order)")
     spending = group.get("spending", "obrien-fleming")

@@ -16,9 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kpo.compare.guards import LOCK_FILE, lock_run, unlock_run
 from kpo.compare.plan import CompareError, warm_start_dir
-from kpo.compare.run import Job
+from kpo.compare.run import Job, holding
 from kpo.compare.study.looks import analyze, schedule
 from kpo.compare.study.plan import PLAN_FILE, cell_config, group_arms, load_plan, run_name, run_of
 from kpo.compare.study.records import RECORDS, SEEDS, read_records, read_seeds, write_json
@@ -256,14 +255,8 @@ def run_study(study: Study, *, report_only: bool = False, allow_uncommitted: boo
     if not (study.folder / PLAN_FILE).exists():
         raise CompareError([f"{study.folder / PLAN_FILE}: no plan there; register one (kpo compare study --plan FILE "
                             "--register)"])
-    if lock_run(study.folder) is None:
-        holder = (study.folder / LOCK_FILE).read_text().strip() or "?"
-        raise CompareError([f"{study.folder}: process {holder} is running this study (lock {study.folder / LOCK_FILE}); "
-                            "wait for it to end or stop it"])
-    try:
+    with holding(study.folder, "kpo compare study"):
         return _run_locked(study, report_only, allow_uncommitted)
-    finally:
-        unlock_run(study.folder)
 
 
 def _run_locked(study: Study, report_only: bool, allow_uncommitted: bool) -> Path:
