@@ -9,9 +9,9 @@ import subprocess
 from pathlib import Path
 
 import yaml
+from tests.compare.conftest import TOY_TASK
 
 from kpo.compare.cli import main
-from tests.compare.conftest import TOY_TASK
 
 ROOT = Path(__file__).resolve().parents[2]
 
