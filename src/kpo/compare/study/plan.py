@@ -357,7 +357,7 @@ def _question_errors(i: int, q, arms: dict, groups: dict, seen_keys: set, seen_a
     where = f"questions[{i}]"
     if not isinstance(q, dict):
         return [f"{where}: a mapping (key, text, outcome, a, b, group, role, ...)"]
-    known = ("key", "text", "outcome", "metric", "a", "b", "group", "cells", "alternative", "margin", "role",
+    known = ("key", "text", "why", "outcome", "metric", "a", "b", "group", "cells", "alternative", "margin", "role",
              "test", "scale")
     errors = [f"{where}: unknown key {k!r}; use {', '.join(known)}" for k in q if k not in known]
     key = q.get("key")
@@ -369,6 +369,8 @@ def _question_errors(i: int, q, arms: dict, groups: dict, seen_keys: set, seen_a
     where = f"question {key!r}" if isinstance(key, str) else where
     if not isinstance(q.get("text"), str) or not q["text"].strip():
         errors.append(f"{where}: text: the question in words")
+    if not isinstance(q.get("why", ""), str):
+        errors.append(f"{where}: why: in words, why the study asks it")
     outcome = q.get("outcome")
     if outcome not in OUTCOMES:
         errors.append(f"{where}: outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
@@ -452,6 +454,7 @@ def normalize(raw: dict) -> dict:
             "role": q.get("role", "family"),
             "test": q.get("test", "sign-flip"),
             **({"scale": float(q["scale"])} if "scale" in q else {}),
+            **({"why": q["why"]} if q.get("why") else {}),
         }
         for q in raw["questions"]
     ]
