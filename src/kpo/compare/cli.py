@@ -18,13 +18,12 @@ from kpo.compare.plan import (
     SEEDS,
     STEPS,
     CompareConfig,
-    CompareError,
 )
 from kpo.compare.questions import LOOKS
 from kpo.compare.regime_run import run_regimes
 from kpo.compare.regimes import BATCHES, DIFF_SD, GRID, MISMATCH, RegimeConfig
-from kpo.compare.run import RunsFailed, run_compare
-from kpo.compare.setup_cli import setup_from_args, setup_options
+from kpo.compare.run import run_compare
+from kpo.compare.setup_cli import run_reporting, setup_from_args, setup_options
 
 
 def _sweep_memory(text: str) -> tuple[str, ...]:
@@ -338,17 +337,12 @@ def regimes_main(argv: list[str]) -> int:
         train_args=tuple(extra),
         **setup_from_args(args),
     )
-    try:
-        report = run_regimes(cfg, plan_only=args.plan, report_only=args.report, pilot=args.pilot)
-    except CompareError as e:
-        print(e, file=sys.stderr)
-        return 2
-    except RunsFailed as e:
-        print(e, file=sys.stderr)
-        return 1
+    report, status = run_reporting(
+        lambda: run_regimes(cfg, plan_only=args.plan, report_only=args.report, pilot=args.pilot)
+    )
     if report is not None:
         print(f"report: {report}\nfigure: {report.parent / 'regimes.png'}")
-    return 0
+    return status
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -360,16 +354,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return study_main(argv[1:])
     args = build_parser().parse_args(argv)
-    try:
-        # validates every setting and prints the plan before anything trains
-        report = run_compare(_config(args), pilot=args.pilot, plan_only=args.plan)
-    except CompareError as e:
-        print(e, file=sys.stderr)
-        return 2
-    except RunsFailed as e:
-        print(e, file=sys.stderr)
-        return 1
+    # validates every setting and prints the plan before anything trains
+    report, status = run_reporting(lambda: run_compare(_config(args), pilot=args.pilot, plan_only=args.plan))
     if report is None:
-        return 0
+        return status
     print(f"report: {report}\nfigures: {', '.join(str(p) for p in sorted(report.parent.glob('*.png')))}")
     return 0

@@ -1,5 +1,6 @@
-"""The options of the user's own setup (engine, model, data, verl configuration, what a run keeps), shared by
-``kpo compare``, ``kpo compare regimes`` and ``kpo compare study``."""
+"""What ``kpo compare``, ``kpo compare regimes`` and ``kpo compare study`` share on the command line: the options of
+the user's own setup (engine, model, data, verl configuration, what a run keeps), and how a refusal or failed
+runs end the command (their lines, an exit status; no traceback)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import sys
 from pathlib import Path
 
 from kpo.compare.engines import KEEP, engine_names
-from kpo.compare.plan import CompareConfig
+from kpo.compare.plan import CompareConfig, CompareError
+from kpo.compare.run import RunsFailed
 
-__all__ = ["setup_from_args", "setup_options"]
+__all__ = ["exit_status", "run_reporting", "setup_from_args", "setup_options"]
 
 
 def setup_options(p: argparse.ArgumentParser) -> None:
@@ -79,3 +81,17 @@ def _eval_files(paths: list[str]) -> tuple[str, ...]:
         note = f"note: --eval-data lists {', '.join(repeated)} more than once; each is read once"
         print(note, file=sys.stderr)
     return tuple(first[r] for r in dict.fromkeys(resolved))
+
+
+def exit_status(error: Exception) -> int:
+    """Print a refusal (CompareError: 2) or the failed runs (RunsFailed: 1) and give the command's exit status."""
+    print(error, file=sys.stderr)
+    return 2 if isinstance(error, CompareError) else 1
+
+
+def run_reporting(call):
+    """(what ``call()`` returns, 0), or (None, :func:`exit_status`) when it refuses or its runs fail."""
+    try:
+        return call(), 0
+    except (CompareError, RunsFailed) as e:
+        return None, exit_status(e)

@@ -6,12 +6,10 @@ report from the records, training nothing."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from kpo.compare.plan import CompareError
-from kpo.compare.run import RunsFailed
-from kpo.compare.setup_cli import setup_from_args, setup_options
+from kpo.compare.setup_cli import exit_status, run_reporting, setup_from_args, setup_options
 from kpo.compare.study.run import Study, run_study
 
 
@@ -42,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _givensetup_from_args(args) -> dict:
+def _given_setup(args) -> dict:
     """The setup flags given on the command line, in the plan's terms."""
     given = {k: v for k, v in setup_from_args(args).items() if v not in (None, ())}
     if "eval_data" in given:
@@ -64,31 +62,26 @@ def main(argv: list[str]) -> int:
         errors.append(f"--sims={args.sims}: give 100 to 100000 simulated studies")
     if args.jobs is not None and args.jobs < 1:
         errors.append(f"--jobs={args.jobs}: give 1 or more")
-    setup = _givensetup_from_args(args)
+    setup = _given_setup(args)
     if setup and not args.register:
         errors.append(f"{', '.join(setup)}: a study's setup is its plan's; give them with --plan FILE --register")
     runs = Path(args.runs) if args.runs else Path("runs") / Path(args.study).name
-    try:
-        if errors:
-            raise CompareError(errors)
-        if args.register:
-            from kpo.compare.study.registration import register
+    if errors:
+        return exit_status(CompareError(errors))
+    if args.register:
+        from kpo.compare.study.registration import register
 
-            plan = register(args.plan, Path(args.study), setup=setup, sims=args.sims)
+        plan, status = run_reporting(lambda: register(args.plan, Path(args.study), setup=setup, sims=args.sims))
+        if not status:
             path = Path(args.study) / "plan.json"
-            print(_sizing_lines(plan))
-            print(f"plan: {path}\ncommit it before the first run: git add {path} && git commit")
-            return 0
-        report = run_study(Study(Path(args.study), runs, jobs=args.jobs), report_only=args.report,
-                           allow_uncommitted=args.allow_uncommitted)
-    except CompareError as e:
-        print(e, file=sys.stderr)
-        return 2
-    except RunsFailed as e:
-        print(e, file=sys.stderr)
-        return 1
-    print(f"report: {report}")
-    return 0
+            print(f"{_sizing_lines(plan)}\nplan: {path}\ncommit it before the first run: git add {path} && git commit")
+        return status
+    study = Study(Path(args.study), runs, jobs=args.jobs)
+    report, status = run_reporting(lambda: run_study(study, report_only=args.report,
+                                                     allow_uncommitted=args.allow_uncommitted))
+    if not status:
+        print(f"report: {report}")
+    return status
 
 
 def _sizing_lines(plan: dict) -> str:
