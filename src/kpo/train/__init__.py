@@ -12,8 +12,8 @@ Attributes load on first use so ``import kpo.train`` does not import TRL.
 Reading map: one optimizer step, from the prompt to the metrics row.
 
 1. ``run.run_training`` resolves the :class:`TrainConfig` (``config``), loads the prompts (``run._load_data``: the
-   embedded task of ``kpo.testbed.task`` or a math dataset), the model (``kpo.testbed.tiny.warm_start``, cached, or
-   ``--model``) and builds ``trainer.KPOTrainer``.
+   embedded task of ``kpo.testbed.task`` or a math dataset), the model (``kpo.train.warm_start``, cached, or
+   ``--model``) and builds ``trainer.KPOTrainer`` with its ``KPOConfig`` (``trainer_config``).
 2. Once per generation batch (every ``minibatches`` optimizer steps) TRL's ``_prepare_inputs`` samples
    ``num_generations`` completions per prompt, scores them with ``run.synthetic_reward`` or
    ``run.math_reward_fn``, and computes the old log-probs once; ``KPOTrainer._generate_and_score_completions``

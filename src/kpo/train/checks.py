@@ -448,7 +448,7 @@ def _task_check(task, seed: int, warm_start_seed: int, n_sft: int, prompts_per_s
     """:func:`_task_errors` of these settings, computed once per process: drawing a split and the warm
     start's problems takes seconds for the 128-token task, and kpo compare validates many runs of one task."""
     from kpo.testbed.task import MAX_ROWS, load_split
-    from kpo.testbed.tiny import sft_problems
+    from kpo.train.warm_start import sft_problems
 
     try:
         rl_problems = len(load_split("train", seed=seed, task=task))

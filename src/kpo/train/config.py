@@ -298,9 +298,9 @@ class TrainConfig:
         )
 
     def sft_settings(self):
-        """The warm start's settings: the task's preset (``kpo.testbed.tiny.SFT_PRESETS``) with the sft_* fields
+        """The warm start's settings: the task's preset (``kpo.train.warm_start.SFT_PRESETS``) with the sft_* fields
         that are set on top."""
-        from kpo.testbed.tiny import SFT_PRESETS
+        from kpo.train.warm_start import SFT_PRESETS
 
         given = {
             "n_examples": self.sft_examples,

@@ -228,7 +228,7 @@ def model_path(config: TrainConfig) -> Path:
     (built on first use; ``kpo compare`` calls this once per seed before its parallel runs)."""
     if config.model is not None:
         return Path(config.model)
-    from kpo.testbed.tiny import warm_start
+    from kpo.train.warm_start import warm_start
 
     return warm_start(
         config.task_config(),
