@@ -8,11 +8,12 @@ import math
 
 import pytest
 import torch
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 
 from kpo.testbed.tiny import TinyModelConfig, build_model, build_tokenizer
 from kpo.train.rollout import fast_rollout_unsupported, generate_single_turn
 from kpo.train.trainer import KPOTrainer
+from kpo.train.trainer_config import KPOConfig
 
 
 def _trainer(tmp_path, **generation_kwargs):
@@ -25,7 +26,7 @@ def _trainer(tmp_path, **generation_kwargs):
         hidden_size=32, num_layers=1, num_heads=2, intermediate_size=96, max_position_embeddings=64
     )
     model = build_model(tokenizer, shape, seed=0)
-    args = GRPOConfig(
+    args = KPOConfig(
         output_dir=str(tmp_path),
         use_cpu=True,
         per_device_train_batch_size=16,
@@ -35,6 +36,8 @@ def _trainer(tmp_path, **generation_kwargs):
         beta=0.0,
         report_to=[],
         generation_kwargs=generation_kwargs or None,
+        loss="vanilla",
+        loss_agg_mode="seq-mean-token-mean",
     )
     data = Dataset.from_list([{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(4)])
     return KPOTrainer(
@@ -43,8 +46,6 @@ def _trainer(tmp_path, **generation_kwargs):
         args=args,
         train_dataset=data,
         processing_class=tokenizer,
-        loss_name="vanilla",
-        loss_agg_mode="seq-mean-token-mean",
     )
 
 

@@ -1,7 +1,10 @@
-"""``kpo train``: the paper's RL protocol on TRL's GRPOTrainer with kpo's losses.
+"""``kpo train``: the paper's RL protocol on TRL's GRPOTrainer with kpo's losses; and that trainer in a TRL script.
 
     from kpo.train import TrainConfig, run_training
     out = run_training(TrainConfig(loss="kpo", max_steps=40, output_dir="runs/demo"))
+
+    from kpo.train import KPOConfig, KPOTrainer  # a TRL script's GRPOConfig and GRPOTrainer, with kpo's settings
+    KPOTrainer(model, reward_funcs, args=KPOConfig(output_dir="runs/x", loss="kpo"), train_dataset=data).train()
 
 A run's output_dir holds ``config.yaml``, ``metrics.jsonl`` (one row per optimizer step: step, reward_mean,
 reward_std, entropy, clip_frac, pg_loss, ppo_kl, response_length, step_time, world_size and the loss's own
@@ -34,8 +37,10 @@ from kpo._lazy import lazy_getattr
 
 _EXPORTS = {
     "TrainConfig": "kpo.train.config",
-    "ConfigError": "kpo.train.config",
+    "ConfigError": "kpo.train.settings",
     "run_training": "kpo.train.run",
+    "KPOConfig": "kpo.train.trainer_config",
+    "KPOTrainer": "kpo.train.trainer",
 }
 
 __all__ = list(_EXPORTS)
