@@ -16,9 +16,10 @@ from kpo.train.trainer import KPOTrainer
 from kpo.train.trainer_config import KPOConfig
 
 
-def _trainer(tmp_path, **generation_kwargs):
+def _trainer(tmp_path, generation_kwargs=None, **settings):
     """A KPOTrainer on a random 1-layer embedded-architecture model: 4 prompts x 4 responses of up to 12
-    tokens at temperature 1 (kpo train's sampling settings, and ``generation_kwargs`` on top)."""
+    tokens at temperature 1 (kpo train's sampling settings, and ``generation_kwargs`` on top), the vanilla loss
+    (or kpo's ``settings``)."""
     from datasets import Dataset
 
     tokenizer = build_tokenizer()
@@ -35,9 +36,8 @@ def _trainer(tmp_path, **generation_kwargs):
         temperature=1.0,
         beta=0.0,
         report_to=[],
-        generation_kwargs=generation_kwargs or None,
-        loss="vanilla",
-        loss_agg_mode="seq-mean-token-mean",
+        generation_kwargs=generation_kwargs,
+        **({"loss": "vanilla", "loss_agg_mode": "seq-mean-token-mean"} | settings),
     )
     data = Dataset.from_list([{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(4)])
     return KPOTrainer(
@@ -75,6 +75,6 @@ def test_rollouts_equal_trls_generate_under_the_same_seed(tmp_path):
 
 
 def test_settings_the_sampler_cannot_reproduce_stay_with_trl(tmp_path):
-    trainer = _trainer(tmp_path, repetition_penalty=1.1)
+    trainer = _trainer(tmp_path, {"repetition_penalty": 1.1})
     assert fast_rollout_unsupported(trainer, None, {}) == "repetition_penalty=1.1"
     assert fast_rollout_unsupported(_trainer(tmp_path), [[None]], {}) == "multimodal inputs"
