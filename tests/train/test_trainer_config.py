@@ -31,6 +31,9 @@ def test_memory_matched_scales_the_papers_memory_to_the_completion_length(tmp_pa
     assert config.resolved_agg_mode() == "seq-mean-token-mean"  # the protocol's, as kpo train
     with pytest.raises(ConfigError, match="memory='matched' scales .* max_completion_length, which is None"):
         _config(tmp_path, loss_kwargs={"memory": "matched"}, max_completion_length=None)
+    # the loss's own checks run up front: a fit whose likelihood overflows (x0 = 1e308 from log-ratios of 0)
+    with pytest.raises(ConfigError, match="loss_kwargs for 'kpo': the likelihood of q overflows float64"):
+        _config(tmp_path, loss_kwargs={"memory": "auto", "x0": 1e308})
 
 
 def test_trls_parser_reads_it_from_flags_and_a_yaml_file(tmp_path):
