@@ -26,6 +26,7 @@ from kpo.train.settings import loss_kwargs_of
 
 __all__ = ["build_parser", "parse_args"]
 
+FIELDS = frozenset(f.name for f in dataclasses.fields(TrainConfig))
 DESCRIPTION = (
     "RL post-training with KPO or any importance-ratio baseline (TRL GRPOTrainer). With no arguments: the embedded "
     "tiny model on the synthetic arithmetic task (minutes on a CPU)."
@@ -66,7 +67,7 @@ class TrainParser(TrlParser):
         )
         self.config_source = "--config"
         for action in self._actions:
-            if action.dest not in TrainConfig.__dataclass_fields__ or action.dest == "loss_kwargs":
+            if action.dest not in FIELDS or action.dest == "loss_kwargs":
                 continue
             kinds = field_kinds(TrainConfig, action.dest)
             if type(None) in kinds:
