@@ -71,17 +71,17 @@ class KPOConfig(KPOSettings, GRPOConfig):
     def __post_init__(self):
         self.loss_kwargs = loss_kwargs_of(self.loss_kwargs, flag="loss_kwargs")
         errors = settings_errors(self) + _refused(self)
-        if self.loss_kwargs.get("memory") == "matched" and self.max_completion_length is None:
-            errors.append(
-                "loss_kwargs memory='matched' scales the paper's memory to max_completion_length, which is None: "
-                "set max_completion_length, or give memory a number of tokens"
-            )
         if errors:
             raise ConfigError(errors)
         super().__post_init__()
 
     def response_length(self) -> int:
         """memory=matched's response length: the longest completion, ``max_completion_length``."""
+        if self.max_completion_length is None:  # the loss's dry run reports it (kpo.train.checks.loss_errors)
+            raise ValueError(
+                "memory='matched' scales the paper's memory to max_completion_length, which is None: set "
+                "max_completion_length, or give memory a number of tokens"
+            )
         return self.max_completion_length
 
 
