@@ -2,11 +2,10 @@
 
 :func:`config_errors` is what :meth:`kpo.train.config.TrainConfig.validate` reports, and :func:`settings_errors`
 (kpo's own settings alone, :class:`~kpo.train.settings.KPOSettings`) what the API's ``KPOConfig`` reports. The
-tables below say what
-each check holds a field to: its bounds (:data:`_BOUNDS`), the fields of the train-inference mismatch, and the
-settings that act only with another one (:data:`_IGNORED_UNLESS`: given where they would be ignored, they are
-refused). The checks reach into the parts a field names (the loss registry, the advantage estimators, the
-sampler, the embedded task and its warm start, the dataset loader), each run once on a small input.
+tables below say what each check holds a field to: its bounds (:data:`_BOUNDS`), the fields of the train-inference
+mismatch, and the settings that act only with another one (:data:`_IGNORED_UNLESS`: given where they would be
+ignored, they are refused). The checks reach into the parts a field names (the loss registry, the advantage
+estimators, the sampler, the embedded task and its warm start, the dataset loader), each run once on a small input.
 """
 
 from __future__ import annotations
