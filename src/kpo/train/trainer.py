@@ -61,7 +61,7 @@ from kpo.train.checkpoints import incomplete_reason, save_whole
 from kpo.train.interrupt import InterruptGuard, restore_rng, rng_state
 from kpo.train.rollout import fast_rollout_unsupported, generate_single_turn
 from kpo.train.sampler import MISMATCH_METRICS, RolloutSampler, mismatch_metrics, mismatch_sums
-from kpo.train.trainer_config import KPOConfig
+from kpo.train.trainer_config import trainer_args
 
 TESTED_TRL = (Version("1.16"), Version("1.17"))
 if not TESTED_TRL[0] <= Version(trl.__version__) < TESTED_TRL[1]:
@@ -101,19 +101,6 @@ _GENERATION_KEYS = (
     *_SAMPLING_KEYS,
     *_MISMATCH_KEYS,
 )
-# The constructor keywords of kpo's settings before they were KPOConfig fields -> the field now.
-_MOVED_TO_CONFIG = {
-    "loss_name": "loss",
-    "loss_kwargs": "loss_kwargs",
-    "loss_agg_mode": "loss_agg_mode",
-    "advantage": "advantage",
-    "dump_ratios_every": "dump_ratios_every",
-    "ratios_dir": "dump_ratios_every (dumps go to output_dir/ratios)",
-    "rollout_dtype": "rollout_dtype",
-    "rollout_lag": "rollout_lag",
-    "ratio_anchor": "ratio_anchor",
-    "rollout_correction": "rollout_is, rollout_is_threshold, rollout_rs, rollout_rs_threshold[_lower]",
-}
 
 
 def _combine(key: str, pairs: list[tuple[float, float]], processes: int = 1) -> float:
@@ -162,20 +149,7 @@ class KPOTrainer(GRPOTrainer):
         run_card: Callable[[], object] | None = None,
         **kwargs,
     ):
-        moved = sorted(kwargs.keys() & _MOVED_TO_CONFIG)
-        if moved:
-            fields = ", ".join(f"{k} -> {_MOVED_TO_CONFIG[k]}" for k in moved)
-            raise TypeError(
-                f"KPOTrainer({', '.join(f'{k}=' for k in moved)}...): kpo's settings are fields of its config now: "
-                f"pass args=kpo.train.KPOConfig(..., {fields})"
-            )
-        if args is None:
-            args = KPOConfig()
-        if not isinstance(args, KPOConfig):
-            raise TypeError(
-                f"KPOTrainer takes args=kpo.train.KPOConfig(...), got {type(args).__name__}: KPOConfig is "
-                "GRPOConfig with kpo's fields (loss, loss_kwargs, advantage, ...), so replace the class name"
-            )
+        args = trainer_args(args, kwargs)
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
         if self._is_vlm:
             raise ValueError("KPOTrainer trains text-only models: its loss's forward passes no image inputs")

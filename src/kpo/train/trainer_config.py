@@ -24,7 +24,7 @@ from trl import GRPOConfig
 from kpo.train.checks import settings_errors
 from kpo.train.settings import LOSS_KWARGS_HELP, ConfigError, KPOSettings, loss_kwargs_of
 
-__all__ = ["KPOConfig", "REFUSED"]
+__all__ = ["KPOConfig", "REFUSED", "trainer_args"]
 
 _LOSS = "KPOTrainer's loss is kpo.policy_loss(loss)"
 # GRPOConfig options that GRPOTrainer reads only where KPOTrainer does the work itself (the policy loss, the
@@ -54,6 +54,21 @@ REFUSED = {
     "sum_then_normalize): leave it at that",
     "num_iterations": "KPOTrainer counts a generation batch's optimizer steps by steps_per_generation: for more "
     "optimizer steps on one generation batch raise steps_per_generation (its first step stays on-policy)",
+}
+
+
+# The constructor keywords of kpo's settings before they were KPOConfig fields -> the field now.
+MOVED_KEYWORDS = {
+    "loss_name": "loss",
+    "loss_kwargs": "loss_kwargs",
+    "loss_agg_mode": "loss_agg_mode",
+    "advantage": "advantage",
+    "dump_ratios_every": "dump_ratios_every",
+    "ratios_dir": "dump_ratios_every (dumps go to output_dir/ratios)",
+    "rollout_dtype": "rollout_dtype",
+    "rollout_lag": "rollout_lag",
+    "ratio_anchor": "ratio_anchor",
+    "rollout_correction": "rollout_is, rollout_is_threshold, rollout_rs, rollout_rs_threshold[_lower]",
 }
 
 
@@ -93,3 +108,23 @@ def _refused(config: KPOConfig) -> list[str]:
         for name, why in REFUSED.items()
         if getattr(config, name) != defaults[name]
     ]
+
+
+def trainer_args(args, keywords: dict):
+    """KPOTrainer's ``args``: a KPOConfig (None: its defaults). TypeError, in one line, for a plain GRPOConfig or
+    the constructor ``keywords`` that are KPOConfig fields now (:data:`MOVED_KEYWORDS`), naming each one's field."""
+    moved = sorted(keywords.keys() & MOVED_KEYWORDS)
+    if moved:
+        fields = ", ".join(f"{k} -> {MOVED_KEYWORDS[k]}" for k in moved)
+        raise TypeError(
+            f"KPOTrainer({', '.join(f'{k}=' for k in moved)}...): kpo's settings are fields of its config now: "
+            f"pass args=kpo.train.KPOConfig(..., {fields})"
+        )
+    if args is None:
+        return KPOConfig()
+    if not isinstance(args, KPOConfig):
+        raise TypeError(
+            f"KPOTrainer takes args=kpo.train.KPOConfig(...), got {type(args).__name__}: KPOConfig is "
+            "GRPOConfig with kpo's fields (loss, loss_kwargs, advantage, ...), so replace the class name"
+        )
+    return args
