@@ -1,8 +1,13 @@
 """A TRL GRPO script that trains with KPO: TRL's own way of writing one (TrlParser, a config, a reward function,
 trainer.train()), with GRPOConfig and GRPOTrainer swapped for kpo's and kpo's fields set (loss, loss_kwargs, ...).
 
-    python examples/trl_script.py --use_cpu --output_dir runs/trl-kpo --max_steps 8 --loss_kwargs memory=matched
+    python examples/trl_script.py --use_cpu --output_dir runs/trl-kpo --max_steps 8 --steps_per_generation 4 \
+        --max_completion_length 132 --loss kpo --loss_kwargs memory=matched
     python examples/trl_script.py --config my_run.yaml      # any GRPOConfig or kpo field, as TRL's scripts take it
+
+(--steps_per_generation 4: 4 optimizer steps per generation batch, 3 of them off-policy, the paper's protocol;
+TRL's default of 1 is on-policy, where every ratio is 1 and the losses agree. --max_completion_length 132: the task's
+128-token responses and 4 more, what the embedded model's context holds.)
 
 Every GRPOConfig flag works as in TRL (docs/train.md lists the few KPOTrainer refuses, and why); kpo's fields are
 --loss, --loss_kwargs NAME=VALUE ..., --loss_agg_mode, --advantage, the rollout sampler's and --dump_ratios_every.
