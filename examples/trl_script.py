@@ -62,11 +62,7 @@ def main() -> None:
     )
     trainer.train()
     trainer.save_model()
-    rewards = [row["reward"] for row in trainer.state.log_history if "reward" in row]
-    print(
-        f"done: {training_args.loss}, {trainer.state.global_step} steps, reward {rewards[0]:.3f} -> {rewards[-1]:.3f}; "
-        f"model in {training_args.output_dir}"
-    )
+    print(f"done: {training_args.loss}, {trainer.state.global_step} steps; model in {training_args.output_dir}")
 
 
 if __name__ == "__main__":
