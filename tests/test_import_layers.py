@@ -34,8 +34,7 @@ PLACES = {
     "kpo.data": "domain",
     "kpo.diagnostics": "domain",
     "kpo.protocol": "domain",
-    "kpo.testbed": "domain",  # the embedded task and its files: data/math reads the task's rows
-    "kpo.testbed.tiny": "engines",  # the warm start is a training run (TRL's SFTTrainer, evaluation's check)
+    "kpo.testbed": "domain",  # the embedded task, its model and files (its warm start trains in train/)
     # kernel: the Kalman filter
     "kpo.filter": "kernel",
     # base: private helpers any layer may use (files, progress, processes, lazy exports)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import torch
-
 
 def file_in_the_way(folder: Path) -> Path | None:
     """The file that stands where ``folder`` or one of its parents must be a directory, or None."""
@@ -40,11 +38,25 @@ def no_tokenizer(model: Path) -> str | None:
     )
 
 
-def bool_mask(mask: torch.Tensor) -> torch.Tensor:
+def with_values(**tensors) -> None:
+    """ValueError naming the first of ``tensors`` (name -> tensor, or anything else, which passes) that is on the
+    meta device: a shape without values (a model built under ``torch.device("meta")``), which kpo cannot compute
+    on. Torch-free: reads ``is_meta``."""
+    for name, tensor in tensors.items():
+        if getattr(tensor, "is_meta", False):
+            raise ValueError(
+                f"{name} is on the meta device (a shape without values, as a model built under "
+                "torch.device('meta') gives): kpo computes on values; load the weights, or move it to cpu or cuda"
+            )
+
+
+def bool_mask(mask):
     """``mask`` as a bool tensor of the same shape: bool as is, 0/1 of any dtype converted.
 
     ValueError when it holds anything else, naming how many such entries and the first one's index and value.
     """
+    import torch
+
     if mask.dtype == torch.bool:
         return mask
     bad = (mask != 0) & (mask != 1)

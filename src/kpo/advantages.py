@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from kpo._checks import with_values
 from kpo.filter import kalman_filter, kalman_gains
 
 ADVANTAGES = ("grpo", "drgrpo", "rloo", "krpo")
@@ -106,6 +107,7 @@ def compute_advantages(name: str, rewards, group_ids, **kw) -> torch.Tensor:
             f"advantage {name!r} does not accept {', '.join(map(repr, unknown))}; it accepts: {accepted}"
         )
     opts = {**_DEFAULTS[name], **kw}
+    with_values(rewards=rewards)
     try:
         # a list straight to float64: through torch's default float32 it would round (1 + 1e-9 -> 1, 1e308 -> inf)
         r = (

@@ -141,6 +141,18 @@ def test_a_data_file_kpo_does_not_read_names_the_formats_it_reads(tmp_path, caps
     assert "invalid JSON" not in err
 
 
+def test_eval_data_of_an_undetected_format_is_told_a_fix_kpo_compare_has(tmp_path, capsys, no_training):
+    """It suggested --problem-key/--answer-key, flags kpo compare does not have."""
+    data = tmp_path / "bench.jsonl"
+    data.write_text('{"q": "1+1", "a": "2"}\n')
+    err = _refused(tmp_path, capsys, "--eval-data", str(data))
+    assert (
+        f"--eval-data {data}: row 0 (line 1): cannot detect the format from fields ['a', 'q']; kpo compare reads the "
+        "formats kpo eval detects (docs/eval.md): rename the fields problem and answer"
+    ) in err, err
+    assert "--problem-key" not in err and "problem_key" not in err
+
+
 def test_verl_s_dataset_is_its_parquet(tmp_path, problems):
     with pytest.raises(CompareError) as e:
         CompareConfig(out=str(tmp_path / "cmp"), engine="verl", dataset=str(problems), eval_data=(str(problems),)).validate()

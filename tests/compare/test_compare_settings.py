@@ -56,6 +56,9 @@ def test_quick_mode_shrinks_only_what_is_not_set():
         (["--sweep-seeds", "0"], "--sweep-seeds=0: must be an integer in 1..12 (or omit it for all seeds)"),
         (["--aa-seeds", "13"], "--aa-seeds=13: must be an integer in 0..12 (or omit it for 6 seeds)"),
         (["--seeds", "2", "--ablation-seeds", "3"], "--ablation-seeds=3: must be an integer in 1..2"),
+        # omitted, the A/A arm's and the ablations' seeds are at most --seeds (and --quick's)
+        (["--aa-seeds", "3", "--seeds", "2"], "--aa-seeds=3: must be an integer in 0..2 (or omit it for 2 seeds)"),
+        (["--quick", "--ablation-seeds", "5"], "--ablation-seeds=5: must be an integer in 1..2 (or omit it for 1 seed)"),
         (["--seeds", "2", "--sweep-seeds", "3"], "--sweep-seeds=3: must be an integer in 1..2"),
         (["--steps", "0"], "--steps=0: must be an integer >= 1 (or omit it for 80 steps)"),
         # The chain task (sums of two numbers up to 19) has 40 test problems.
@@ -104,10 +107,19 @@ def test_main_rejects_bad_settings_before_training(tmp_path, capsys, no_training
     assert not out.exists()  # no compare.json claiming settings that never ran
 
 
+def test_seeds_out_of_range_blames_only_seeds(tmp_path, capsys, no_training):
+    # the ablations' and the A/A arm's seeds follow --seeds when omitted: 0 seeds is one error, not three
+    assert main(["--out", str(tmp_path / "cmp"), "--seeds", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--seeds=0: must be an integer >= 1 (or omit it for 12 seeds)" in err
+    assert "--ablation-seeds" not in err and "--aa-seeds" not in err, err
+
+
 @pytest.mark.parametrize(
     "steps, dump_every, minibatches",
     [(4, 4, 4), (4, 1, 2), (8, 7, 4), (12, 5, 4), (3, 3, 1), (None, 5, 4)],
 )
+
 def test_a_dump_period_with_an_off_policy_dump_is_accepted(compare_config, steps, dump_every, minibatches):
     compare_config(steps=steps, dump_every=dump_every, minibatches=minibatches, sweep_memory=()).validate()
 

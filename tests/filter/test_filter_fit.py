@@ -69,8 +69,12 @@ def test_bounds_and_unidentifiable_batches():
     assert fit_q(z, bounds=(1e-8, 1e-3)) == pytest.approx(1e-3)  # the maximum lies above: the bound
     with pytest.raises(ValueError, match="exactly 0 .* keep the last fitted q"):
         fit_q(torch.zeros(4, 64))
-    with pytest.raises(ValueError, match="at least 2 valid tokens"):
+    with pytest.raises(ValueError, match="at least 2 valid tokens, got 0: with no observation there is no likelihood$"):
         fit_q(z, torch.zeros_like(z).bool())
+    one = torch.zeros_like(z).bool()
+    one[0, 5] = True
+    with pytest.raises(ValueError, match="got 1: with one observation the likelihood does not depend on q$"):
+        fit_q(z, one)
     with pytest.raises(ValueError, match="0 < q_min < q_max"):
         fit_q(z, bounds=(1e-2, 1e-3))
     with pytest.raises(ValueError, match="NaN/Inf"):

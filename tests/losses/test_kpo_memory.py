@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -113,6 +115,21 @@ def test_auto_memory_is_the_fixed_q_loss_at_the_fitted_q(loss):
     (g_fixed,) = torch.autograd.grad(fixed, lp)
     assert torch.isfinite(auto) and auto.item() == fixed.item() and torch.equal(g_auto, g_fixed)
     assert metrics["kpo/q"] == q and metrics["kpo/memory_tokens"] == pytest.approx(filter_memory(q))
+
+
+def test_auto_memory_refuses_an_x0_whose_likelihood_overflows():
+    """It returned a loss (19602.5 in a TRL run) with only numpy's overflow warning, the fit silently stale."""
+    lp, old, adv, mask = _batch()
+    # log-ratios of about 0.01 at x0 = 1e308: (0.01 - 1e308)^2 = 1e616, past float64's 1.8e308
+    with pytest.raises(ValueError, match=r"^the likelihood of q overflows float64 with x0=1e\+308, p0=0.0: "):
+        policy_loss(
+            "kpo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, memory="auto", x0=1e308
+        )
+    # 1e150: (1e150)^2 = 1e300 fits, and the fit runs
+    _, metrics = policy_loss(
+        "kpo", log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, memory="auto", x0=1e150
+    )
+    assert math.isfinite(metrics["kpo/q"])
 
 
 def test_auto_memory_on_policy_and_bounds():

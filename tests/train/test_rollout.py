@@ -8,16 +8,18 @@ import math
 
 import pytest
 import torch
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 
 from kpo.testbed.tiny import TinyModelConfig, build_model, build_tokenizer
 from kpo.train.rollout import fast_rollout_unsupported, generate_single_turn
 from kpo.train.trainer import KPOTrainer
+from kpo.train.trainer_config import KPOConfig
 
 
-def _trainer(tmp_path, **generation_kwargs):
+def _trainer(tmp_path, generation_kwargs=None, **settings):
     """A KPOTrainer on a random 1-layer embedded-architecture model: 4 prompts x 4 responses of up to 12
-    tokens at temperature 1 (kpo train's sampling settings, and ``generation_kwargs`` on top)."""
+    tokens at temperature 1 (kpo train's sampling settings, and ``generation_kwargs`` on top), the vanilla loss
+    (or kpo's ``settings``)."""
     from datasets import Dataset
 
     tokenizer = build_tokenizer()
@@ -25,7 +27,7 @@ def _trainer(tmp_path, **generation_kwargs):
         hidden_size=32, num_layers=1, num_heads=2, intermediate_size=96, max_position_embeddings=64
     )
     model = build_model(tokenizer, shape, seed=0)
-    args = GRPOConfig(
+    args = KPOConfig(
         output_dir=str(tmp_path),
         use_cpu=True,
         per_device_train_batch_size=16,
@@ -34,7 +36,8 @@ def _trainer(tmp_path, **generation_kwargs):
         temperature=1.0,
         beta=0.0,
         report_to=[],
-        generation_kwargs=generation_kwargs or None,
+        generation_kwargs=generation_kwargs,
+        **({"loss": "vanilla", "loss_agg_mode": "seq-mean-token-mean"} | settings),
     )
     data = Dataset.from_list([{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(4)])
     return KPOTrainer(
@@ -43,8 +46,6 @@ def _trainer(tmp_path, **generation_kwargs):
         args=args,
         train_dataset=data,
         processing_class=tokenizer,
-        loss_name="vanilla",
-        loss_agg_mode="seq-mean-token-mean",
     )
 
 
@@ -74,6 +75,6 @@ def test_rollouts_equal_trls_generate_under_the_same_seed(tmp_path):
 
 
 def test_settings_the_sampler_cannot_reproduce_stay_with_trl(tmp_path):
-    trainer = _trainer(tmp_path, repetition_penalty=1.1)
+    trainer = _trainer(tmp_path, {"repetition_penalty": 1.1})
     assert fast_rollout_unsupported(trainer, None, {}) == "repetition_penalty=1.1"
     assert fast_rollout_unsupported(_trainer(tmp_path), [[None]], {}) == "multimodal inputs"

@@ -96,19 +96,41 @@ def test_cli_overrides_yaml_and_parses_loss_kwargs(tmp_path):
     assert parse_args(["--progress", "false"]).progress is False
 
 
-def test_cli_rejects_bad_input(tmp_path):
+def test_cli_rejects_bad_input(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("los: kpo\n")
-    with pytest.raises(ConfigError, match="unknown field.*'los'"):
+    bad.write_text("los: kpo\nmax-steps: 3\n")
+    with pytest.raises(ConfigError, match=r"unknown field\(s\) \['los', 'max-steps'\]; valid fields: .*'loss'"):
         parse_args(["--config", str(bad)])
-    with pytest.raises(SystemExit):
-        parse_args(["--loss-kwargs", "q"])  # no '='
-    with pytest.raises(ConfigError, match="more than once"):
-        parse_args(["--loss-kwargs", "q=1", "q=2"])
+    good = tmp_path / "good.yaml"
+    good.write_text("max_steps: 8\n")
+    for flags, line in (
+        (["--loss-kwargs", "q"], "loss kwarg 'q': write NAME=VALUE, e.g. q=1e-4"),  # no '='
+        (["--loss-kwargs", "q=1", "q=2"], "['q'] given more than once; give each name once"),
+        (["--max-steps", "many"], "argument --max_steps/--max-steps: invalid int value: 'many'"),
+        (["--config", str(good), "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        ([f"--config={good}"], f"argument --config: give one YAML file as `--config {good}`"),
+        (["--config"], "argument --config: expected one argument"),
+    ):
+        with pytest.raises(SystemExit):
+            parse_args(flags)
+        assert line in capsys.readouterr().err, flags
     broken = tmp_path / "broken.yaml"
     broken.write_text("loss: [kpo\n")
     with pytest.raises(ConfigError, match="broken.yaml: not valid YAML"):
         parse_args(["--config", str(broken)])
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- loss\n")
+    with pytest.raises(ConfigError, match="list.yaml: Config file .*list.yaml must contain a YAML mapping"):
+        parse_args(["--config", str(listing)])
+    # every text that is not its field's type, at once, before the other checks
+    text = tmp_path / "text.yaml"
+    text.write_text("max_steps: ten\nprogress: maybe\nlearning_rate: 1e-4\nsft_noise: none\n")
+    with pytest.raises(ConfigError) as info:
+        parse_args(["--config", str(text)])
+    assert info.value.errors == [
+        f"{text}: max_steps='ten' is not a number",
+        f"{text}: progress='maybe' is not true or false",
+    ]
 
 
 def test_cli_reports_a_missing_config_file(tmp_path, capsys):
@@ -171,7 +193,7 @@ def test_every_field_is_type_checked_against_its_annotation(tmp_path):
     from numpy or a comparison, or a value accepted as is; the other config errors are listed with them."""
     path = tmp_path / "c.yaml"
     path.write_text(
-        "seed: 1.5\ntemperature: null\nlearning_rate: [1]\nprogress: maybe\nnum_generations: 2.5\n"
+        "seed: 1.5\ntemperature: null\nlearning_rate: [1]\nprogress: 7\nnum_generations: 2.5\n"
         "loss_kwargs: [q]\nmax_grad_norm: .inf\nminibatches: 3\nmax_steps: 3\n"
         f"output_dir: {tmp_path / 'out'}\n"
     )
@@ -182,7 +204,7 @@ def test_every_field_is_type_checked_against_its_annotation(tmp_path):
         "seed=1.5: expected an integer, got float",
         "temperature=None: expected a finite number, got NoneType",
         "learning_rate=[1]: expected a finite number, got list",
-        "progress='maybe': expected true/false, got str",
+        "progress=7: expected true/false, got int",
         "num_generations=2.5: expected an integer, got float",
         "loss_kwargs=['q']: expected a mapping, got list",
         "max_grad_norm=inf: expected a finite number, got float",
@@ -267,12 +289,12 @@ def test_help_shows_each_default_and_flags_still_merge_with_yaml(tmp_path):
     from kpo.train.flags import build_parser
 
     text = " ".join(build_parser().format_help().split())
-    assert re.search(r"--max_steps MAX_STEPS Optimizer steps[^-]*\(default: 1000\)", text)
-    for shown in (
+    assert re.search(r"--max-steps MAX_STEPS Optimizer steps[^-]*\(default: 1000\)", text)
+    for shown in (  # TRL's parser shows them as Python writes them
         "(default: 1000)",
         "(default: runs/kpo-tiny)",
-        "(default: none)",
-        "(default: true)",
+        "(default: None)",
+        "(default: True)",
         "(default: {})",
         "(default: 0.0001)",
         "(default: tensorboard)",

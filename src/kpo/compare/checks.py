@@ -5,10 +5,11 @@ engine adds its own (:meth:`kpo.compare.engines.Engine.flag_errors` and the othe
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from kpo._checks import PROBLEM_FILES, file_errors, file_in_the_way, no_tokenizer, unwritable
-from kpo.compare.defaults import AA_SEEDS, ABLATION_SEEDS, ABLATIONS, DEFAULT_ABLATIONS, SEEDS, STEPS
+from kpo.compare.defaults import ABLATIONS, DEFAULT_ABLATIONS
 from kpo.compare.engines import engine_of
 from kpo.compare.stats import MOST_SEEDS
 
@@ -49,13 +50,11 @@ def _range_errors(cfg) -> list[str]:
     upper = {"sweep_seeds": seeds, "ablation_seeds": seeds, "aa_seeds": seeds}
     lower = {"aa_seeds": 0}
     default = {
-        "seeds": f"{SEEDS} seeds",
-        "steps": f"{STEPS} steps",
         "eval_limit": "the whole test split",
         "jobs": "one per CPU",
         "sweep_seeds": "all seeds",
-        "ablation_seeds": f"{ABLATION_SEEDS} seeds",
-        "aa_seeds": f"{AA_SEEDS} seeds",
+        # what the comparison takes where the option is not given (--quick's, and at most --seeds)
+        **{name: _omitted(cfg, name, unit) for name, unit in _FILLED.items()},
     }
     errors = _ablation_arm_errors(cfg) + _look_errors(cfg)
     bad_curve = cfg.curve_every and (
@@ -82,12 +81,25 @@ def _range_errors(cfg) -> list[str]:
         value, hi, lo = getattr(cfg, name), upper.get(name), lower.get(name, 1)
         if value is None or (value >= lo and (hi is None or value <= hi)):
             continue
+        if name in upper and cfg.seeds < 1:
+            continue  # bounded by --seeds, which is reported itself (and filled from it when omitted)
         allowed = f"an integer in {lo}..{hi}" if hi is not None else f"an integer >= {lo}"
         omit = f" (or omit it for {default[name]})" if name in default else ""
         errors.append(f"--{name.replace('_', '-')}={value}: must be {allowed}{omit}")
     if not {e.split("=")[0] for e in errors} & {"--steps", "--minibatches", "--dump-every"}:
         errors += _steps_errors(cfg) or _dump_period_errors(cfg)
     return errors
+
+
+# Settings CompareConfig fills where they are not given -> their unit
+_FILLED = {"seeds": "seeds", "steps": "steps", "ablation_seeds": "seeds", "aa_seeds": "seeds"}
+
+
+def _omitted(cfg, name: str, unit: str) -> str:
+    """"N units": what ``name`` is when its option is not given, as CompareConfig fills it (the defaults,
+    --quick's, at most --seeds)."""
+    n = getattr(dataclasses.replace(cfg, **{name: None}), name)
+    return f"{n} {unit if n != 1 else unit.removesuffix('s')}"
 
 
 def _look_errors(cfg) -> list[str]:
@@ -197,7 +209,7 @@ def _data_errors(cfg) -> list[str]:
     ``--model`` (a Hugging Face folder with its config, tokenizer and readable weights), each ``--eval-data``
     benchmark (read as kpo eval reads it), then the engine's own (:meth:`kpo.compare.engines.Engine.data_errors`:
     ``--dataset`` in a format its trainer reads, ``--verl-config``)."""
-    from kpo.data.math import load_problems
+    from kpo.data.math import UndetectedFormat, load_problems
 
     errors = [] if cfg.model is None else _model_errors(cfg.model)
     for path in dict.fromkeys(cfg.eval_data):
@@ -205,6 +217,11 @@ def _data_errors(cfg) -> list[str]:
         if not found:
             try:
                 load_problems(path)
+            except UndetectedFormat as e:  # kpo compare names no fields: the format is detected, or nothing
+                found = [
+                    f"--eval-data {e.where}: cannot detect the format from fields {e.fields}; kpo compare reads the "
+                    "formats kpo eval detects (docs/eval.md): rename the fields problem and answer"
+                ]
             except (ValueError, OSError) as e:  # OSError: no permission
                 found = [f"--eval-data {path}: {e}; give a benchmark file in a format kpo eval reads"]
         errors += found

@@ -38,7 +38,7 @@ from typing import Any
 from kpo.rewards import UNESCAPED_DOLLAR, answer_text, last_boxed
 from kpo.testbed.files import task_of
 
-__all__ = ["DEFAULT_INSTRUCTION", "FORMATS", "format_prompt", "load_problems"]
+__all__ = ["DEFAULT_INSTRUCTION", "FORMATS", "UndetectedFormat", "format_prompt", "load_problems"]
 
 # The reasoning instruction kpo train appends to dataset problems and kpo eval appends to benchmark problems.
 DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -83,6 +83,23 @@ _SWALLOWED_RE = [
 
 class _RowError(ValueError):
     pass
+
+
+class _NoFormat(_RowError):
+    pass
+
+
+class UndetectedFormat(ValueError):
+    """A file whose first row matches no format :func:`load_problems` detects; ``where`` names the file and row,
+    ``fields`` are the row's. Its message says to name the fields (problem_key=, answer_key=); a caller without
+    those says its own fix."""
+
+    def __init__(self, where: str, fields: list[str]):
+        self.where, self.fields = where, fields
+        super().__init__(
+            f"{where}: cannot detect the format from fields {fields}; pass problem_key= and answer_key= "
+            "(kpo eval and kpo train: --problem-key/--answer-key) [format undetected]"
+        )
 
 
 def _repair_latex_escapes(text: str) -> str:
@@ -196,10 +213,7 @@ def _detect(row: dict) -> str:
         return "boxed_solution"
     if "question" in row and isinstance(row.get("answer"), str) and "####" in row["answer"]:
         return "gsm8k"
-    raise _RowError(
-        f"cannot detect the format from fields {sorted(row)}; pass problem_key= and answer_key= "
-        "(CLI: --problem-key/--answer-key)"
-    )
+    raise _NoFormat(sorted(row))
 
 
 _EXTRACTORS: dict[str, Callable[[dict], tuple[str, Any]]] = {
@@ -281,6 +295,8 @@ def load_problems(
                 fmt = _detect(row)
                 extract = _EXTRACTORS[fmt]
             problem, answer = extract(row)
+        except _NoFormat as e:
+            raise UndetectedFormat(f"{path}: {label}", e.args[0]) from None
         except _RowError as e:
             raise ValueError(f"{path}: {label}: {e} [format {fmt or 'undetected'}]") from None
         pid = _row_id(row, fmt, i)

@@ -52,6 +52,8 @@ from typing import Any
 
 import numpy as np
 
+from kpo._checks import with_values
+
 STAT_KEYS = (
     "prop_up",
     "prop_down",
@@ -72,6 +74,7 @@ _FFT_CHUNK_ELEMENTS = 1 << 22
 
 
 def _to_numpy(x: Any, name: str) -> np.ndarray:
+    with_values(**{name: x})
     if hasattr(x, "detach"):  # torch.Tensor, without importing torch
         x = x.detach().cpu()
         if str(x.dtype) == "torch.bfloat16":

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
-from kpo._checks import bool_mask
+from kpo._checks import bool_mask, with_values
 from kpo.filter import scan
 from kpo.filter.gains import check_params, gain_tables
 from kpo.filter.reference import MASK_MODES, kalman_filter_reference
@@ -80,6 +80,7 @@ def kalman_filter(
             f"z must be a torch tensor, got {type(z).__module__}.{type(z).__name__}: pass a "
             f"floating-point torch.Tensor{hint}"
         )
+    with_values(z=z, mask=mask)
     if not z.is_floating_point():
         raise TypeError(f"z must be a floating-point tensor, got {z.dtype}: convert it with z.float()")
     if mask_mode not in MASK_MODES:

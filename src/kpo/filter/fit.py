@@ -38,6 +38,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from kpo._checks import with_values
 from kpo.filter import scan
 from kpo.filter.gains import check_params, gain_tables
 
@@ -110,6 +111,7 @@ def _check_settings(p0, x0, mask_mode) -> None:
 def _check(log_ratio, mask) -> None:
     if not isinstance(log_ratio, torch.Tensor):
         raise TypeError(f"log_ratio must be a floating-point torch tensor [B, T] or [T], got {type(log_ratio).__name__}")
+    with_values(log_ratio=log_ratio, mask=mask)
     if not log_ratio.is_floating_point():
         raise TypeError(
             f"log_ratio must be a floating-point torch tensor, got dtype {log_ratio.dtype}: pass "
@@ -283,9 +285,13 @@ class Likelihood:
         sums = reduce(np.concatenate(([0 if part is None else part.values.size], local.T.reshape(-1))))
         n, squares, log_f = float(sums[0]), sums[1 : 1 + points], sums[1 + points :]
         if n < 2:
-            raise NotIdentified(
-                f"fit_q needs at least 2 valid tokens, got {int(n)}: with one observation the likelihood does not "
-                "depend on q"
+            why = "no observation there is no likelihood" if n == 0 else "one observation the likelihood does not depend on q"
+            raise NotIdentified(f"fit_q needs at least 2 valid tokens, got {int(n)}: with {why}")
+        if not (np.isfinite(squares).all() and np.isfinite(log_f).all()):
+            # not a property of the data: a settings error, never "not identified" (which would keep a stale q)
+            raise ValueError(
+                f"the likelihood of q overflows float64 with x0={self.x0!r}, p0={self.p0!r}: the squared distances of "
+                "the log-ratios from x0 pass 1.8e308; x0 and p0 are on the log-ratio's scale (the paper: 0 and 0)"
             )
         if not squares.max() / n > _TINY:
             raise NotIdentified(

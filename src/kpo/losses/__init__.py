@@ -49,7 +49,7 @@ import functools
 
 import torch
 
-from kpo._checks import bool_mask
+from kpo._checks import bool_mask, with_values
 from kpo.losses._core import LossBatch, LossTerms, token_stats
 from kpo.losses.aggregation import (
     GLOBAL_BATCH_KEYS,
@@ -94,6 +94,7 @@ def _validate(log_prob, old_log_prob, advantages, mask, rollout_log_prob, rollou
     for key, t in tensors.items():
         if t is not None and not isinstance(t, torch.Tensor):
             raise TypeError(f"{key} must be a torch.Tensor, got {type(t).__name__}")
+    with_values(**tensors)
     if log_prob.dim() != 2 or not log_prob.is_floating_point():
         raise ValueError(
             f"log_prob must be a floating [B, T] tensor, got shape {tuple(log_prob.shape)}, "

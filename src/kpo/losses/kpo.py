@@ -57,8 +57,8 @@ def resolve_q(loss: str, q: float | None, memory: float | str | None, v: float) 
         return None
     if isinstance(memory, str):
         hint = (
-            " (memory='matched' is a kpo train / kpo compare setting; through the API pass its number of tokens: "
-            "memory=kpo.matched_memory(response_length))"
+            " (memory='matched' is resolved where the response length is known: kpo train, kpo compare and "
+            "kpo.train.KPOConfig; to the loss itself pass its number of tokens: memory=kpo.matched_memory(length))"
             if memory == "matched"
             else ""
         )

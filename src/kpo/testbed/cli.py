@@ -76,7 +76,7 @@ def task_config(extra: list[str]):
     from kpo.train.config import ConfigError
     from kpo.train.flags import build_parser, parse_args
 
-    parser = build_parser("kpo task --")
+    parser = build_parser("kpo task --", defaults=False)
     parser.exit_on_error = False  # a bad value raises, instead of printing kpo train's usage
     try:
         given, unknown = parser.parse_known_args(extra)
@@ -86,7 +86,8 @@ def task_config(extra: list[str]):
         return None, [
             f"-- {' '.join(unknown)}: not a kpo train flag; kpo task takes {', '.join(map(_flag, TASK_FIELDS))}"
         ]
-    # kpo train's parser leaves unset fields out (and --config None when not given): its keys are the flags given
+    # kpo train's parser without defaults leaves unset fields out (config is there with --config): its keys are the
+    # flags given
     other = [
         key
         for key, value in vars(given).items()

@@ -1,7 +1,10 @@
-"""``kpo train``: the paper's RL protocol on TRL's GRPOTrainer with kpo's losses.
+"""``kpo train``: the paper's RL protocol on TRL's GRPOTrainer with kpo's losses; and that trainer in a TRL script.
 
     from kpo.train import TrainConfig, run_training
     out = run_training(TrainConfig(loss="kpo", max_steps=40, output_dir="runs/demo"))
+
+    from kpo.train import KPOConfig, KPOTrainer  # a TRL script's GRPOConfig and GRPOTrainer, with kpo's settings
+    KPOTrainer(model, reward_funcs, args=KPOConfig(output_dir="runs/x", loss="kpo"), train_dataset=data).train()
 
 A run's output_dir holds ``config.yaml``, ``metrics.jsonl`` (one row per optimizer step: step, reward_mean,
 reward_std, entropy, clip_frac, pg_loss, ppo_kl, response_length, step_time, world_size and the loss's own
@@ -12,8 +15,8 @@ Attributes load on first use so ``import kpo.train`` does not import TRL.
 Reading map: one optimizer step, from the prompt to the metrics row.
 
 1. ``run.run_training`` resolves the :class:`TrainConfig` (``config``), loads the prompts (``run._load_data``: the
-   embedded task of ``kpo.testbed.task`` or a math dataset), the model (``kpo.testbed.tiny.warm_start``, cached, or
-   ``--model``) and builds ``trainer.KPOTrainer``.
+   embedded task of ``kpo.testbed.task`` or a math dataset), the model (``kpo.train.warm_start``, cached, or
+   ``--model``) and builds ``trainer.KPOTrainer`` with its ``KPOConfig`` (``trainer_config``).
 2. Once per generation batch (every ``minibatches`` optimizer steps) TRL's ``_prepare_inputs`` samples
    ``num_generations`` completions per prompt, scores them with ``run.synthetic_reward`` or
    ``run.math_reward_fn``, and computes the old log-probs once; ``KPOTrainer._generate_and_score_completions``
@@ -34,8 +37,10 @@ from kpo._lazy import lazy_getattr
 
 _EXPORTS = {
     "TrainConfig": "kpo.train.config",
-    "ConfigError": "kpo.train.config",
+    "ConfigError": "kpo.train.settings",
     "run_training": "kpo.train.run",
+    "KPOConfig": "kpo.train.trainer_config",
+    "KPOTrainer": "kpo.train.trainer",
 }
 
 __all__ = list(_EXPORTS)

@@ -1,10 +1,11 @@
 """The checks of a ``kpo train`` config: every problem found at once, each with its fix.
 
-:func:`config_errors` is what :meth:`kpo.train.config.TrainConfig.validate` reports. The tables below say what
-each check holds a field to: its bounds (:data:`_BOUNDS`), the fields of the train-inference mismatch, and the
-settings that act only with another one (:data:`_IGNORED_UNLESS`: given where they would be ignored, they are
-refused). The checks reach into the parts a field names (the loss registry, the advantage estimators, the
-sampler, the embedded task and its warm start, the dataset loader), each run once on a small input.
+:func:`config_errors` is what :meth:`kpo.train.config.TrainConfig.validate` reports, and :func:`settings_errors`
+(kpo's own settings alone, :class:`~kpo.train.settings.KPOSettings`) what the API's ``KPOConfig`` reports. The
+tables below say what each check holds a field to: its bounds (:data:`_BOUNDS`), the fields of the train-inference
+mismatch, and the settings that act only with another one (:data:`_IGNORED_UNLESS`: given where they would be
+ignored, they are refused). The checks reach into the parts a field names (the loss registry, the advantage
+estimators, the sampler, the embedded task and its warm start, the dataset loader), each run once on a small input.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from kpo._checks import file_in_the_way, no_tokenizer, unwritable
 
-__all__ = ["WARM_START_FIELDS", "config_errors", "field_kinds", "loss_errors"]
+__all__ = ["WARM_START_FIELDS", "config_errors", "field_kinds", "loss_errors", "settings_errors"]
 
 # Numeric fields' bounds, name -> (low, high or None, why); a None value (where the type allows it) passes.
 _POSITIVE = (
@@ -151,12 +152,7 @@ def config_errors(config, *, world_size: int = 1) -> list[str]:
         errors.append(
             f"tiny_hidden_size={config.tiny_hidden_size} must be divisible by tiny_heads={config.tiny_heads}"
         )
-    if ok("loss", "loss_kwargs", "loss_agg_mode"):
-        errors += loss_errors(config)
-    if ok("advantage"):
-        errors += _advantage_errors(config)
-    if ok(*_MISMATCH_FIELDS):
-        errors += _mismatch_errors(config)
+    errors += _settings_checks(config, ok)
     if ok("rollout_lag", "max_steps", "minibatches"):
         errors += _lag_errors(config)
     errors += _ignored_errors(config, skip=bad)
@@ -180,11 +176,42 @@ def config_errors(config, *, world_size: int = 1) -> list[str]:
     return errors
 
 
-def _type_errors(config) -> dict[str, str]:
-    """{field: error} for every field whose value does not match its annotation (ints pass as floats)."""
+def settings_errors(config) -> list[str]:
+    """Every problem of kpo's settings (:class:`~kpo.train.settings.KPOSettings`) of ``config`` (the API's
+    ``KPOConfig``), each a line that names the field first and says how to fix it: their types and ranges, the
+    loss's dry run, the advantage estimator, the sampler and its correction, and a threshold given without the
+    correction it bounds."""
+    from kpo.train.settings import KPOSettings
+
+    names = [f.name for f in dataclasses.fields(KPOSettings)]
+    bad = _type_errors(config, KPOSettings)
+    bad |= _range_errors(config, skip=bad, names=names)
+
+    def ok(*fields: str) -> bool:
+        return not bad.keys() & set(fields)
+
+    return [*bad.values(), *_settings_checks(config, ok), *_ignored_errors(config, skip=bad, names=names)]
+
+
+def _settings_checks(config, ok: typing.Callable[..., bool]) -> list[str]:
+    """The checks of kpo's settings that combine fields, each where ``ok`` finds its fields well typed and in range:
+    the loss's dry run, the advantage estimator, the sampler and its correction."""
+    errors = []
+    if ok("loss", "loss_kwargs", "loss_agg_mode"):
+        errors += loss_errors(config)
+    if ok("advantage"):
+        errors += _advantage_errors(config)
+    if ok(*_MISMATCH_FIELDS):
+        errors += _mismatch_errors(config)
+    return errors
+
+
+def _type_errors(config, cls: type | None = None) -> dict[str, str]:
+    """{field: error} for every field of dataclass ``cls`` (default: the config's own) whose value in ``config``
+    does not match its annotation there (ints pass as floats)."""
     errors = {}
-    for f in dataclasses.fields(config):
-        kinds = field_kinds(type(config), f.name)
+    for f in dataclasses.fields(cls or config):
+        kinds = field_kinds(cls or type(config), f.name)
         value = getattr(config, f.name)
         if not any(_has_type(value, kind) for kind in kinds):
             expected = " or ".join(_TYPE_NAMES[kind] for kind in kinds)
@@ -192,10 +219,13 @@ def _type_errors(config) -> dict[str, str]:
     return errors
 
 
-def _range_errors(config, skip: dict[str, str]) -> dict[str, str]:
-    """{field: error} for numbers outside :data:`_BOUNDS` (fields in ``skip`` and None values pass)."""
+def _range_errors(config, skip: dict[str, str], names: list[str] | None = None) -> dict[str, str]:
+    """{field: error} for numbers outside :data:`_BOUNDS` (only ``names`` where given; fields in ``skip`` and None
+    values pass)."""
     errors = {}
     for name, (low, high, why) in _BOUNDS.items():
+        if names is not None and name not in names:
+            continue
         value = getattr(config, name)
         if name in skip or value is None:
             continue
@@ -306,11 +336,14 @@ def _lag_errors(config) -> list[str]:
     ]
 
 
-def _ignored_errors(config, skip: dict[str, str]) -> list[str]:
-    """Settings given (not at their default) that the run would ignore, as :data:`_IGNORED_UNLESS` says."""
+def _ignored_errors(config, skip: dict[str, str], names: list[str] | None = None) -> list[str]:
+    """Settings given (not at their default) that the run would ignore, as :data:`_IGNORED_UNLESS` says (only
+    ``names`` where given)."""
     defaults = {f.name: f.default for f in dataclasses.fields(config)}
     errors = []
     for name, (why, fix, acts) in _IGNORED_UNLESS.items():
+        if names is not None and name not in names:
+            continue
         value = getattr(config, name)
         if name not in skip and value != defaults[name] and not acts(config):
             flag = f"--{name.replace('_', '-')}"
@@ -448,7 +481,7 @@ def _task_check(task, seed: int, warm_start_seed: int, n_sft: int, prompts_per_s
     """:func:`_task_errors` of these settings, computed once per process: drawing a split and the warm
     start's problems takes seconds for the 128-token task, and kpo compare validates many runs of one task."""
     from kpo.testbed.task import MAX_ROWS, load_split
-    from kpo.testbed.tiny import sft_problems
+    from kpo.train.warm_start import sft_problems
 
     try:
         rl_problems = len(load_split("train", seed=seed, task=task))

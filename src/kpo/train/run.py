@@ -18,6 +18,7 @@ from kpo.train.card import write_run_card
 from kpo.train.config import TRAJECTORY_FIELDS, ConfigError, TrainConfig
 from kpo.train.interrupt import AbandonBatch, InterruptGuard, StopNow, TrainingInterrupted
 from kpo.train.metrics import parse_rows
+from kpo.train.settings import KPOSettings
 from kpo.train.summary import EVAL_FILES
 
 __all__ = ["last_checkpoint", "model_path", "notices", "run_training", "synthetic_reward", "math_reward_fn"]
@@ -228,7 +229,7 @@ def model_path(config: TrainConfig) -> Path:
     (built on first use; ``kpo compare`` calls this once per seed before its parallel runs)."""
     if config.model is not None:
         return Path(config.model)
-    from kpo.testbed.tiny import warm_start
+    from kpo.train.warm_start import warm_start
 
     return warm_start(
         config.task_config(),
@@ -311,11 +312,10 @@ def run_training(config: TrainConfig) -> Path:
             )
         return out
 
-    from trl import GRPOConfig
-
     from kpo.train.plots import plot_training_dynamics
     from kpo.train.progress import checkpointing_arg, use_quiet_progress
     from kpo.train.trainer import KPOTrainer
+    from kpo.train.trainer_config import KPOConfig
 
     use_bf16 = bool(cuda and torch.cuda.is_bf16_supported()) if config.bf16 is None else config.bf16
     model, tokenizer = _load_model(start)
@@ -325,7 +325,7 @@ def run_training(config: TrainConfig) -> Path:
     micro = config.micro_batch_size or per_device
     accumulation = per_device // micro
     max_len = config.max_completion()
-    args = GRPOConfig(
+    args = KPOConfig(
         output_dir=str(out),
         seed=config.seed,
         max_steps=config.max_steps,
@@ -364,6 +364,10 @@ def run_training(config: TrainConfig) -> Path:
         shuffle_dataset=True,
         # the GPU filter kernel reads and writes 16-byte vectors only when rows are a multiple of 16 long
         pad_to_multiple_of=16 if cuda else None,
+        # kpo's settings as they are, but memory=matched as its tokens at this run's response length (with the
+        # embedded task its longest reference, not max_completion_length)
+        **{f.name: getattr(config, f.name) for f in dataclasses.fields(KPOSettings)}
+        | {"loss_kwargs": config.resolved_loss_kwargs()},
     )
     if world > 1 and not cuda:
         _plain_cpu_device(args)
@@ -373,19 +377,9 @@ def run_training(config: TrainConfig) -> Path:
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
-        loss_name=config.loss,
-        loss_kwargs=config.resolved_loss_kwargs(),
-        loss_agg_mode=config.resolved_agg_mode(),
-        advantage=config.advantage,
         metrics_path=out / "metrics.jsonl",
-        dump_ratios_every=config.dump_ratios_every,
-        ratios_dir=out / "ratios",
         interrupts=InterruptGuard(processes=world),
         run_card=lambda: write_run_card(config, out),
-        rollout_dtype=config.rollout_dtype,
-        rollout_lag=config.rollout_lag,
-        ratio_anchor=config.ratio_anchor,
-        rollout_correction=config.rollout_correction(),
     )
     use_quiet_progress(trainer, config.progress)
     with trainer.interrupts:

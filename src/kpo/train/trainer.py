@@ -60,13 +60,8 @@ from kpo.protocol import on_policy_step
 from kpo.train.checkpoints import incomplete_reason, save_whole
 from kpo.train.interrupt import InterruptGuard, restore_rng, rng_state
 from kpo.train.rollout import fast_rollout_unsupported, generate_single_turn
-from kpo.train.sampler import (
-    MISMATCH_METRICS,
-    RATIO_ANCHORS,
-    RolloutSampler,
-    mismatch_metrics,
-    mismatch_sums,
-)
+from kpo.train.sampler import MISMATCH_METRICS, RolloutSampler, mismatch_metrics, mismatch_sums
+from kpo.train.trainer_config import trainer_args
 
 TESTED_TRL = (Version("1.16"), Version("1.17"))
 if not TESTED_TRL[0] <= Version(trl.__version__) < TESTED_TRL[1]:
@@ -108,7 +103,6 @@ _GENERATION_KEYS = (
 )
 
 
-
 def _combine(key: str, pairs: list[tuple[float, float]], processes: int = 1) -> float:
     """One optimizer step's value of a loss metric from its micro-batches' (value, valid tokens), those of all
     ``processes``: pg_loss pieces are already scaled to the whole mini-batch (sum; each process's sum is
@@ -135,50 +129,44 @@ class _EpochSeededRepeatSampler(RepeatSampler):
 
 
 class KPOTrainer(GRPOTrainer):
-    """GRPOTrainer whose policy loss is ``kpo.policy_loss(loss_name, ...)``.
+    """GRPOTrainer whose policy loss is ``kpo.policy_loss(args.loss, ...)``, with its settings in ``args``, a
+    :class:`~kpo.train.trainer_config.KPOConfig` (GRPOConfig with kpo's fields; None = its defaults).
 
     Args (besides GRPOTrainer's):
-        loss_name: a name in ``kpo.list_losses()``.
-        loss_kwargs: that loss's hyperparameters (validated by the loss on first use).
-        loss_agg_mode: aggregation passed to the loss.
-        advantage: estimator name for ``kpo.compute_advantages``.
         metrics_path: where to append one JSON row per optimizer step (None = do not write).
-        dump_ratios_every / ratios_dir: ratio dumps for ``kpo analyze`` (0 = off).
         interrupts: the guard that records SIGINT/SIGTERM (None = not stopped at a batch boundary).
         run_card: writes the run's README.md in place of TRL's model card (None = TRL's card).
-        rollout_dtype: the sampler's precision (``kpo.train.sampler.ROLLOUT_DTYPES``).
-        rollout_lag: generation batches the sampler's weights lag the trainer's by (an async trainer's staleness).
-        ratio_anchor: whose log-probs are ``old_log_prob``: "trainer" (recomputed) or "rollout" (the sampler's).
-        rollout_correction: ``policy_loss``'s rollout_is / rollout_rs keywords, fed with the sampler's log-probs.
     """
 
     def __init__(
         self,
-        *args,
-        loss_name: str,
-        loss_kwargs: dict | None = None,
-        loss_agg_mode: str,
-        advantage: str = "grpo",
+        model,
+        reward_funcs,
+        args=None,
+        *rest,
         metrics_path: str | Path | None = None,
-        dump_ratios_every: int = 0,
-        ratios_dir: str | Path | None = None,
         interrupts: InterruptGuard | None = None,
         run_card: Callable[[], object] | None = None,
-        rollout_dtype: str = "float32",
-        rollout_lag: int = 0,
-        ratio_anchor: str = "trainer",
-        rollout_correction: dict | None = None,
         **kwargs,
     ):
-        super().__init__(*args, **kwargs)
+        args = trainer_args(args, kwargs)
+        super().__init__(model, reward_funcs, args, *rest, **kwargs)
+        if self._is_vlm:
+            raise ValueError("KPOTrainer trains text-only models: its loss's forward passes no image inputs")
+        if self.aux_loss_enabled:
+            raise ValueError(
+                "KPOTrainer's loss is kpo.policy_loss alone, without the MoE router's load-balancing loss TRL would "
+                "add here: set router_aux_loss_coef=0.0 to train without it"
+            )
+        loss_name, rollout_dtype, rollout_lag = args.loss, args.rollout_dtype, args.rollout_lag
         self.loss_name = loss_name
-        self.loss_kwargs = dict(loss_kwargs or {})
-        self.loss_agg_mode = loss_agg_mode
-        self.advantage = advantage
+        self.loss_kwargs = args.resolved_loss_kwargs()  # memory="matched" as its number of tokens
+        self.loss_agg_mode = args.resolved_agg_mode()
+        self.advantage = args.advantage
         self._wants_entropy = "token_entropy" in get_loss_spec(loss_name).hparams
         self.metrics_path = Path(metrics_path) if metrics_path is not None else None
-        self.dump_ratios_every = dump_ratios_every
-        self.ratios_dir = Path(ratios_dir) if ratios_dir is not None else None
+        self.dump_ratios_every = args.dump_ratios_every
+        self.ratios_dir = Path(args.output_dir) / "ratios"
         self._dump_parts: list[dict[str, torch.Tensor]] = []
         self._generation_stats: dict[str, float] = {}
         # loss metrics of the current optimizer step's micro-batches: (value, valid tokens)
@@ -197,13 +185,9 @@ class KPOTrainer(GRPOTrainer):
         self.run_card = run_card
         self._batch_end_rng: dict | None = None  # RNG states where the last finished generation batch ended
         self._flat_batches = 0  # generation batches in a row with zero reward variance in every group
-        if self.beta != 0.0:
-            raise ValueError("KPOTrainer follows the paper's protocol without a KL term: set beta=0")
-        if ratio_anchor not in RATIO_ANCHORS:
-            raise ValueError(f"ratio_anchor={ratio_anchor!r}: use one of {', '.join(RATIO_ANCHORS)}")
         self.sampler = RolloutSampler(rollout_dtype, rollout_lag)
-        self.ratio_anchor = ratio_anchor
-        self.rollout_correction = dict(rollout_correction or {})
+        self.ratio_anchor = ratio_anchor = args.ratio_anchor
+        self.rollout_correction = args.rollout_correction()
         uses_sampler = (
             rollout_dtype != "float32" or rollout_lag or ratio_anchor != "trainer" or self.rollout_correction
         )

@@ -79,7 +79,8 @@ class KpoEngine:
         from kpo.train.flags import build_parser
 
         try:
-            given = vars(build_parser("kpo compare regimes -- (kpo train flags)").parse_args(list(cfg.train_args)))
+            parser = build_parser("kpo compare regimes -- (kpo train flags)", defaults=False)
+            given = vars(parser.parse_args(list(cfg.train_args)))
         except SystemExit:  # argparse printed its own line; kpo compare's validation reports the rest
             return []
         return [
@@ -203,9 +204,9 @@ def _owned_flag_errors(train_args: tuple[str, ...]) -> list[str]:
     """`--` flags that would override a setting kpo compare makes itself."""
     from kpo.train.flags import build_parser
 
-    # kpo train's parser leaves unset fields out of the namespace, so its keys are exactly the flags given
-    # (and --config, None when not given).
-    given = vars(build_parser("kpo compare -- (kpo train flags)").parse_args(list(train_args)))
+    # kpo train's parser without defaults leaves unset fields out of the namespace, so its keys are exactly the
+    # flags given (and config, with --config).
+    given = vars(build_parser("kpo compare -- (kpo train flags)", defaults=False).parse_args(list(train_args)))
     errors = [
         f"-- --{key.replace('_', '-')}: kpo compare sets it for every run; use {COMPARE_OWNED[key]} instead"
         for key in given
