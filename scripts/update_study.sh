@@ -16,5 +16,5 @@ for f in seeds.json runs.json; do
 done
 .venv/bin/kpo compare study --report --study "$DEST"
 runs=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["runs"])' "$DEST/report.json")
-echo "update_study: $DEST holds $runs recorded runs of $SRC; README.md's \"N of at most\" must say $runs" \
-     "(tests/compare/test_study_docs.py checks it and each question's numbers)"
+echo "update_study: $DEST holds $runs recorded runs of $SRC (the README's verdict table reads its report.json:" \
+     "tests/test_readme.py)"
