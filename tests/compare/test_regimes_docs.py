@@ -1,4 +1,4 @@
-"""The counts README.md and docs/compare.md state about the exploratory regime map are report.json's: its
+"""The counts docs/results/README.md and docs/compare.md state about the exploratory regime map are report.json's: its
 hypotheses (the Holm family's size, and the thresholds divided by it), its runs and seeds a cell, and the pairs its
 questions read. Text only: nothing runs."""
 
@@ -21,7 +21,7 @@ def _section(path: str, start: str, end: str) -> str:
 
 
 SECTIONS = {
-    "README.md": _section("README.md", "### The exploratory regime map (ended at its second look)", "\n## "),
+    "docs/results/README.md": _section("docs/results/README.md", "## The exploratory regime map (ended at its second look)", "\n- The first map"),
     "docs/compare.md": _section("docs/compare.md", "## The regime map: `kpo compare regimes`", "### Slower or worse?"),
 }
 
@@ -39,7 +39,7 @@ def test_hypotheses_and_runs_are_report_jsons(doc):
 
 
 def test_the_pairs_are_report_jsons():
-    readme = " ".join(SECTIONS["README.md"].split())
+    readme = " ".join(SECTIONS["docs/results/README.md"].split())
     collapse = QUESTIONS["grpo_collapses"]["last"]
     assert re.findall(r"in (\d+) of the (\d+) \(cell, seed\) pairs", readme) == [
         (str(collapse["a_only"]), str(collapse["pairs"]))

@@ -1,5 +1,6 @@
-"""The README's numbers about the confirmatory study are the study's own: read from docs/results/study/report.json
-(runs, questions) and plan.json (the simulation's power), not written by hand."""
+"""The numbers docs/results/README.md (the results in detail) states about the first confirmatory study are the
+study's own: read from docs/results/study/report.json (runs, questions) and plan.json (the simulation's power), not
+written by hand."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from kpo.compare.study.report import _p, _pts
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDY = ROOT / "docs/results/study"
+PAGE = ROOT / "docs/results/README.md"
 
 
 def test_readme_states_the_study_as_its_report_and_plan_do():
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join(PAGE.read_text().split())
     report = json.loads((STUDY / "report.json").read_text())
     plan = json.loads((STUDY / "plan.json").read_text())
     recorded, at_most = map(int, re.search(r"(\d+) of at most (\d+) runs", readme).groups())
@@ -36,7 +38,7 @@ def test_readme_states_the_study_as_its_report_and_plan_do():
 def test_readme_states_each_question_at_its_last_look_as_the_report_does():
     """Each question's numbers at its last look, in the plan's order: who alone collapsed (or the accuracy
     difference), the p at that look and the adjusted p; and no decision the report does not hold."""
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join(PAGE.read_text().split())
     report = json.loads((STUDY / "report.json").read_text())
     plan = json.loads((STUDY / "plan.json").read_text())
     if not report["looks"]:
@@ -85,3 +87,12 @@ def test_docs_compare_states_the_study_as_its_report_does():
     if ended:
         assert int(ended.group(1)) == report["runs"]
         assert [look["group"] for look in report["looks"]].count("stress") == 2
+
+
+def test_the_repeated_runs_are_stated_as_the_report_tests_them():
+    page = " ".join(PAGE.read_text().split())
+    report = json.loads((STUDY / "report.json").read_text())
+    without = report["sensitivity"]["without_repeats"]["kpo_vs_gspo_depth4"]
+    seeds = sorted({r["seed"] for r in report["sensitivity"]["repeats"]})
+    assert (f"seeds {seeds[0]}-{seeds[-1]} repeat the default compare's runs: its report tests that question without "
+            f"them too, {without['seeds']} seeds, adjusted p {_p(without['p_adjusted'])}") in page

@@ -491,7 +491,7 @@ def from_version1(old: dict) -> dict:
             cells[name] = {"mismatch": cell.mismatch, "depth": cell.depth, "lr": cell.lr}
     settings = old["run_settings"]
     raw = {
-        "title": "where KPO helps",
+        "title": "the first study: where KPO helps",
         "alpha": old["alpha"],
         "setup": {"batches": settings["batches"], "eval_n": settings["eval_n"],
                   "eval_limit": settings["eval_limit"], "train_args": list(settings["train_args"])},

@@ -362,3 +362,17 @@ def _fwer_rows(sim: dict) -> list[str]:
         low, high = rate_interval(round(rate * sim["sims"]), sim["sims"])
         rows.append(f"| {null} | {rate:.3f} | [{low:.3f}, {high:.3f}] |")
     return rows
+
+
+def verdict_rows(report: dict, link: str) -> list[str]:
+    """A study's tested questions as rows of a verdict table (question | answer | test | adjusted p | study), read
+    from its ``report`` (report.json), the study named by its title and linked by ``link``: what the README shows."""
+    rows = []
+    for e in report["questions"].values():
+        if e["role"] == "descriptive":
+            continue
+        last = e["looks"][-1] if e["looks"] else None
+        answer = f"**{e['answer']}**" if e["verdict"] == "decided" else e["answer"].split(":")[0]
+        test = "-" if last is None else f"{last['test']}, {last['seeds']} seeds"
+        rows.append(f"| {e['text']} | {answer} | {test} | {_p(e['p_adjusted'])} | [{report['title']}]({link}) |")
+    return rows
