@@ -109,10 +109,11 @@ def test_a_trainer_dies_with_the_process_that_started_it(tmp_path):
     """A SIGKILL of the parent (kpo compare's worker: no handler runs) takes the trainer it started with it."""
     parent = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent("""
-            import subprocess, sys, time
+            import functools, os, subprocess, sys, time
             from kpo.compare.guards import die_with_parent
             child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
-                                     preexec_fn=die_with_parent, start_new_session=True)
+                                     preexec_fn=functools.partial(die_with_parent, os.getpid()),
+                                     start_new_session=True)
             print(child.pid, flush=True)
             time.sleep(600)
         """)],
@@ -124,6 +125,51 @@ def test_a_trainer_dies_with_the_process_that_started_it(tmp_path):
     parent.wait()
     child.wait(timeout=60)  # returns once the child has ended (psutil.TimeoutExpired if it outlived its parent)
     assert not child.is_running()
+
+
+def test_a_child_whose_parent_died_before_it_could_ask_ends_at_once():
+    """The parent's pid is read in the parent, before the fork: the old check read getppid() twice in the child,
+    both times after its adoption when the parent died first, and the child lived on (issue 54)."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that is no longer anyone's parent: as a parent that ended before the child's check
+    code = textwrap.dedent(f"""
+        from kpo.compare.guards import die_with_parent
+        die_with_parent({gone.pid})
+        print("lived on", flush=True)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (1, "", "")  # ended by the check, not by an error
+
+
+def test_runs_are_locked_with_pid_files_where_flock_is_missing(tmp_path, monkeypatch, capsys):
+    """A filesystem without flock (ENOLCK): one line, then an exclusive pid file per run, which a second process
+    cannot take, and which a gone process of this host leaves for the next to take over (issue 54)."""
+    import errno
+
+    from kpo.compare import guards
+
+    monkeypatch.delenv(guards.PID_FILES_ENV, raising=False)
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(guards.fcntl, "flock", no_flock)
+    folder = tmp_path / "runs" / "vanilla-seed0"
+    assert lock_run(folder) is True
+    assert "has no flock (No locks available); each run is locked with an exclusive pid file" in capsys.readouterr().out
+    assert os.environ[guards.PID_FILES_ENV] == "1"
+    assert lock_run(folder) is None  # held
+    assert f"being written by process {os.getpid()} on " in guards.busy(folder)
+    unlock_run(folder)
+    assert guards.busy(folder) is None and not (folder / guards.PID_FILE).exists()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (folder / guards.PID_FILE).write_text(f"{gone.pid} {guards.socket.gethostname()}\n")
+    assert lock_run(folder) is True  # a killed compare's file, on this host: taken over
+    unlock_run(folder)
+    (folder / guards.PID_FILE).write_text(f"{gone.pid} another-host\n")
+    assert lock_run(folder) is None  # another host's: only the user knows whether it is gone
+    monkeypatch.delenv(guards.PID_FILES_ENV)
 
 
 # ------------------------------------------------------------------ --keep

@@ -368,13 +368,13 @@ def _await_runs(
 OnDone = Callable[[Job], list[Job]]
 
 
-def _worker_start() -> None:
+def _worker_start(parent: int) -> None:
     """A worker's own process group (signals reach it through :func:`_stop_workers` alone), its death with kpo
     compare's (:func:`die_with_parent`: in its own group, no terminal's signal reaches it), and SIGINT's
     default handler: a kpo compare started in the background (``&``, nohup) passes its ignored SIGINT on to the
     processes it spawns, and a worker that ignores it finished its run, however long, before stopping."""
     os.setpgrp()
-    die_with_parent()
+    die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
@@ -393,7 +393,9 @@ def train_jobs(jobs: list[Job], workers: int | None, on_done: OnDone | None = No
     # whether it was a terminal's Ctrl-C (sent to the whole foreground group) or a signal to kpo compare alone.
     # with on_done, runs may be added as others finish: the pool is sized for them, not for the first list
     size = workers if on_done is not None else min(workers, len(jobs))
-    pool = ProcessPoolExecutor(max_workers=size, mp_context=get_context("spawn"), initializer=_worker_start)
+    pool = ProcessPoolExecutor(
+        max_workers=size, mp_context=get_context("spawn"), initializer=_worker_start, initargs=(os.getpid(),)
+    )
 
     def submit(job: Job):
         resume = engine_of(job.cfg).resumable(job.cfg, job.run, job.folder)
