@@ -736,7 +736,7 @@ def test_dumps_are_written_once_per_sequence_parallel_group(tmp_path, monkeypatc
     import kpo.integrations.verl as plugin
 
     new, old, adv, mask = _drifting_batch(0)
-    for rank, position in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):  # dp 2 x sp 2
+    for position in [(0, 0), (0, 1), (1, 0), (1, 1)]:  # ranks 0-3 of dp 2 x sp 2
         monkeypatch.setattr(plugin, "_STEPS", plugin._OptimizerSteps())
         monkeypatch.setattr(plugin, "_DUMPS", plugin.RatioDumps())
         monkeypatch.setattr(plugin, "mesh_position", lambda dp_size, position=position: position)

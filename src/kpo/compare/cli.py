@@ -152,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--jobs",
         type=int,
         default=None,
-        help="Parallel runs (default: one per CPU; --engine verl: 1, as each run takes the cluster).",
+        help="Parallel runs (default: one per CPU; --engine verl: 1, as each run takes the cluster; on a Ray "
+        "cluster (--ray-address) each run asks it for its own resources and its scheduler queues the rest).",
     )
     p.add_argument(
         "--plan",
@@ -227,6 +228,20 @@ def _setup_options(p: argparse.ArgumentParser) -> None:
         + "; ".join(f"{k}: {v}" for k, v in KEEP.items())
         + ". Each run's disk use, written and kept, is printed as it finishes.",
     )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="--engine verl: the Ray cluster you started (`ray start --head`; its dashboard, http://HEAD:8265, or "
+        "auto): each run is a Ray job of it, --jobs of them at once, and --out must be on a filesystem every node "
+        "shares (default: RAY_ADDRESS; neither: main_ppo as a child process).",
+    )
+    p.add_argument(
+        "--ray-runtime-env",
+        default=None,
+        help="--engine verl with a cluster: Ray's runtime environment of every run's job, a YAML or JSON file as "
+        "`ray job submit --runtime-env` takes (default: the current directory as its working_dir, --out left "
+        "out); kpo adds each run's environment variables.",
+    )
 
 
 def _setup(args) -> dict:
@@ -237,6 +252,8 @@ def _setup(args) -> dict:
         "eval_data": _eval_files(args.eval_data),
         "verl_config": args.verl_config,
         "keep": args.keep,
+        "ray_address": args.ray_address,
+        "ray_runtime_env": args.ray_runtime_env,
     }
 
 

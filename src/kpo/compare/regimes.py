@@ -192,6 +192,8 @@ class RegimeConfig:
     eval_data: tuple[str, ...] = ()
     verl_config: str | None = None
     keep: str = CompareConfig.keep
+    ray_address: str | None = None
+    ray_runtime_env: str | None = None
     cells: list[Cell] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -296,6 +298,8 @@ class RegimeConfig:
             eval_data=self.eval_data,
             verl_config=self.verl_config,
             keep=self.keep,
+            ray_address=self.ray_address,
+            ray_runtime_env=self.ray_runtime_env,
         )
 
 

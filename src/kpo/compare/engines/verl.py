@@ -43,6 +43,7 @@ the run's lock while it lives.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -53,20 +54,33 @@ from pathlib import Path
 
 from kpo._files import replacing
 from kpo.compare.contract import BATCH_ROWS, keep_errors
+from kpo.compare.engines.verl_cluster import (
+    JOBS_FILE,
+    LIVE,
+    PYTHON,
+    RunJob,
+    cluster_address,
+    cluster_errors,
+    runtime_env,
+    runtime_env_errors,
+)
 from kpo.compare.engines.verl_config import (
     ABSENT,
     ACTOR,
     compose,
     hydra_free,
+    keys_set,
     megatron_errors,
     one_line,
     override_key,
     select,
     type_errors,
     unresolved,
+    value_errors,
     verl_check,
     verl_config_errors,
 )
+from kpo.integrations.verl_fields import DUMP_FIELDS, STEPS_FIELD, loss_field_types
 
 __all__ = ["CELL_SAMPLER", "OWNED", "PAPER_CLIP", "VerlEngine", "merge_rows", "metrics_rows"]
 
@@ -77,7 +91,8 @@ VERL_LOSS = {"vanilla": "vanilla", "gspo": "gspo", "kpo": "kpo", "kpo_unclipped"
 # config defaults every loss to 0.2/0.2, so kpo sets them (tests/compare/test_compare_setup.py checks them against
 # kpo.losses). kpo_unclipped has none.
 PAPER_CLIP = {"vanilla": (0.2, 0.2), "gspo": (3e-4, 4e-4), "kpo": (3e-4, 4e-4)}
-# Hydra keys kpo compare sets for every run -> what sets them instead (module docstring).
+# Hydra keys kpo compare sets for every run -> what sets them instead (module docstring). kpo's actor-config fields
+# come from the loss registry (kpo.integrations.verl_fields), as the plugin's KPOActorConfig builds them.
 OWNED = {
     f"{ACTOR}.policy_loss.loss_mode": "--methods",
     f"{ACTOR}._target_": "--methods (kpo's losses run with kpo's actor config)",
@@ -87,9 +102,10 @@ OWNED = {
     f"{ACTOR}.loss_agg_mode": "--methods (each method runs its own aggregation)",
     **{
         f"{ACTOR}.{k}": "--methods / --sweep-memory (kpo's parameters are each method's paper ones)"
-        for k in ("q", "memory", "v", "p0", "x0", "mask_mode", "filter_grad")
+        for k in loss_field_types()
     },
-    **{f"{ACTOR}.{k}": "--dump-every" for k in ("dump_ratios_every", "dump_ratios_dir", "dump_ratios_start")},
+    **{f"{ACTOR}.{k}": "--dump-every" for k in DUMP_FIELDS},
+    f"{ACTOR}.{STEPS_FIELD}": "--minibatches (a generation batch is --minibatches x ppo_epochs optimizer steps)",
     "data.seed": "--seeds",
     "actor_rollout_ref.rollout.seed": "--seeds",
     f"{ACTOR}.data_loader_seed": "--seeds",
@@ -98,6 +114,8 @@ OWNED = {
     f"{ACTOR}.ppo_mini_batch_size": "--minibatches (data.train_batch_size / minibatches)",
     "trainer.default_local_dir": "--out",
     "trainer.resume_mode": "nothing (an interrupted run resumes from its checkpoints)",
+    "trainer.max_actor_ckpt_to_keep": "--keep (all: every checkpoint; else the last one while a run trains)",
+    "trainer.max_critic_ckpt_to_keep": "--keep (all: every checkpoint; else the last one while a run trains)",
     "hydra.run.dir": "--out",
 }
 # Output folders a user may set: each run writes in its own subfolder of the user's (named as the run).
@@ -180,8 +198,8 @@ class VerlEngine:
 
     def _base(self, cfg) -> tuple[str, ...]:
         """The user's overrides with --model / --dataset."""
-        extra = [f"{MODEL_KEY}={cfg.model}"] if cfg.model is not None else []
-        extra += [f"{DATA_KEY}={cfg.dataset}"] if cfg.dataset is not None else []
+        extra = [f"{MODEL_KEY}={_absolute(cfg.model, output=False)}"] if cfg.model is not None else []
+        extra += [f"{DATA_KEY}={_absolute(cfg.dataset, output=False)}"] if cfg.dataset is not None else []
         return (*self._user(cfg), *extra)
 
     def _composed(self, cfg):
@@ -199,6 +217,13 @@ class VerlEngine:
             f"-- {key}=...: kpo compare sets it for every run; use {OWNED[key]} instead"
             for key in sorted(given & set(OWNED))
         ]
+        # an owned key set inside a mapping given to one of its parents (`data={seed:3}`)
+        for override in self._user(cfg):
+            inside = sorted(k for k in keys_set(override) if k in OWNED and k != override_key(override))
+            errors += [
+                f"-- {override}: sets {key}, which kpo compare sets for every run; use {OWNED[key]} instead"
+                for key in inside
+            ]
         for key, flag, value in ((MODEL_KEY, "--model", cfg.model), (DATA_KEY, "--dataset", cfg.dataset)):
             if value is not None and key in given:
                 errors.append(f"-- {key}=... and {flag}: both set the same thing; give it once")
@@ -220,6 +245,7 @@ class VerlEngine:
             errors.append(
                 "--engine verl: give the held-out benchmarks with --eval-data FILE... (kpo eval scores each run)"
             )
+        errors += runtime_env_errors(cfg, ("VERL_FILE_LOGGER_PATH", "KPO_COMPARE_RUN", TENSORBOARD_ENV))
         return errors + keep_errors(cfg)
 
     def data_errors(self, cfg) -> list[str]:
@@ -245,20 +271,16 @@ class VerlEngine:
         except Exception as e:  # noqa: BLE001 - Hydra's and OmegaConf's many errors, each shown in full
             return [f"verl configuration: {one_line(e)}"]
         errors = megatron_errors(composed) or self._owned_in_config(cfg) + type_errors(composed)
+        errors = errors or value_errors(composed)
         if errors:
             return errors
         batch, epochs = int(composed.data.train_batch_size), int(composed.actor_rollout_ref.actor.ppo_epochs)
-        if epochs < 1:
-            errors.append(
-                f"{ACTOR}.ppo_epochs={epochs}: must be >= 1 (a verl training step is --minibatches x ppo_epochs "
-                "optimizer steps)"
-            )
         if batch < cfg.minibatches or batch % cfg.minibatches:
             errors.append(
                 f"--minibatches={cfg.minibatches}: must divide data.train_batch_size={batch} (equal mini-batches "
                 "of at least one prompt)"
             )
-        if epochs >= 1 and cfg.steps % (cfg.minibatches * epochs):
+        if cfg.steps % (cfg.minibatches * epochs):
             errors.append(
                 f"--steps={cfg.steps}: must be a multiple of --minibatches x ppo_epochs = "
                 f"{cfg.minibatches * epochs} (a verl training step is one generation batch)"
@@ -278,7 +300,10 @@ class VerlEngine:
                 cfg.verl_config, self.overrides(cfg, run, Path(cfg.out) / "runs" / run.name)
             ):
                 first_run.setdefault(err, run.name)
-        return [f"run {name}: {err}" for err, name in first_run.items()]
+        errors = [f"run {name}: {err}" for err, name in first_run.items()]
+        if not errors and cluster_address(cfg):
+            errors = cluster_errors(cfg, composed, Path(cfg.out))
+        return errors
 
     def _owned_in_config(self, cfg) -> list[str]:
         """The keys kpo owns (:data:`OWNED`) that the user's YAML sets: written in the file, or composed (from a
@@ -315,6 +340,7 @@ class VerlEngine:
         composed = self._composed(cfg)
         per_batch = self._steps_per_batch(cfg)
         seed = run.rl_seed
+        out = out.resolve()  # the workers may run anywhere: on a cluster, in another working directory
         trainer = composed.trainer
         loggers = list(trainer.logger) if not isinstance(trainer.logger, str) else [trainer.logger]
         contents = list(composed.actor_rollout_ref.actor.checkpoint.save_contents)
@@ -337,11 +363,17 @@ class VerlEngine:
         ]
         # the user's output folders, one subfolder per run
         owned += [
-            f"{key}={Path(str(folder)) / run.name}" for key in USER_DIRS if (folder := select(composed, key))
+            f"{key}={Path(_absolute(folder, output=True)) / run.name}"
+            for key in USER_DIRS
+            if (folder := select(composed, key))
         ]
         # verl saves nothing by default; any positive period also saves the last step
         if int(trainer.save_freq) <= 0:
             owned.append(f"trainer.save_freq={cfg.steps // per_batch}")
+        if cfg.keep != "all":  # the disk a run takes while it trains: one checkpoint (verl removes the older first)
+            owned += ["trainer.max_actor_ckpt_to_keep=1", "trainer.max_critic_ckpt_to_keep=1"]
+        if cluster_address(cfg):  # the sizes of a Ray main_ppo would start: the cluster's nodes have their own
+            owned += ["ray_kwargs.ray_init.num_cpus=null", "ray_kwargs.ray_init.num_gpus=null"]
         kwargs = dict(run.loss_kwargs)
         low, high = PAPER_CLIP.get(run.method, (None, None))
         low, high = kwargs.pop("clip_ratio_low", low), kwargs.pop("clip_ratio_high", high)
@@ -350,7 +382,11 @@ class VerlEngine:
         if run.method in ("kpo", "kpo_unclipped"):
             if kwargs.get("memory") == "matched":  # the paper's memory-to-length ratio at this budget
                 kwargs["memory"] = matched_memory(int(composed.data.max_response_length))
-            kwargs |= {"dump_ratios_every": cfg.dump_every, "dump_ratios_dir": str(out / "ratios")}
+            kwargs |= {
+                "dump_ratios_every": cfg.dump_every,
+                "dump_ratios_dir": str(out / "ratios"),
+                STEPS_FIELD: per_batch,  # memory=auto: each batch's first (on-policy) step is not fitted
+            }
             if start_step:
                 kwargs["dump_ratios_start"] = start_step
             owned.append(f"{ACTOR}._target_=kpo.integrations.verl.KPOActorConfig")
@@ -395,18 +431,27 @@ class VerlEngine:
         return Path(os.path.expanduser(str(select(self._composed(cfg), MODEL_KEY))))
 
     def train(self, cfg, run, out: Path, resume: bool) -> Path:
-        """Run main_ppo for ``run`` into ``out``; an interrupt (KeyboardInterrupt: kpo compare passes its SIGINT
-        on) stops it, and with it every process it started."""
-        out.mkdir(parents=True, exist_ok=True)
-        from kpo.compare.guards import LOCK_FILE, die_with_parent, held_lock
+        """Run main_ppo for ``run`` into ``out``: as a child process, or as a job of the user's Ray cluster
+        (:mod:`kpo.compare.engines.verl_cluster`; a job of this run still running is followed again, one that
+        finished is reused). An interrupt (KeyboardInterrupt: kpo compare passes its SIGINT on) stops it, and with
+        it every process it started."""
+        from kpo.compare.guards import LOCK_FILE, PID_FILE
 
+        out = out.resolve()
+        out.mkdir(parents=True, exist_ok=True)
+        address = cluster_address(cfg)
+        jobs = RunJob(address, out) if address else None
+        if jobs is not None:
+            if self._continued(cfg, run, out, jobs):
+                return self._finish(cfg, out)
+            jobs.stop_live()  # a job of other settings (or of a run that starts over) must not write here
         # the run starts over: what an earlier attempt left would be resumed or read as its own
         if not resume:
             for path in out.iterdir():
-                if path.name not in ("log.txt", LOCK_FILE):  # the log keeps every attempt; the lock is held
+                # the log keeps every attempt, the lock is held, and the jobs' ids go on
+                if path.name not in ("log.txt", LOCK_FILE, PID_FILE, JOBS_FILE):
                     shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-        per_batch = self._steps_per_batch(cfg)
-        done = _checkpointed_step(out) * per_batch if resume else 0
+        done = _checkpointed_step(out) * self._steps_per_batch(cfg) if resume else 0
         overrides = self.overrides(cfg, run, out, start_step=done)
         with replacing(out / RUN_FILE) as partial:  # what a rerun compares (and resumes with)
             partial.write_text(json.dumps({"verl_config": _yaml(cfg), "overrides": overrides}, indent=1) + "\n")
@@ -414,41 +459,54 @@ class VerlEngine:
 
         with replacing(out / "config.yaml") as partial:
             partial.write_text(OmegaConf.to_yaml(compose(cfg.verl_config, hydra_free(overrides))))
-        attempt = len(list(out.glob("verl_metrics-*.jsonl")))
         where = []
         if cfg.verl_config:
             path = Path(cfg.verl_config).resolve()
             where = ["--config-path", str(path.parent), "--config-name", path.stem]
-        env = _env(out, run, attempt)
+        command = ["-m", "verl.trainer.main_ppo", *where, *overrides]
         sys.stdout.flush()
-        lock = held_lock(out)
-        # its own session: an interrupt stops main_ppo and every process it started (Ray's too), and nothing else;
-        # it dies with this worker (Ray's processes share its fate) and holds the run's lock while it lives
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "verl.trainer.main_ppo", *where, *overrides],
-            env=env,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-            pass_fds=() if lock is None else (lock,),
-        )
-        try:
-            code = proc.wait()
-        except BaseException:
-            _stop(proc)
-            raise
-        if code != 0:
-            raise RuntimeError(
-                f"verl's main_ppo exited with status {code} (its output is above, in this log)"
-            )
+        if jobs is None:
+            _run_child([sys.executable, *command], _run_env(out, run, _attempts(out)), out)
+        else:
+            env = runtime_env(cfg, Path(cfg.out), _run_env(out, run, len(jobs.ids())))
+            job = jobs.submit([PYTHON, *command], env)
+            if jobs.follow(job) != "SUCCEEDED":
+                raise RuntimeError(f"{jobs.failure(job)} (its log is above, in this log)")
+        return self._finish(cfg, out)
+
+    def _continued(self, cfg, run, out: Path, jobs: RunJob) -> bool:
+        """Whether the run's last Ray job, of this run's settings, trained it: one still running is followed to
+        its end (a compare killed meanwhile, rerun before the job's lease ran out), one that succeeded with the
+        final weights there is reused."""
+        last = jobs.last()
+        if last is None or not (out / RUN_FILE).exists() or self.changed(cfg, run, out):
+            return False
+        job, status = last
+        if status in LIVE:
+            print(f"kpo compare: {run.name}: following its Ray job {job} ({status})", flush=True)
+            if jobs.follow(job) != "SUCCEEDED":
+                raise RuntimeError(f"{jobs.failure(job)} (its log is above, in this log)")
+            return True
+        if status == "SUCCEEDED" and _has_weights(self.checkpoint(cfg, out, cfg.steps)):
+            print(f"kpo compare: {run.name}: its Ray job {job} finished; reading what it wrote", flush=True)
+            return True
+        return False
+
+    def _finish(self, cfg, out: Path) -> Path:
+        """The trained run's final model, once its metrics (every attempt's rows, merged) are in metrics.jsonl."""
         final = self.checkpoint(cfg, out, cfg.steps)
         if not _has_weights(final):
             raise RuntimeError(
                 f"verl's main_ppo finished without the final checkpoint's Hugging Face weights in {final} "
                 "(*.safetensors or pytorch_model*.bin): kpo eval has no model to score"
             )
+        per_batch = self._steps_per_batch(cfg)
         rows = []
-        for path in sorted(out.glob("verl_metrics-*.jsonl"), key=lambda p: int(p.stem.split("-")[1])):
-            rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        for path in _attempt_files(out):
+            found, torn = attempt_rows(path)
+            rows += found
+            if torn:  # a kill (or a poll) mid-write: verl redid that step in a later attempt, or it is lost below
+                print(f"kpo compare: {path}: its last line is cut short ({torn[:60]!r}...); skipped", flush=True)
         merged = merge_rows(rows)
         lost = sorted(set(range(1, cfg.steps // per_batch + 1)) - {r["step"] for r in merged})
         if lost:  # verl saves a step's checkpoint before it logs the step: a kill between the two loses the row
@@ -504,11 +562,9 @@ class VerlEngine:
         return []
 
     def steps_done(self, cfg, out: Path) -> int:
-        files = sorted(out.glob("verl_metrics-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
-        if not files:
-            return 0
-        last = [line for line in files[-1].read_text().splitlines() if line.strip()]
-        return (json.loads(last[-1])["step"] if last else 0) * self._steps_per_batch(cfg)
+        files = _attempt_files(out)
+        rows = attempt_rows(files[-1])[0] if files else []
+        return (rows[-1]["step"] if rows else 0) * self._steps_per_batch(cfg)
 
     def eval_settings(self, cfg) -> dict:
         """verl feeds each prompt of its parquet as it is (the instruction is in it, as
@@ -524,18 +580,74 @@ def _yaml(cfg) -> str | None:
     return None if cfg.verl_config is None else Path(cfg.verl_config).read_text()
 
 
-def _env(out: Path, run, attempt: int) -> dict[str, str]:
-    """main_ppo's environment: this one, with verl's file logger writing the attempt's own file, the run's folder
-    (``KPO_COMPARE_RUN``), and the user's TensorBoard folder (``TENSORBOARD_DIR``), where set, a subfolder per
-    run."""
-    env = {
-        **os.environ,
-        "VERL_FILE_LOGGER_PATH": str(out / f"verl_metrics-{attempt}.jsonl"),
-        "KPO_COMPARE_RUN": str(out),
-    }
-    if env.get(TENSORBOARD_ENV):
-        env[TENSORBOARD_ENV] = str(Path(env[TENSORBOARD_ENV]) / run.name)
+def _run_env(out: Path, run, attempt: int) -> dict[str, str]:
+    """What kpo adds to main_ppo's environment (on a cluster, to its job's runtime environment, which reaches every
+    actor of the job): verl's file logger writing the attempt's own file, the run's folder (``KPO_COMPARE_RUN``),
+    and the user's TensorBoard folder (``TENSORBOARD_DIR``), where set, a subfolder per run."""
+    env = {"VERL_FILE_LOGGER_PATH": str(out / f"verl_metrics-{attempt}.jsonl"), "KPO_COMPARE_RUN": str(out)}
+    if os.environ.get(TENSORBOARD_ENV):
+        env[TENSORBOARD_ENV] = str(Path(_absolute(os.environ[TENSORBOARD_ENV], output=True)) / run.name)
     return env
+
+
+def _attempt_files(out: Path) -> list[Path]:
+    """verl's metrics files of the run in ``out``, one per attempt, in order."""
+    return sorted(out.glob("verl_metrics-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
+
+
+def _attempts(out: Path) -> int:
+    return len(_attempt_files(out))
+
+
+def attempt_rows(path: Path) -> tuple[list[dict], str | None]:
+    """(rows, torn) of one attempt's metrics file: verl's file logger appends whole lines, so only the last can be
+    cut short, by a read while it writes or a kill mid-write; that line (``torn``, its text) is left out. An
+    unreadable line before it is a ValueError naming it."""
+    lines = path.read_text().splitlines()
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if number == len(lines):
+                return rows, line
+            raise ValueError(f"{path}, line {number}: not a JSON row ({e}); verl's file logger wrote it") from None
+    return rows, None
+
+
+def _run_child(argv: list[str], env: dict[str, str], out: Path) -> None:
+    """main_ppo as a child process in its own session: an interrupt stops it and every process it started (Ray's
+    too), and nothing else; it dies with this worker (Ray's processes share its fate) and holds the run's lock
+    while it lives."""
+    from kpo.compare.guards import die_with_parent, held_lock
+
+    lock = held_lock(out)
+    proc = subprocess.Popen(
+        argv,
+        env={**os.environ, **env},
+        start_new_session=True,
+        preexec_fn=functools.partial(die_with_parent, os.getpid()),
+        pass_fds=() if lock is None else (lock,),
+    )
+    try:
+        code = proc.wait()
+    except BaseException:
+        _stop(proc)
+        raise
+    if code != 0:
+        raise RuntimeError(f"verl's main_ppo exited with status {code} (its output is above, in this log)")
+
+
+def _absolute(path, *, output: bool) -> str:
+    """A path the user gave, as every node is to read it: relative to the folder kpo compare runs in, made
+    absolute where it is there (or is an ``output`` folder, made by the run); ``~`` is left to each node, as the
+    user's configuration leaves it; anything else (a Hugging Face model id) as it is."""
+    text = str(path)
+    if text.startswith("~") or os.path.isabs(text) or not (output or Path(text).exists()):
+        return text
+    return str(Path(text).resolve())
 
 
 def _has_weights(folder: Path) -> bool:
