@@ -15,14 +15,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kpo.compare.contract import keep_errors
+from kpo.compare.contract import keep_errors, size_text
 from kpo.compare.engines import KEEP, engine_of
 from kpo.compare.engines.kpo import KpoEngine
-from kpo.compare.engines.verl import merge_rows, metrics_rows
+from kpo.compare.engines.verl_metrics import merge_rows, metrics_rows
 from kpo.compare.guards import LOCK_FILE, lock_run, unlock_run
 from kpo.compare.plan import CompareConfig, CompareError, Run
+from kpo.compare.regime_report import memory_labels
 from kpo.compare.regimes import Cell, RegimeConfig, _arm_stats
-from kpo.compare.run import Job, _execute, _size, disk_bytes, train_jobs
+from kpo.compare.run import Job, _execute, disk_bytes, train_jobs
+from kpo.filter.memory import matched_memory
 
 
 def _train_row(step: int, **data) -> dict:
@@ -69,12 +71,19 @@ def test_verl_batch_rows_are_neither_on_nor_off_policy_and_map_the_fitted_memory
         _train_row(b, **{"actor/pg_clipfrac": 0.1 * b, "actor/kpo/memory_tokens": 10.0 * b, "actor/kpo/q": 0.01})
         for b in (1, 2)
     ]
-    _scored(tmp_path / cell.name / "runs" / run.name, metrics_rows(merge_rows(verl_rows), cell.depth))
-    stats = _arm_stats(RegimeConfig(out=str(tmp_path), engine="verl"), cell, [run])
+    # ppo_epochs=2: a batch is depth x 2 = 4 optimizer steps, and rows are at steps 4 and 8 (the batch index was
+    # step / depth: 2 and 4, off by ppo_epochs)
+    _scored(tmp_path / cell.name / "runs" / run.name, metrics_rows(merge_rows(verl_rows), cell.depth * 2))
+    stats = _arm_stats(RegimeConfig(out=str(tmp_path), engine="verl"), cell, [run], 12)
     assert stats["clip_frac"] == pytest.approx(0.15)
     assert stats["on_policy_clip_frac"] is None and stats["off_policy_clip_frac"] is None
     by_batch = stats["memory_tokens"]["by_batch"]
     assert {b: v["median_below_bound"] for b, v in by_batch.items()} == {1: 10.0, 2: 20.0}
+    # the figure says what a verl row is (a batch's mean, not an off-policy step) and the runs' own budget (the
+    # figure said 128 tokens and a matched memory of 31.25 whatever the runs')
+    share, title, matched = memory_labels(stats["memory_tokens"])
+    assert share.startswith("% of generation batches whose mean") and "off-policy steps" not in share
+    assert "responses: up to 12 tokens" in title and matched == matched_memory(12)
 
 
 def test_kpo_step_rows_keep_the_on_and_off_policy_split(tmp_path):
@@ -184,7 +193,7 @@ def test_kpo_runs_keep_their_final_model_and_drop_checkpoints(tmp_path, keep):
     for name in ("final/model.safetensors", "checkpoint-4/optimizer.pt", "metrics.jsonl", "eval.json"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(b"x" * 10)
-    assert disk_bytes(tmp_path) == 40 and _size(40) == "0.04 kB" and _size(1_234_000_000) == "1.23 GB"
+    assert disk_bytes(tmp_path) == 40 and size_text(40) == "0.04 kB" and size_text(1_234_000_000) == "1.23 GB"
     KpoEngine().prune(CompareConfig(keep=keep), tmp_path)
     left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     expected = {

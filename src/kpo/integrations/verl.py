@@ -94,6 +94,7 @@ __all__ = [
     "VERL_LOSSES",
     "VERL_OWNED",
     "RatioDumps",
+    "isolate_transfer_queue",
     "loss_config_fields",
     "loss_hparams",
     "register_with_verl",
@@ -527,5 +528,72 @@ def tolerate_trl_1() -> None:
     monkey_patch.is_trl_available = trl_has_value_head_model
 
 
+TQ_NAMESPACE = "transfer_queue"  # the Ray namespace TransferQueue 0.1.11 names its actors in, cluster-wide
+
+
+def _job_namespace(namespace: str | None) -> str | None:
+    """TransferQueue's namespace made this Ray job's own; any other namespace as it is."""
+    import ray
+
+    if namespace != TQ_NAMESPACE:
+        return namespace
+    return f"{TQ_NAMESPACE}-{ray.get_runtime_context().get_job_id()}"
+
+
+class _JobScopedRay:
+    """``ray`` as TransferQueue's modules see it, with :func:`_job_namespace` applied to ``get_actor``."""
+
+    def __getattr__(self, name: str):
+        import ray
+
+        return getattr(ray, name)
+
+    @staticmethod
+    def get_actor(name: str, namespace: str | None = None):
+        import ray
+
+        return ray.get_actor(name, namespace=_job_namespace(namespace))
+
+
+class _JobScopedActor:
+    """A Ray actor class whose ``options(namespace=...)`` go through :func:`_job_namespace`."""
+
+    def __init__(self, actor_class):
+        self._actor_class = actor_class
+
+    def __getattr__(self, name: str):
+        return getattr(self._actor_class, name)
+
+    def options(self, **options):
+        if "namespace" in options:
+            options["namespace"] = _job_namespace(options["namespace"])
+        return self._actor_class.options(**options)
+
+
+def isolate_transfer_queue() -> None:
+    """Give each Ray job its own TransferQueue.
+
+    verl's v1 trainer keeps its batches in TransferQueue, whose controller is a named Ray actor in the fixed
+    namespace "transfer_queue", so one per cluster: a second run on the same cluster (``kpo compare --jobs 2`` on a
+    Ray cluster, or two ``ray job submit`` of main_ppo) connects to the first run's controller, and hangs when that
+    run ends (reproduced with TransferQueue 0.1.11 on a local cluster). TransferQueue's modules look the controller
+    up through their own ``ray`` and actor classes; those references are pointed at wrappers that make the
+    namespace ``transfer_queue-<job id>``, the same in every process of one job. Nothing else of Ray changes.
+    """
+    try:
+        from transfer_queue import interface
+        from transfer_queue.storage.clients import ray_storage_client
+    except ImportError:  # no TransferQueue: verl's legacy trainer only
+        return
+    for module in (interface, ray_storage_client):
+        if not isinstance(module.ray, _JobScopedRay):
+            module.ray = _JobScopedRay()
+    for module, name in ((interface, "TransferQueueController"), (ray_storage_client, "RayObjectRefStorage")):
+        actor = getattr(module, name, None)
+        if actor is not None and not isinstance(actor, _JobScopedActor):
+            setattr(module, name, _JobScopedActor(actor))
+
+
 REGISTERED = register_with_verl()
 tolerate_trl_1()
+isolate_transfer_queue()

@@ -70,6 +70,10 @@ class Engine(Protocol):
     def workers(self, cfg) -> int | None:
         """Parallel runs when ``--jobs`` is not given; None = one per CPU."""
 
+    def plan_lines(self, cfg) -> list[str]:
+        """What the plan says in the engine's own terms, after its runs, time and half-widths (verl: the disk a run
+        takes at most, the cluster its runs are jobs of); [] where nothing."""
+
     def embedded(self, cfg) -> bool:
         """Whether ``cfg`` trains the embedded task and model on this engine, the setup the plan's cost constants
         were measured on (:mod:`kpo.compare.plan`); elsewhere the plan's time comes from measured runs."""

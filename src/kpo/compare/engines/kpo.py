@@ -75,6 +75,9 @@ class KpoEngine:
     def config_errors(self, cfg, runs) -> list[str]:
         return _train_config_errors(cfg, runs)
 
+    def plan_lines(self, cfg) -> list[str]:
+        return []
+
     def cell_settings(self, cell) -> tuple[str, ...]:
         return ("--learning-rate", repr(cell.lr), *MISMATCH_FLAGS[cell.mismatch])
 

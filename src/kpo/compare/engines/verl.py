@@ -53,7 +53,7 @@ import sys
 from pathlib import Path
 
 from kpo._files import replacing
-from kpo.compare.contract import BATCH_ROWS, keep_errors
+from kpo.compare.contract import BATCH_ROWS, keep_errors, size_text
 from kpo.compare.engines.verl_cluster import (
     JOBS_FILE,
     LIVE,
@@ -61,6 +61,7 @@ from kpo.compare.engines.verl_cluster import (
     RunJob,
     cluster_address,
     cluster_errors,
+    run_resources,
     runtime_env,
     runtime_env_errors,
 )
@@ -80,9 +81,11 @@ from kpo.compare.engines.verl_config import (
     verl_check,
     verl_config_errors,
 )
+from kpo.compare.engines.verl_disk import BYTES_PER_PARAMETER, checkpoint_bytes, kept_bytes, parameters
+from kpo.compare.engines.verl_metrics import attempt_files, attempt_rows, merge_rows, metrics_rows
 from kpo.integrations.verl_fields import DUMP_FIELDS, STEPS_FIELD, loss_field_types
 
-__all__ = ["CELL_SAMPLER", "OWNED", "PAPER_CLIP", "VerlEngine", "merge_rows", "metrics_rows"]
+__all__ = ["CELL_SAMPLER", "OWNED", "PAPER_CLIP", "VerlEngine"]
 
 # kpo compare's methods on verl -> verl's loss_mode (kpo's own losses are registered under their names by kpo's
 # plugin; vanilla and GSPO are verl's own, the same methods: kpo.integrations.verl.VERL_EQUIVALENTS)
@@ -123,19 +126,6 @@ USER_DIRS = ("trainer.rollout_data_dir", "trainer.validation_data_dir", "trainer
 TENSORBOARD_ENV = "TENSORBOARD_DIR"  # verl's TensorBoard logger's folder, from the environment
 # What --model / --dataset set, when given.
 MODEL_KEY, DATA_KEY = "actor_rollout_ref.model.path", "data.train_files"
-# verl's metric -> kpo's metrics.jsonl name (kpo.train.metrics; the report reads these)
-METRICS = {
-    "reward_mean": "critic/score/mean",
-    "entropy": "actor/entropy",
-    "clip_frac": "actor/pg_clipfrac",
-    "pg_loss": "actor/pg_loss",
-    "ppo_kl": "actor/ppo_kl",
-    "response_length": "response_length/mean",
-    "step_time": "timing_s/step",
-}
-# the plugin's fitted memory (memory=auto) -> kpo's names, where a row has them
-FITTED = {"kpo/q": "actor/kpo/q", "kpo/memory_tokens": "actor/kpo/memory_tokens"}
-VALIDATION = "val-"  # verl's validation metrics: val-core/..., val-aux/...
 RUN_FILE = "run.json"
 STOP_SECONDS = 60  # after an interrupt, how long main_ppo may take to stop before it is killed
 # A regime cell's sampler on verl (kpo.compare.regimes), by the map's mismatch level: none = a float32 sampler
@@ -146,45 +136,6 @@ CELL_SAMPLER = {
     "bf16": ("actor_rollout_ref.rollout.dtype=bfloat16", "algorithm.rollout_correction.bypass_mode=true"),
 }
 CELL_LR = f"{ACTOR}.optim.lr"  # a regime cell's learning rate
-
-
-def merge_rows(rows: list[dict]) -> list[dict]:
-    """verl's file-logger rows (``{"step": s, "data": {...}}``) of every attempt of a run, in the order written,
-    as one row per trained step. A row with training metrics (any not verl's validation's ``val-*``) is its
-    step's training row, a later attempt's replacing an earlier's (a resumed run redoes the steps after its
-    checkpoint); validation metrics join their step's row and never replace its training metrics
-    (``val_before_train`` logs a validation-only row at the step a resumed run starts from: its checkpoint's,
-    already trained). A step with validation only (step 0: the start model) has no training row, so no row here:
-    it stays in its ``verl_metrics-K.jsonl``."""
-    train: dict[int, dict] = {}
-    val: dict[int, dict] = {}
-    for row in rows:
-        data = row["data"]
-        trained = {k: v for k, v in data.items() if not k.startswith(VALIDATION)}
-        if trained:
-            train[row["step"]] = trained
-        val.setdefault(row["step"], {}).update({k: v for k, v in data.items() if k.startswith(VALIDATION)})
-    return [{"step": s, "data": train[s] | val[s]} for s in sorted(train)]
-
-
-def metrics_rows(rows: list[dict], steps_per_batch: int) -> list[dict]:
-    """kpo's metrics rows from verl's merged rows (:func:`merge_rows`, one per training step = generation batch):
-    ``step`` = s x steps_per_batch (the optimizer step that ends the batch), kpo's names (:data:`METRICS`, and
-    :data:`FITTED` where the row has them) and every verl metric under its own name. verl averages each metric
-    over the batch's optimizer steps: a row is a generation batch (:data:`kpo.compare.contract.BATCH_ROWS`)."""
-    out = []
-    for row in rows:
-        data = row["data"]
-        fitted = {k: data[v] for k, v in FITTED.items() if v in data}
-        out.append(
-            {
-                "step": row["step"] * steps_per_batch,
-                **{k: data.get(v) for k, v in METRICS.items()},
-                **fitted,
-                **data,
-            }
-        )
-    return out
 
 
 class VerlEngine:
@@ -413,6 +364,36 @@ class VerlEngine:
         ]
         return errors
 
+    def plan_lines(self, cfg) -> list[str]:
+        """The disk a run takes at most while it trains and once scored (:mod:`kpo.compare.engines.verl_disk`) and,
+        on a cluster, what each run's job asks it for."""
+        from kpo.compare.plan import parallel_runs
+
+        composed = self._composed(cfg)
+        model = Path(os.path.expanduser(str(select(composed, MODEL_KEY))))
+        params = parameters(model)
+        if params is None:
+            lines = [f"disk per run: not estimated ({model} holds no safetensors weights on this machine)"]
+        else:
+            total, freq = cfg.steps // self._steps_per_batch(cfg), int(composed.trainer.save_freq)
+            freq = freq if freq > 0 else total
+            saves = total // freq + (1 if total % freq else 0)  # verl also saves the last step
+            held = saves if cfg.keep == "all" else 1
+            lines = [
+                f"disk per run: at most {size_text(held * checkpoint_bytes(model, params))} while it trains ("
+                f"{'one checkpoint' if held == 1 else f'{held} checkpoints'} of {params:,} parameters at "
+                f"{BYTES_PER_PARAMETER} bytes each: float32 weights, Adam's two moments, Hugging Face weights), "
+                f"{size_text(kept_bytes(model, params, cfg.keep, saves))} kept once scored (--keep {cfg.keep})"
+            ]
+        if address := cluster_address(cfg):
+            need = run_resources(composed)
+            lines.append(
+                f"each run a job of the Ray cluster at {address}, asking for {need['gpus']} GPU(s) on {need['nodes']} "
+                f"node(s) and {need['cpus']} logical CPUs; {parallel_runs(cfg)} at once (--jobs), the cluster's "
+                "scheduler queues the rest; each job's log in its run's log.txt"
+            )
+        return lines
+
     # ------------------------------------------------------------------ runs
     def workers(self, cfg) -> int | None:
         return 1
@@ -502,7 +483,7 @@ class VerlEngine:
             )
         per_batch = self._steps_per_batch(cfg)
         rows = []
-        for path in _attempt_files(out):
+        for path in attempt_files(out):
             found, torn = attempt_rows(path)
             rows += found
             if torn:  # a kill (or a poll) mid-write: verl redid that step in a later attempt, or it is lost below
@@ -538,10 +519,13 @@ class VerlEngine:
         return (out / RUN_FILE).exists() and _checkpointed_step(out) > 0 and not self.changed(cfg, run, out)
 
     def changed(self, cfg, run, out: Path) -> list[str]:
-        """The overrides of the run in ``out`` (``run.json``) against now's, by key, leaving out where it writes and
-        where a resumed run's dumps start."""
+        """The overrides of the run in ``out`` (``run.json``) against now's, by key, leaving out what does not change
+        what it trains."""
         saved = json.loads((out / RUN_FILE).read_text())
-        mine = ("trainer.default_local_dir", "hydra.run.dir", f"{ACTOR}.dump_ratios_dir", f"{ACTOR}.dump_ratios_start")
+        # where it writes, where a resumed run's dumps start, and how big a Ray main_ppo would start (a run of a
+        # cluster's job and one of a child process are the same run)
+        mine = ("trainer.default_local_dir", "hydra.run.dir", f"{ACTOR}.dump_ratios_dir", f"{ACTOR}.dump_ratios_start",
+                "ray_kwargs.ray_init.num_cpus", "ray_kwargs.ray_init.num_gpus")  # fmt: skip
 
         def keyed(overrides) -> dict[str, str]:
             pairs = (o.split("=", 1) if "=" in o else (o, "") for o in overrides)
@@ -562,7 +546,7 @@ class VerlEngine:
         return []
 
     def steps_done(self, cfg, out: Path) -> int:
-        files = _attempt_files(out)
+        files = attempt_files(out)
         rows = attempt_rows(files[-1])[0] if files else []
         return (rows[-1]["step"] if rows else 0) * self._steps_per_batch(cfg)
 
@@ -590,31 +574,8 @@ def _run_env(out: Path, run, attempt: int) -> dict[str, str]:
     return env
 
 
-def _attempt_files(out: Path) -> list[Path]:
-    """verl's metrics files of the run in ``out``, one per attempt, in order."""
-    return sorted(out.glob("verl_metrics-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
-
-
 def _attempts(out: Path) -> int:
-    return len(_attempt_files(out))
-
-
-def attempt_rows(path: Path) -> tuple[list[dict], str | None]:
-    """(rows, torn) of one attempt's metrics file: verl's file logger appends whole lines, so only the last can be
-    cut short, by a read while it writes or a kill mid-write; that line (``torn``, its text) is left out. An
-    unreadable line before it is a ValueError naming it."""
-    lines = path.read_text().splitlines()
-    rows = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            if number == len(lines):
-                return rows, line
-            raise ValueError(f"{path}, line {number}: not a JSON row ({e}); verl's file logger wrote it") from None
-    return rows, None
+    return len(attempt_files(out))
 
 
 def _run_child(argv: list[str], env: dict[str, str], out: Path) -> None:

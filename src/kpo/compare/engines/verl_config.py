@@ -47,9 +47,11 @@ def _config_dir() -> str:
 def keys_set(override: str) -> tuple[str, ...]:
     """The config keys a Hydra override sets: its key, or for a mapping value (``a.b={c:1,d:{e:2}}``) each key
     under it (``a.b.c``, ``a.b.d.e``); an override Hydra cannot parse gives its key (Hydra says why later)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     key = override_key(override)
+    try:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+    except ImportError:  # no verl here (hydra is verl's): flag_errors says so
+        return (key,)
     try:
         (parsed,) = OverridesParser.create().parse_overrides([override])
         value = parsed.value()
