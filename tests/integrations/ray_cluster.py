@@ -110,3 +110,31 @@ class LocalCluster:
             except psutil.NoSuchProcess:
                 pass
         return killed
+
+
+_LEFT = """
+import json, sys
+from ray.util.state import list_actors, list_jobs
+address, prefix = sys.argv[1], sys.argv[2]
+jobs = [j for j in list_jobs(address=address) if (j.submission_id or "").startswith(prefix)]
+ids = {j.job_id for j in jobs if j.job_id}
+actors = [a for a in list_actors(address=address, limit=10000) if a.job_id in ids]
+print(json.dumps({
+    "jobs": {j.submission_id: str(j.status) for j in jobs},
+    "alive": [f"{a.class_name} ({a.state}, job {a.job_id})" for a in actors if a.state != "DEAD"],
+}))
+"""
+
+
+def leftovers(cluster: LocalCluster, prefix: str) -> dict:
+    """From Ray's own state API: the cluster's jobs whose submission id starts with ``prefix`` (id -> status) and
+    the actors of those jobs that are not dead (``alive``). Asked from a process of the cluster's environment
+    (token authentication on)."""
+    import json
+
+    done = subprocess.run(
+        [sys.executable, "-c", _LEFT, cluster.address, prefix], env=cluster.env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])

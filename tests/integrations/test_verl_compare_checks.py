@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("verl", reason="verl not installed: `make test` runs this file in .venv-verl")
 
+from kpo.compare.engines import verl_cluster  # noqa: E402
 from kpo.compare.engines.verl import (  # noqa: E402
     ACTOR,
     OWNED,
@@ -17,6 +20,7 @@ from kpo.compare.engines.verl import (  # noqa: E402
     _run_env,
     attempt_rows,
 )
+from kpo.compare.engines.verl_job import PROBE_MARK  # noqa: E402
 from kpo.compare.plan import CompareConfig, Run, plan_runs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -169,3 +173,99 @@ def test_a_torn_last_metrics_line_is_skipped(tmp_path):
     path.write_text('{"step": 1, "da\n{"step": 2, "data": {}}\n')
     with pytest.raises(ValueError, match="line 1: not a JSON row"):
         attempt_rows(path)  # only the last line can be torn: an earlier one is not verl's writing
+
+
+def test_the_cluster_recipe_s_compare_passes_kpo_s_flag_checks(tmp_path):
+    """examples/verl/run_compare_on_cluster.sh compare: the command it runs (a stub kpo prints it) sets nothing kpo
+    compare owns and names a runtime env kpo reads."""
+    import subprocess
+
+    from kpo.compare.cli import config_from_args
+    from kpo.compare.engines.verl_cluster import runtime_env_errors
+
+    stub = tmp_path / "bin" / "kpo"
+    stub.parent.mkdir()
+    stub.write_text('#!/bin/sh\nexec python3 -c \'import json, sys; print(json.dumps(sys.argv[1:]))\' "$@"\n')
+    stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{stub.parent}{os.pathsep}{os.environ['PATH']}", "NNODES": "2", "JOBS": "3"}
+    done = subprocess.run([str(ROOT / "examples" / "verl" / "run_compare_on_cluster.sh"), "compare", "--plan"],
+                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    argv = json.loads(done.stdout)
+    assert argv[0] == "compare" and "--plan" in argv
+    cfg = config_from_args(argv[1:])
+    assert (cfg.engine, cfg.jobs, cfg.ray_address) == ("verl", 3, "http://127.0.0.1:8265")
+    assert [e for e in VerlEngine().flag_errors(cfg) if "--eval-data" not in e] == []
+    assert runtime_env_errors(cfg, ("KPO_COMPARE_RUN",)) == []
+    assert "trainer.nnodes=2" in cfg.train_args
+
+
+# ------------------------------------------------------------------ the plan's check of a Ray cluster
+class _Client:
+    """Ray's JobSubmissionClient as the probe uses it: the probe job writes each node's file as ``nodes`` says
+    (``wrote``: an error, or the file written; ``lock_taken``) and logs its findings."""
+
+    def __init__(self, nodes: list[dict]):
+        self.nodes = nodes
+
+    def submit_job(self, *, entrypoint: str, runtime_env: dict) -> str:
+        folder = Path(entrypoint.split("--dir ")[1].strip("'"))
+        checks = []
+        for n in self.nodes:
+            if n.get("write", True):
+                (folder / n["node"]).write_text(n["node"])
+            checks.append({"node": n["node"], "host": n["node"], "wrote": n.get("error"), "lock_taken": n.get("lock", False)})
+        resources = [{"node": n["node"], "resources": {"CPU": n["cpus"], "GPU": n["gpus"]}} for n in self.nodes]
+        self.log = PROBE_MARK + json.dumps({"nodes": resources, "checks": checks}) + "\n"
+        return "probe"
+
+    def get_job_status(self, job: str) -> str:
+        return "SUCCEEDED"
+
+    def get_job_logs(self, job: str) -> str:
+        return self.log
+
+
+def _cluster_errors(tmp_path, monkeypatch, nodes: list[dict], gpus_per_node: int = 1) -> list[str]:
+    monkeypatch.setattr(verl_cluster, "connect", lambda address: _Client(nodes))
+    composed = {
+        "trainer": {"nnodes": 1, "n_gpus_per_node": gpus_per_node, "use_v1": True},
+        "transfer_queue": {"backend": {"SimpleStorage": {"num_data_storage_units": 2}}},
+    }
+    from omegaconf import OmegaConf
+
+    cfg = CompareConfig(engine="verl", out=str(tmp_path / "out"), ray_address="http://head:8265")
+    return verl_cluster.cluster_errors(cfg, OmegaConf.create(composed), tmp_path / "out")
+
+
+def test_the_plan_passes_a_cluster_that_shares_out_and_has_a_run_s_resources(tmp_path, monkeypatch):
+    assert _cluster_errors(tmp_path, monkeypatch, [{"node": "a" * 20, "cpus": 8, "gpus": 1}]) == []
+    assert [p.name for p in (tmp_path / "out").iterdir()] == []  # the probe's folder is gone
+
+
+def test_a_node_that_cannot_see_out_is_named(tmp_path, monkeypatch):
+    nodes = [{"node": "a" * 20, "cpus": 8, "gpus": 1}, {"node": "b" * 20, "cpus": 8, "gpus": 1, "write": False}]
+    (err,) = _cluster_errors(tmp_path, monkeypatch, nodes)
+    assert err.startswith(f"--out {tmp_path / 'out'}: node {'b' * 20} ({'b' * 12}) cannot share it (its file is not")
+    assert err.endswith("mount at the same path")
+
+
+def test_a_cluster_too_small_for_one_run_is_refused(tmp_path, monkeypatch):
+    gpus, cpus = _cluster_errors(tmp_path, monkeypatch, [{"node": "a" * 20, "cpus": 4, "gpus": 1}], gpus_per_node=2)
+    assert "one run asks for 1 node(s) of 2 GPU(s)" in gpus and "the cluster has 0 such node(s)" in gpus
+    assert "one run asks for 10 logical CPUs" in cpus and "the cluster has 4" in cpus
+
+
+def test_flock_that_does_not_exclude_across_nodes_moves_runs_to_pid_files(tmp_path, monkeypatch, capsys):
+    from kpo.compare import guards
+
+    monkeypatch.delenv(guards.PID_FILES_ENV, raising=False)
+    nodes = [{"node": "a" * 20, "cpus": 8, "gpus": 1}, {"node": "b" * 20, "cpus": 8, "gpus": 1, "lock": True}]
+    assert _cluster_errors(tmp_path, monkeypatch, nodes) == []
+    assert "does not exclude across the cluster's nodes; each run is locked with an exclusive pid file" in (
+        capsys.readouterr().out
+    )
+    assert guards._pid_files()
+    monkeypatch.delenv(guards.PID_FILES_ENV)
+
+

@@ -95,6 +95,14 @@ def connect(address: str):
 
     where = f"--ray-address {address}"
     headers = _token_headers()
+    if not address.startswith(("http://", "https://")):
+        # `auto` or the head's GCS address: Ray finds the dashboard through the GCS, whose calls carry the token
+        # only in token mode; turned on as ray.init turns it on for such an address (where a token is found)
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
     try:
         return JobSubmissionClient(address, headers=headers)
     except AuthenticationError as e:
