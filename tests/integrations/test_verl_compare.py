@@ -174,10 +174,28 @@ def compare(task, tmp_path_factory) -> dict:
         with open(out / "runs" / RUNS[1] / "verl_metrics-0.jsonl", "a") as f:
             f.write('{"step": 2, "data": {"actor/pg_cl')
         rerun = _watched(argv, env, work, work / "rerun.log", out / "runs")
+        auth = _without_the_token(cluster.address, work)
     finally:
         stopped = cluster.stop()
     assert rerun["code"] == 0, rerun["output"][-8000:]
-    return {"out": out, "killed": killed, "left": left, "rerun": rerun, "stopped": stopped, "cluster": cluster}
+    return {
+        "out": out, "killed": killed, "left": left, "rerun": rerun, "stopped": stopped, "cluster": cluster, "auth": auth
+    }  # fmt: skip
+
+
+def _without_the_token(address: str, home: Path) -> dict[str, str]:
+    """What kpo says of the cluster where Ray finds no token (``missing``) and where it finds a wrong one
+    (``refused``): its one line each."""
+    said = {}
+    env = {k: v for k, v in ENV.items() if not k.startswith("RAY_AUTH")} | {"HOME": str(home)}
+    code = (
+        "from kpo.compare.engines.verl_cluster import ClusterError, connect\n"
+        f"try:\n    connect({address!r})\nexcept ClusterError as e:\n    print(e)"
+    )
+    for case, extra in (("missing", {}), ("refused", {"RAY_AUTH_TOKEN": "0" * 64})):
+        done = subprocess.run([sys.executable, "-c", code], env=env | extra, capture_output=True, text=True, timeout=120)
+        said[case] = done.stdout.strip()
+    return said
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S * 3)
@@ -201,6 +219,15 @@ def test_a_sigkilled_compare_leaves_no_job_and_its_rerun_trains_every_step(compa
     assert "verl_metrics-0.jsonl: its last line is cut short" in torn and "skipped" in torn
     # the cluster stopped itself at the end: nothing of it had to be killed
     assert compare["stopped"] == [] and compare["cluster"].head.returncode is not None
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S * 3)
+def test_ray_s_token_authentication_stays_on_and_is_named_when_missing_or_refused(compare):
+    missing, refused = compare["auth"]["missing"], compare["auth"]["refused"]
+    assert missing.startswith(f"--ray-address {compare['cluster'].address}: the cluster asks for Ray's authentication")
+    assert "none is here where Ray looks (RAY_AUTH_TOKEN, the file RAY_AUTH_TOKEN_PATH names, ~/.ray/auth_token)" in missing
+    assert refused.startswith(f"--ray-address {compare['cluster'].address}: the cluster refused the Ray token found")
+    assert "\n" not in missing + refused
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S * 3)

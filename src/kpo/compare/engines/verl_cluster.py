@@ -318,19 +318,21 @@ class RunJob:
 
     def submit(self, command: list[str], env: dict) -> str:
         """Submit the next attempt's job: ``command`` (main_ppo's) under :mod:`kpo.compare.engines.verl_job`'s
-        lease, in runtime environment ``env``; its submission id, recorded before it is submitted (a kill between
-        the two leaves an id the cluster does not know: a rerun submits it)."""
+        lease, in runtime environment ``env``; its submission id (the first of this run's the cluster does not
+        know), recorded before it is submitted (a kill between the two leaves an id the cluster does not know,
+        which a rerun's :meth:`last` reports as gone)."""
         from kpo._files import replacing
 
         ids = self.ids()
-        job = submission_id(self.out, len(ids))
+        attempt = len(ids)
+        while self.status(job := submission_id(self.out, attempt)) is not None:
+            attempt += 1  # an id of an earlier attempt whose record is gone (the run folder was cleared)
         with replacing(self.out / JOBS_FILE) as partial:
             partial.write_text(json.dumps([*ids, job]) + "\n")
         self.renew()
         entrypoint = [PYTHON, "-m", "kpo.compare.engines.verl_job", "run", "--lease", str(self.out / LEASE_FILE),
                       "--stale", f"{lease_seconds():g}", "--", *command]  # fmt: skip
-        if self.status(job) is None:
-            self.client.submit_job(entrypoint=shlex.join(entrypoint), submission_id=job, runtime_env=env)
+        self.client.submit_job(entrypoint=shlex.join(entrypoint), submission_id=job, runtime_env=env)
         return job
 
     def renew(self) -> None:
