@@ -10,8 +10,9 @@ not keep.
 
 - ``kpo`` (:class:`kpo.compare.engines.kpo.KpoEngine`, the default): ``kpo train`` (TRL) in the worker process,
   on the embedded task or on ``--model``/``--dataset``; the ``--`` flags are kpo train's.
-- ``verl`` (:class:`kpo.compare.engines.verl.VerlEngine`): verl's ``main_ppo`` as a subprocess on the user's verl
-  configuration; the ``--`` flags are its Hydra overrides.
+- ``verl`` (:class:`kpo.compare.engines.verl.VerlEngine`): verl's ``main_ppo`` as a subprocess, or as a job of the
+  user's Ray cluster (``--ray-address``), on the user's verl configuration; the ``--`` flags are its Hydra
+  overrides.
 
 Another trainer is one module with a class that has these methods, registered under its name
 (:func:`register_engine`); ``--engine NAME`` then runs it.

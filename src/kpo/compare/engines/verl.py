@@ -1,5 +1,6 @@
-"""``kpo compare --engine verl``: every run is verl's ``python -m verl.trainer.main_ppo`` (its default v1 trainer,
-on the Ray cluster the configuration names) on the user's own verl configuration, a YAML file
+"""``kpo compare --engine verl``: every run is verl's ``python -m verl.trainer.main_ppo`` (its default v1 trainer) as
+a child process, or with ``--ray-address`` as a job of the user's Ray cluster
+(:mod:`kpo.compare.engines.verl_cluster`), on the user's own verl configuration, a YAML file
 (``--verl-config``) and/or Hydra overrides (after ``--``), passed through untouched. kpo adds only what the
 comparison owns per run (:data:`OWNED`). One rule for those keys, wherever the user sets them: an override
 after ``--``, a key of the YAML file, or a value the YAML's configuration composes to that differs from verl's
@@ -17,7 +18,10 @@ after ``--``, a key of the YAML file, or a value the YAML's configuration compos
   it writes: verl's ``file`` logger added to the user's loggers (its rows become the run's ``metrics.jsonl``),
   ``hf_model`` added to the actor's ``checkpoint.save_contents`` (the final checkpoint's Hugging Face weights are
   what ``kpo eval`` scores), ``trainer.save_freq`` = the run's length where the user set none,
-  ``trainer.resume_mode=auto``;
+  ``trainer.resume_mode=auto``, one checkpoint kept while it trains (``trainer.max_actor_ckpt_to_keep=1`` and the
+  critic's, unless ``--keep all``); every path absolute (the workers may run elsewhere);
+- kpo's actor config's ``steps_per_batch`` (``--minibatches`` x ppo_epochs: ``memory=auto`` does not fit a
+  batch's on-policy step);
 - ``--model`` / ``--dataset``, where given: ``actor_rollout_ref.model.path`` / ``data.train_files`` (else the
   configuration's are used, and ``--model`` defaults to its model: the "start" row).
 
@@ -33,7 +37,8 @@ needs (a batch and ppo_epochs >= 1): each error is shown in full, before any run
 A run's folder: ``run.json`` (the overrides kpo composed and the YAML's text, written before training: what a
 rerun compares), ``config.yaml`` (verl's composed configuration), ``checkpoints/`` (verl's),
 ``verl_metrics-K.jsonl`` (verl's file logger, one file per attempt K), ``metrics.jsonl`` (kpo's rows:
-:func:`merge_rows`, one per generation batch, :data:`kpo.compare.contract.BATCH_ROWS`), ``ratios/``, ``log.txt``.
+:mod:`kpo.compare.engines.verl_metrics`, one per generation batch, :data:`kpo.compare.contract.BATCH_ROWS`),
+``ratios/``, ``log.txt``; on a cluster ``ray-jobs.json`` (its jobs) and ``ray-lease``.
 A run with its final checkpoint and metrics is done and reused; an unfinished run with verl checkpoints and
 unchanged settings resumes from them (verl's own resume), else starts over. Once scored, ``--keep`` says what
 stays of ``checkpoints/``: the final Hugging Face weights (``hf``, the default), everything (``all``), nothing
@@ -139,7 +144,7 @@ CELL_LR = f"{ACTOR}.optim.lr"  # a regime cell's learning rate
 
 
 class VerlEngine:
-    """verl's ``main_ppo`` as a subprocess, one run at a time by default (each takes the cluster)."""
+    """verl's ``main_ppo`` as a child process, one run at a time by default, or as jobs of the user's Ray cluster."""
 
     rows = BATCH_ROWS
 
@@ -367,8 +372,6 @@ class VerlEngine:
     def plan_lines(self, cfg) -> list[str]:
         """The disk a run takes at most while it trains and once scored (:mod:`kpo.compare.engines.verl_disk`) and,
         on a cluster, what each run's job asks it for."""
-        from kpo.compare.plan import parallel_runs
-
         composed = self._composed(cfg)
         model = Path(os.path.expanduser(str(select(composed, MODEL_KEY))))
         params = parameters(model)
@@ -389,7 +392,7 @@ class VerlEngine:
             need = run_resources(composed)
             lines.append(
                 f"each run a job of the Ray cluster at {address}, asking for {need['gpus']} GPU(s) on {need['nodes']} "
-                f"node(s) and {need['cpus']} logical CPUs; {parallel_runs(cfg)} at once (--jobs), the cluster's "
+                f"node(s) and {need['cpus']} logical CPUs; {cfg.jobs or self.workers(cfg)} at once (--jobs), the cluster's "
                 "scheduler queues the rest; each job's log in its run's log.txt"
             )
         return lines
