@@ -269,3 +269,53 @@ def test_flock_that_does_not_exclude_across_nodes_moves_runs_to_pid_files(tmp_pa
     monkeypatch.delenv(guards.PID_FILES_ENV)
 
 
+
+
+@pytest.mark.parametrize("status", ["RUNNING", "SUCCEEDED", "FAILED"])
+def test_a_rerun_follows_a_running_job_reuses_a_finished_one_and_resumes_a_failed_one(tmp_path, monkeypatch, status):
+    """The run's last Ray job (found by its recorded id): still running, it is followed to its end (a compare
+    killed and rerun before the job's lease ran out); finished with the final weights, what it wrote is read; failed
+    or stopped, the run resumes as a new attempt's job."""
+    import kpo.compare.engines.verl as engine_module
+
+    monkeypatch.setattr(engine_module, "cluster_address", lambda cfg: "http://head:8265")
+    cfg, run, out = _cfg(), Run("vanilla", 0), tmp_path / "vanilla-seed0"
+    engine = VerlEngine()
+    out.mkdir()
+    (out / "run.json").write_text(json.dumps({"verl_config": CPU_YAML.read_text(),
+                                              "overrides": list(engine.overrides(cfg, run, out))}))  # fmt: skip
+    final = out / "checkpoints" / "global_step_2" / "actor" / "huggingface"
+    final.mkdir(parents=True)
+    (final / "model.safetensors").write_bytes(b"x")
+    rows = [{"step": s, "data": {"critic/score/mean": 0.5, "actor/pg_clipfrac": 0.1}} for s in (1, 2)]
+    (out / "verl_metrics-0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    calls = []
+
+    class Jobs:
+        def __init__(self, address: str, folder: Path):
+            assert (address, folder) == ("http://head:8265", out)
+
+        def ids(self) -> list[str]:
+            return ["kpo-job-0"]
+
+        def last(self) -> tuple[str, str]:
+            return "kpo-job-0", status
+
+        def follow(self, job: str) -> str:
+            calls.append(f"follow {job}")
+            return "SUCCEEDED"
+
+        def stop_live(self) -> None:
+            calls.append("stop")
+
+        def submit(self, command: list[str], env: dict) -> str:
+            assert env["env_vars"]["VERL_FILE_LOGGER_PATH"] == str(out / "verl_metrics-1.jsonl")
+            calls.append("submit")
+            return "kpo-job-1"
+
+    monkeypatch.setattr(engine_module, "RunJob", Jobs)
+    assert engine.train(cfg, run, out, resume=True) == final
+    assert calls == {"RUNNING": ["follow kpo-job-0"], "SUCCEEDED": [], "FAILED": ["stop", "submit", "follow kpo-job-1"]}[
+        status
+    ]
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [2, 4]

@@ -190,7 +190,7 @@ def cluster_errors(cfg, composed, out: Path) -> list[str]:
     address = cluster_address(cfg)
     try:
         client = connect(address)
-        found = _probe(client, out)
+        found = _probe(client, out, runtime_env(cfg, out, {"RAY_USAGE_STATS_ENABLED": "0"}))
     except ClusterError as e:
         return [str(e)]
     errors = _resource_errors(address, found["nodes"], run_resources(composed))
@@ -233,9 +233,9 @@ def _resource_errors(address: str, nodes: list[dict], need: dict) -> list[str]:
     return errors
 
 
-def _probe(client, out: Path) -> dict:
-    """Run :func:`kpo.compare.engines.verl_job.probe` as a job, holding its folder's lock meanwhile; its findings,
-    each node's with ``seen``: whether its file is seen here."""
+def _probe(client, out: Path, env: dict) -> dict:
+    """Run :func:`kpo.compare.engines.verl_job.probe` as a job in the runs' runtime environment ``env``, holding its
+    folder's lock meanwhile; its findings, each node's with ``seen``: whether its file is seen here."""
     from kpo.compare.engines.verl_job import LOCK_NAME, PROBE_MARK
 
     folder = out.resolve() / f".kpo-probe-{uuid.uuid4().hex[:8]}"
@@ -246,10 +246,16 @@ def _probe(client, out: Path) -> dict:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             pass  # no flock here at all: the runs' own lock falls back to a pid file (kpo.compare.guards)
-        job = client.submit_job(
-            entrypoint=shlex.join([PYTHON, "-m", "kpo.compare.engines.verl_job", "probe", "--dir", str(folder)]),
-            runtime_env={"env_vars": {"RAY_USAGE_STATS_ENABLED": "0"}},
-        )
+        try:
+            job = client.submit_job(
+                entrypoint=shlex.join([PYTHON, "-m", "kpo.compare.engines.verl_job", "probe", "--dir", str(folder)]),
+                runtime_env=env,
+            )
+        except RuntimeError as e:  # Ray's job server refused the job: a runtime environment it cannot set up
+            raise ClusterError(
+                f"the cluster refused kpo's check job ({' '.join(str(e).split())[:300]}); fix the runs' runtime "
+                "environment (--ray-runtime-env; without it the current directory is uploaded as working_dir)"
+            ) from None
         deadline = time.monotonic() + PROBE_SECONDS
         while str(status := client.get_job_status(job)) in LIVE:
             if time.monotonic() > deadline:
