@@ -74,3 +74,24 @@ def test_a_job_s_runtime_env_uploads_the_working_directory_without_the_runs(tmp_
     monkeypatch.chdir(tmp_path)
     env = verl_cluster.runtime_env(CompareConfig(out="runs/cmp"), Path("runs/cmp"), {"KPO_COMPARE_RUN": "/r"})
     assert env == {"working_dir": str(tmp_path), "excludes": ["/runs/cmp/"], "env_vars": {"KPO_COMPARE_RUN": "/r"}}
+
+
+def test_the_plan_s_disk_per_run_counts_the_model_s_parameters(tmp_path):
+    """16 bytes a parameter (float32 weights, Adam's two moments, Hugging Face weights) for each checkpoint held at
+    once: one while a run trains, every one with --keep all (verl's default kept them all: issue 54)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from kpo.compare.engines.verl_disk import STATE_BYTES, checkpoint_bytes, disk_line, parameters
+
+    save_file({"a": torch.zeros(3, 4), "b": torch.zeros(5)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text("x" * 100)
+    assert parameters(tmp_path) == 17 and parameters(tmp_path / "missing") is None
+    one = checkpoint_bytes(tmp_path, 17)
+    assert one == 16 * 17 + 100 + STATE_BYTES
+    line = disk_line(tmp_path, batches=10, save_freq=3, keep="hf")
+    assert line.startswith("disk per run: at most 1.05 MB while it trains (one checkpoint of 17 parameters")
+    assert line.endswith("0.168 kB kept once scored (--keep hf)")  # 4 bytes a parameter and the other files
+    every = disk_line(tmp_path, batches=10, save_freq=3, keep="all")  # steps 3, 6, 9 and the last, 10
+    assert "(4 checkpoints of 17 parameters" in every
+    assert "not estimated" in disk_line(tmp_path / "hub-id", batches=10, save_freq=3, keep="hf")

@@ -48,17 +48,15 @@ the run's lock while it lives.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 from kpo._files import replacing
-from kpo.compare.contract import BATCH_ROWS, keep_errors, size_text
+from kpo.compare.contract import BATCH_ROWS, keep_errors
+from kpo.compare.engines.verl_child import run_child
 from kpo.compare.engines.verl_cluster import (
     JOBS_FILE,
     LIVE,
@@ -86,7 +84,7 @@ from kpo.compare.engines.verl_config import (
     verl_check,
     verl_config_errors,
 )
-from kpo.compare.engines.verl_disk import BYTES_PER_PARAMETER, checkpoint_bytes, kept_bytes, parameters
+from kpo.compare.engines.verl_disk import disk_line
 from kpo.compare.engines.verl_metrics import attempt_files, attempt_rows, merge_rows, metrics_rows
 from kpo.integrations.verl_fields import DUMP_FIELDS, STEPS_FIELD, loss_field_types
 
@@ -132,7 +130,6 @@ TENSORBOARD_ENV = "TENSORBOARD_DIR"  # verl's TensorBoard logger's folder, from 
 # What --model / --dataset set, when given.
 MODEL_KEY, DATA_KEY = "actor_rollout_ref.model.path", "data.train_files"
 RUN_FILE = "run.json"
-STOP_SECONDS = 60  # after an interrupt, how long main_ppo may take to stop before it is killed
 # A regime cell's sampler on verl (kpo.compare.regimes), by the map's mismatch level: none = a float32 sampler
 # whose log-probs the trainer recomputes (verl's default, decoupled mode: each batch's first mini-batch has ratio
 # 1), bf16 = a bfloat16 sampler whose own log-probs anchor the ratio (verl's bypass mode). fp8 is not mapped.
@@ -374,20 +371,8 @@ class VerlEngine:
         on a cluster, what each run's job asks it for."""
         composed = self._composed(cfg)
         model = Path(os.path.expanduser(str(select(composed, MODEL_KEY))))
-        params = parameters(model)
-        if params is None:
-            lines = [f"disk per run: not estimated ({model} holds no safetensors weights on this machine)"]
-        else:
-            total, freq = cfg.steps // self._steps_per_batch(cfg), int(composed.trainer.save_freq)
-            freq = freq if freq > 0 else total
-            saves = total // freq + (1 if total % freq else 0)  # verl also saves the last step
-            held = saves if cfg.keep == "all" else 1
-            lines = [
-                f"disk per run: at most {size_text(held * checkpoint_bytes(model, params))} while it trains ("
-                f"{'one checkpoint' if held == 1 else f'{held} checkpoints'} of {params:,} parameters at "
-                f"{BYTES_PER_PARAMETER} bytes each: float32 weights, Adam's two moments, Hugging Face weights), "
-                f"{size_text(kept_bytes(model, params, cfg.keep, saves))} kept once scored (--keep {cfg.keep})"
-            ]
+        batches = cfg.steps // self._steps_per_batch(cfg)
+        lines = [disk_line(model, batches, int(composed.trainer.save_freq), cfg.keep)]
         if address := cluster_address(cfg):
             need = run_resources(composed)
             lines.append(
@@ -450,7 +435,7 @@ class VerlEngine:
         command = ["-m", "verl.trainer.main_ppo", *where, *overrides]
         sys.stdout.flush()
         if jobs is None:
-            _run_child([sys.executable, *command], _run_env(out, run, _attempts(out)), out)
+            run_child([sys.executable, *command], _run_env(out, run, _attempts(out)), out)
         else:
             env = runtime_env(cfg, Path(cfg.out), _run_env(out, run, len(jobs.ids())))
             job = jobs.submit([PYTHON, *command], env)
@@ -581,29 +566,6 @@ def _attempts(out: Path) -> int:
     return len(attempt_files(out))
 
 
-def _run_child(argv: list[str], env: dict[str, str], out: Path) -> None:
-    """main_ppo as a child process in its own session: an interrupt stops it and every process it started (Ray's
-    too), and nothing else; it dies with this worker (Ray's processes share its fate) and holds the run's lock
-    while it lives."""
-    from kpo.compare.guards import die_with_parent, held_lock
-
-    lock = held_lock(out)
-    proc = subprocess.Popen(
-        argv,
-        env={**os.environ, **env},
-        start_new_session=True,
-        preexec_fn=functools.partial(die_with_parent, os.getpid()),
-        pass_fds=() if lock is None else (lock,),
-    )
-    try:
-        code = proc.wait()
-    except BaseException:
-        _stop(proc)
-        raise
-    if code != 0:
-        raise RuntimeError(f"verl's main_ppo exited with status {code} (its output is above, in this log)")
-
-
 def _absolute(path, *, output: bool) -> str:
     """A path the user gave, as every node is to read it: relative to the folder kpo compare runs in, made
     absolute where it is there (or is an ``output`` folder, made by the run); ``~`` is left to each node, as the
@@ -637,19 +599,3 @@ def _checkpointed_step(out: Path) -> int:
     """The training step of the run's last complete verl checkpoint (verl's tracker file), 0 when none."""
     tracker = out / "checkpoints" / "latest_checkpointed_iteration.txt"
     return int(tracker.read_text().strip() or 0) if tracker.exists() else 0
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop main_ppo and its process group: SIGINT, then SIGKILL after :data:`STOP_SECONDS`."""
-    try:
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(timeout=STOP_SECONDS)
-    except subprocess.TimeoutExpired:
-        pass
-    except ProcessLookupError:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()

@@ -12,7 +12,9 @@ import math
 import struct
 from pathlib import Path
 
-__all__ = ["BYTES_PER_PARAMETER", "checkpoint_bytes", "kept_bytes", "parameters"]
+from kpo.compare.contract import size_text
+
+__all__ = ["BYTES_PER_PARAMETER", "checkpoint_bytes", "disk_line", "kept_bytes", "parameters"]
 
 BYTES_PER_PARAMETER = 16  # float32 weights 4, Adam's moments 8, Hugging Face weights at most 4
 HF_BYTES_PER_PARAMETER = 4
@@ -50,3 +52,21 @@ def kept_bytes(model: Path, params: int, keep: str, checkpoints: int) -> int:
         "all": checkpoints * checkpoint_bytes(model, params),
         "none": 0,
     }[keep]
+
+
+def disk_line(model: Path, batches: int, save_freq: int, keep: str) -> str:
+    """The plan's line on a run's disk: at most while it trains (one checkpoint, or with ``--keep all`` every
+    checkpoint of its ``batches`` verl steps at ``save_freq``; <= 0: kpo saves the last step only) and what
+    ``keep`` leaves once it is scored."""
+    params = parameters(model)
+    if params is None:
+        return f"disk per run: not estimated ({model} holds no safetensors weights on this machine)"
+    freq = save_freq if save_freq > 0 else batches
+    saves = batches // freq + (1 if batches % freq else 0)  # verl also saves the last step
+    held = saves if keep == "all" else 1
+    return (
+        f"disk per run: at most {size_text(held * checkpoint_bytes(model, params))} while it trains ("
+        f"{'one checkpoint' if held == 1 else f'{held} checkpoints'} of {params:,} parameters at "
+        f"{BYTES_PER_PARAMETER} bytes each: float32 weights, Adam's two moments, Hugging Face weights), "
+        f"{size_text(kept_bytes(model, params, keep, saves))} kept once scored (--keep {keep})"
+    )
