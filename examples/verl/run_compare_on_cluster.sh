@@ -8,6 +8,9 @@
 #   on each other node: examples/verl/run_compare_on_cluster.sh worker HEAD_IP
 #   on the head node:   NNODES=2 examples/verl/run_compare_on_cluster.sh compare [--plan] [kpo compare options]
 #
+# compare runs from the repository's root: runtime_env.yaml's working_dir (examples/verl, with reward.py) and OUT
+# are read from there, as Ray and kpo read relative paths, from the directory they run in.
+#
 # The cluster keeps Ray's token authentication (Ray 2.60): `head` makes a token (~/.ray/auth_token) if there is
 # none; copy it to every node (and wherever kpo compare runs) before `worker`. JOBS runs at once, each asking for
 # NNODES x GPUS_PER_NODE GPUs; the cluster's scheduler queues the rest. A killed compare's jobs stop within
@@ -33,6 +36,7 @@ case "${1:-}" in
     compare)
         shift
         : "${NNODES:?set NNODES to the nodes one run takes}"
+        cd "$HERE/../.."
         exec kpo compare --engine verl --ray-address "$DASHBOARD" --jobs "${JOBS:-1}" \
             --ray-runtime-env "$HERE/runtime_env.yaml" \
             --model "$MODEL" --dataset "$DATA/train.parquet" \
