@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     opt = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.0)
     common = dict(loss_agg_mode="seq-mean-token-mean", loss_scale_factor=config.max_completion())
 
-    fit = step_fit("kpo", losses["kpo auto"][1], 1e-6)
+    fit = step_fit("kpo", losses["kpo auto"][1], 1e-6, steps_per_batch=None)
 
     def train_step(name: str) -> None:
         opt.zero_grad(set_to_none=True)

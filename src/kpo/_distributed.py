@@ -15,6 +15,7 @@ from typing import NoReturn
 
 __all__ = [
     "LAUNCHER_ENV",
+    "DataParallelSum",
     "barrier",
     "gather_objects",
     "is_main",
@@ -22,6 +23,7 @@ __all__ = [
     "leave",
     "local_rank",
     "max_over_ranks",
+    "mesh_position",
     "peer_lost",
     "rank",
     "single_process",
@@ -191,16 +193,54 @@ def gather_objects(obj) -> list:
     return out
 
 
-def sum_over_ranks(values):
-    """``values`` (float64 numpy [n]) summed over every process of the default torch.distributed group, where
-    one is initialised with more than one process (TRL's under ``kpo launch``, verl's workers); else ``values``.
-    Every process calls it at the same point."""
+def sum_over_ranks(values, group=None):
+    """``values`` (float64 numpy [n]) summed over every process of ``group`` (None: torch.distributed's default
+    group), where one is initialised with more than one process (TRL's under ``kpo launch``, verl's workers); else
+    ``values``. Every process of the group calls it at the same point."""
     import numpy as np
     import torch
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
         return values
     tensor = torch.as_tensor(np.asarray(values, dtype=np.float64), device=_device()).clone()
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
     return tensor.cpu().numpy()
+
+
+def mesh_position(dp_size: int) -> tuple[int, int]:
+    """(data-parallel rank, sequence-parallel rank) of this process in a (dp, sp) device mesh of the default
+    group's processes, ``dp_size`` rows of sp = world / dp_size ranks each, rank = dp rank x sp + sp rank (torch's
+    ``init_device_mesh(mesh_shape=(dp, sp))``, as verl's Ulysses sequence parallelism builds it); (0, 0) in one
+    process."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0, 0
+    sp = max(dist.get_world_size() // dp_size, 1)
+    return divmod(dist.get_rank(), sp)
+
+
+class DataParallelSum:
+    """``values`` (float64 numpy [n]) -> their sum over this process's data-parallel group of a (dp, sp) mesh
+    (:func:`mesh_position`): the ranks of one sequence-parallel group hold the same rows (verl gathers their
+    outputs before the loss), so a sum over every process would count each row sp times. Its group is built at the
+    first call, which every process of the default group makes at the same point (torch builds a group with all
+    processes taking part)."""
+
+    def __init__(self, dp_size: int):
+        self.dp_size = dp_size
+        self.group = None
+
+    def __call__(self, values):
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == self.dp_size:
+            return sum_over_ranks(values)
+        if self.group is None:
+            sp = dist.get_world_size() // self.dp_size
+            for j in range(sp):  # every process builds every group, in one order
+                group = dist.new_group([j + k * sp for k in range(self.dp_size)])
+                if dist.get_rank() % sp == j:
+                    self.group = group
+        return sum_over_ranks(values, self.group)

@@ -15,14 +15,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kpo.compare.contract import keep_errors
+from kpo.compare.contract import keep_errors, size_text
 from kpo.compare.engines import KEEP, engine_of
 from kpo.compare.engines.kpo import KpoEngine
-from kpo.compare.engines.verl import merge_rows, metrics_rows
+from kpo.compare.engines.verl_metrics import merge_rows, metrics_rows
 from kpo.compare.guards import LOCK_FILE, lock_run, unlock_run
 from kpo.compare.plan import CompareConfig, CompareError, Run, plan_runs
+from kpo.compare.regime_report import memory_labels
 from kpo.compare.regimes import Cell, RegimeConfig, _arm_stats
-from kpo.compare.run import Job, _execute, _size, disk_bytes, train_jobs
+from kpo.compare.run import Job, _execute, disk_bytes, train_jobs
+from kpo.filter.memory import matched_memory
 
 
 def _train_row(step: int, **data) -> dict:
@@ -69,12 +71,19 @@ def test_verl_batch_rows_are_neither_on_nor_off_policy_and_map_the_fitted_memory
         _train_row(b, **{"actor/pg_clipfrac": 0.1 * b, "actor/kpo/memory_tokens": 10.0 * b, "actor/kpo/q": 0.01})
         for b in (1, 2)
     ]
-    _scored(tmp_path / cell.name / "runs" / run.name, metrics_rows(merge_rows(verl_rows), cell.depth))
-    stats = _arm_stats(RegimeConfig(out=str(tmp_path), engine="verl"), cell, [run])
+    # ppo_epochs=2: a batch is depth x 2 = 4 optimizer steps, and rows are at steps 4 and 8 (the batch index was
+    # step / depth: 2 and 4, off by ppo_epochs)
+    _scored(tmp_path / cell.name / "runs" / run.name, metrics_rows(merge_rows(verl_rows), cell.depth * 2))
+    stats = _arm_stats(RegimeConfig(out=str(tmp_path), engine="verl"), cell, [run], 12)
     assert stats["clip_frac"] == pytest.approx(0.15)
     assert stats["on_policy_clip_frac"] is None and stats["off_policy_clip_frac"] is None
     by_batch = stats["memory_tokens"]["by_batch"]
     assert {b: v["median_below_bound"] for b, v in by_batch.items()} == {1: 10.0, 2: 20.0}
+    # the figure says what a verl row is (a batch's mean, not an off-policy step) and the runs' own budget (the
+    # figure said 128 tokens and a matched memory of 31.25 whatever the runs')
+    share, title, matched = memory_labels(stats["memory_tokens"])
+    assert share.startswith("% of generation batches whose mean") and "off-policy steps" not in share
+    assert "responses: up to 12 tokens" in title and matched == matched_memory(12)
 
 
 def test_kpo_step_rows_keep_the_on_and_off_policy_split(tmp_path):
@@ -109,10 +118,11 @@ def test_a_trainer_dies_with_the_process_that_started_it(tmp_path):
     """A SIGKILL of the parent (kpo compare's worker: no handler runs) takes the trainer it started with it."""
     parent = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent("""
-            import subprocess, sys, time
+            import functools, os, subprocess, sys, time
             from kpo.compare.guards import die_with_parent
             child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
-                                     preexec_fn=die_with_parent, start_new_session=True)
+                                     preexec_fn=functools.partial(die_with_parent, os.getpid()),
+                                     start_new_session=True)
             print(child.pid, flush=True)
             time.sleep(600)
         """)],
@@ -124,6 +134,51 @@ def test_a_trainer_dies_with_the_process_that_started_it(tmp_path):
     parent.wait()
     child.wait(timeout=60)  # returns once the child has ended (psutil.TimeoutExpired if it outlived its parent)
     assert not child.is_running()
+
+
+def test_a_child_whose_parent_died_before_it_could_ask_ends_at_once():
+    """The parent's pid is read in the parent, before the fork: the old check read getppid() twice in the child,
+    both times after its adoption when the parent died first, and the child lived on (issue 54)."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that is no longer anyone's parent: as a parent that ended before the child's check
+    code = textwrap.dedent(f"""
+        from kpo.compare.guards import die_with_parent
+        die_with_parent({gone.pid})
+        print("lived on", flush=True)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (1, "", "")  # ended by the check, not by an error
+
+
+def test_runs_are_locked_with_pid_files_where_flock_is_missing(tmp_path, monkeypatch, capsys):
+    """A filesystem without flock (ENOLCK): one line, then an exclusive pid file per run, which a second process
+    cannot take, and which a gone process of this host leaves for the next to take over (issue 54)."""
+    import errno
+
+    from kpo.compare import guards
+
+    monkeypatch.delenv(guards.PID_FILES_ENV, raising=False)
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(guards.fcntl, "flock", no_flock)
+    folder = tmp_path / "runs" / "vanilla-seed0"
+    assert lock_run(folder) is True
+    assert "has no flock (No locks available); each run is locked with an exclusive pid file" in capsys.readouterr().out
+    assert os.environ[guards.PID_FILES_ENV] == "1"
+    assert lock_run(folder) is None  # held
+    assert f"being written by process {os.getpid()} on " in guards.busy(folder)
+    unlock_run(folder)
+    assert guards.busy(folder) is None and not (folder / guards.PID_FILE).exists()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (folder / guards.PID_FILE).write_text(f"{gone.pid} {guards.socket.gethostname()}\n")
+    assert lock_run(folder) is True  # a killed compare's file, on this host: taken over
+    unlock_run(folder)
+    (folder / guards.PID_FILE).write_text(f"{gone.pid} another-host\n")
+    assert lock_run(folder) is None  # another host's: only the user knows whether it is gone
+    monkeypatch.delenv(guards.PID_FILES_ENV)
 
 
 # ------------------------------------------------------------------ --keep
@@ -138,7 +193,7 @@ def test_kpo_runs_keep_their_final_model_and_drop_checkpoints(tmp_path, keep):
     for name in ("final/model.safetensors", "checkpoint-4/optimizer.pt", "metrics.jsonl", "eval.json"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(b"x" * 10)
-    assert disk_bytes(tmp_path) == 40 and _size(40) == "0.04 kB" and _size(1_234_000_000) == "1.23 GB"
+    assert disk_bytes(tmp_path) == 40 and size_text(40) == "0.04 kB" and size_text(1_234_000_000) == "1.23 GB"
     KpoEngine().prune(CompareConfig(keep=keep), tmp_path)
     left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     expected = {

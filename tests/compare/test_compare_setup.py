@@ -12,7 +12,8 @@ import torch
 
 from kpo.cli import main as kpo_main
 from kpo.compare import CompareConfig, CompareError, run_compare
-from kpo.compare.engines.verl import PAPER_CLIP, metrics_rows
+from kpo.compare.engines.verl import PAPER_CLIP
+from kpo.compare.engines.verl_metrics import metrics_rows
 from kpo.compare.outcome import load_outcome
 
 from .conftest import TOY_TRAIN

@@ -38,6 +38,9 @@ class FakeEngine:
     def config_errors(self, cfg, runs) -> list[str]:
         return []
 
+    def plan_lines(self, cfg) -> list[str]:
+        return []
+
     def cell_settings(self, cell) -> tuple[str, ...]:
         return (f"sampler={cell.mismatch}", f"lr={cell.lr!r}")
 

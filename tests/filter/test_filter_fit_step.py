@@ -211,3 +211,63 @@ def test_the_compiled_token_loop_and_the_scan_give_the_same_sums(mode):
     for q, p0, x0 in ((1e-3, 0.0, 0.0), (0.3, 0.7, -0.2)):
         compiled = part.pieces(q, p0, x0)
         assert compiled == pytest.approx(part.pieces(q, p0, x0, compiled=False), rel=1e-10)
+
+
+def _batches_with_noisy_on_policy_steps(noise: float) -> list[float]:
+    """The q of each of 6 optimizer steps (3 generation batches of 2 steps) of a StepFit that knows the batches,
+    the on-policy steps' log-ratios i.i.d. noise of sd ``noise`` (two computations of one policy on a GPU)."""
+    fit = StepFit(fallback_q=1e-6, steps_per_batch=2)
+    g = torch.Generator().manual_seed(3)
+    qs = []
+    for step in range(6):
+        z = simulate(1e-2, 8, 64, seed=20 + step)
+        if step % 2 == 0:
+            z = noise * torch.randn(z.shape, generator=g, dtype=torch.float64)
+        qs.append(fit.q)
+        _steps(z, holes(8, 64), 4, fit)
+    return qs
+
+
+def test_a_generation_batch_s_on_policy_step_is_not_fitted():
+    """Issue 54: i.i.d. noise of 1e-3 on the on-policy step fitted q = 1e-8 and filtered the next, off-policy step
+    with it. With the steps of a batch known, the on-policy steps are not fitted: noise there changes no q, and
+    each off-policy step's fit is the q of the next batch."""
+    clean, noisy = _batches_with_noisy_on_policy_steps(0.0), _batches_with_noisy_on_policy_steps(1e-3)
+    assert noisy == clean
+    assert clean[:2] == [1e-6, 1e-6]  # nothing fitted before the first off-policy step ends
+    assert clean[2] == clean[3] == fit_q(simulate(1e-2, 8, 64, seed=21), holes(8, 64))
+    # without the batches, a q fitted to the noise is what the step after it filters with
+    fit = StepFit(fallback_q=1e-6)
+    _steps(1e-3 * torch.randn(8, 64, dtype=torch.float64), holes(8, 64), 4, fit)
+    assert not fit.stale and fit.q != 1e-6
+
+
+def _sequence_parallel(rank: int, init: str, z, mask, out) -> None:
+    """One of 4 processes, a (dp 2, sp 2) mesh: ranks 2d and 2d + 1 hold the same rows (data-parallel rank d's
+    half), as verl's Ulysses ranks do after gathering their log-probs."""
+    import torch.distributed as dist
+
+    from kpo._distributed import DataParallelSum, mesh_position
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=4)
+    try:
+        dp_rank, _ = mesh_position(2)
+        rows = slice(dp_rank * 4, dp_rank * 4 + 4)
+        fit = StepFit(fallback_q=1e-6, reduce=DataParallelSum(2))
+        _steps(z[rows], mask[rows], 2, fit)
+        out[rank] = tuple(fit.fit)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sequence_parallel_ranks_count_their_rows_once(tmp_path):
+    """The likelihood's sums over the data-parallel group only: the fit and its interval are those of the
+    whole batch in one process (summed over all 4, each token counted twice, the interval narrowed)."""
+    import torch.multiprocessing as mp
+
+    z, mask = simulate(1e-2, 8, 128, seed=5), holes(8, 128)
+    out = mp.Manager().dict()
+    mp.spawn(_sequence_parallel, args=(f"file://{tmp_path / 'store'}", z, mask, out), nprocs=4, join=True)
+    whole = Likelihood().add(z, mask).fit()
+    for rank in range(4):
+        assert out[rank] == pytest.approx(tuple(whole), rel=1e-9)

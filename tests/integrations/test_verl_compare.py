@@ -1,15 +1,21 @@
-"""``kpo compare --engine verl`` and ``kpo compare regimes --engine verl`` on the CPU: every run is verl's own
-``python -m verl.trainer.main_ppo`` (v1 trainer) on the embedded toy task written as files by ``kpo task``, with
-the CPU platform and transformers rollout of test_verl_e2e.py (``VERL_USE_EXTERNAL_MODULES``) and its recorder of
-the loss calls, one folder per run (``KPO_VERL_CAPTURE_DIR={KPO_COMPARE_RUN}/capture``).
+"""``kpo compare --engine verl`` and ``kpo compare regimes --engine verl`` on the CPU, every run verl's own
+``python -m verl.trainer.main_ppo`` (v1 trainer) on the embedded toy task written as files by ``kpo task``, with the
+CPU platform and transformers rollout of test_verl_e2e.py (``VERL_USE_EXTERNAL_MODULES``) and its recorder of the
+loss calls, one folder per run (``KPO_VERL_CAPTURE_DIR={KPO_COMPARE_RUN}/capture``), in both ways main_ppo runs:
 
-One compare of 2 arms (verl's vanilla, KPO at the matched memory) x 1 seed, 4 optimizer steps each (2 verl
-steps of 6 prompts x 8 samples, 2 mini-batches; verl's validation before training, a checkpoint every verl step),
-scored by kpo eval on the 2 held-out problems, is run once for the module: killed (SIGTERM) once its second run
-has checkpointed and logged its first verl step, then run again to the end, which resumes that run (whose
-validation before training logs at the checkpointed step). The regime map then runs
-the cell those runs belong to (none-depth2-lr0.001): it reuses them and trains GSPO (and the clip band, if GRPO
-collapsed in a seed where KPO or GSPO did not). About 1.5 minutes per main_ppo run on 2 shared cores.
+- **as jobs of a Ray cluster the test starts**, as a user starts one (``ray start --head``, token authentication
+  on: :mod:`tests.integrations.ray_cluster`): a compare of 2 arms (verl's vanilla, KPO at the matched memory) x 1
+  seed, 4 optimizer steps each (2 verl steps of 6 prompts x 8 samples, 2 mini-batches; verl's validation before
+  training, a checkpoint every verl step), ``--jobs 2`` and a relative ``--out``, scored by kpo eval on the 2
+  held-out problems. The cluster knows nothing of the test's setup: the CPU platform, the recorder and the
+  repository reach the jobs through ``--ray-runtime-env``. It is killed with SIGKILL once both runs have
+  checkpointed and logged their first verl step (no handler runs: the jobs' leases run out), a kill mid-write is
+  left in one run's metrics file, and the compare is run again to the end, which resumes the runs. The cluster is
+  stopped at the end, by the test.
+- **as a child process**: the regime map then runs the cell those runs belong to (none-depth2-lr0.001), reusing
+  them (a job's run and a child's are the same run) and training GSPO and KPO (auto), 2 at once.
+
+About 1.5 minutes per main_ppo run on 2 shared cores, two at a time.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import torch
 pytest.importorskip("verl", reason="verl not installed: `make test` runs this file in .venv-verl")
 
 from tests.compare.conftest import TOY_TASK as TASK_FLAGS  # noqa: E402 - the toy task, as kpo task's flags
+from tests.integrations.ray_cluster import LocalCluster, leftovers  # noqa: E402
 from tests.integrations.verl_loss_capture import CAPTURE_DIR_ENV, load_calls  # noqa: E402
 
 from kpo.cli import main as kpo_main  # noqa: E402
@@ -51,8 +58,23 @@ CELL_SETTINGS = (
     "algorithm.rollout_correction.bypass_mode=false",
     "actor_rollout_ref.actor.optim.lr=0.001",
 )
+RUNS = ("vanilla-seed0", "kpo-memorymatched-seed0")
 RUN_TIMEOUT_S = 1500
+LEASE_S = 10  # how long the jobs outlive the killed compare (kpo's default: 60)
 CPU_YAML = ROOT / "examples" / "verl" / "cpu_tiny.yaml"
+# what the jobs need of the test's setup: the repository's test modules, the CPU platform, the recorder
+TEST_ENV = {
+    "PYTHONPATH": str(ROOT),
+    "VERL_PLATFORM": "cpu",
+    "VERL_USE_EXTERNAL_MODULES": EXTERNAL_MODULES,
+    CAPTURE_DIR_ENV: "{KPO_COMPARE_RUN}/capture",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "OMP_NUM_THREADS": "1",
+    "WANDB_MODE": "disabled",
+}
+ENV = {**os.environ, **TEST_ENV, "RAY_USAGE_STATS_ENABLED": "0"}
+ENV["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 def cpu_config(task: dict[str, Path]) -> list[str]:
@@ -63,20 +85,6 @@ def cpu_config(task: dict[str, Path]) -> list[str]:
 
 def kpo_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "kpo", *args]
-
-
-ENV = {
-    **os.environ,
-    "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-    "VERL_PLATFORM": "cpu",
-    "VERL_USE_EXTERNAL_MODULES": EXTERNAL_MODULES,
-    CAPTURE_DIR_ENV: "{KPO_COMPARE_RUN}/capture",
-    "HF_HUB_OFFLINE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "OMP_NUM_THREADS": "1",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "WANDB_MODE": "disabled",
-}
 
 
 @pytest.fixture(scope="module")
@@ -91,107 +99,182 @@ def task(tmp_path_factory) -> dict[str, Path]:
     }
 
 
-def compare_argv(task: dict[str, Path], out: Path) -> list[str]:
+def compare_argv(task: dict[str, Path], out: str, *cluster: str) -> list[str]:
     return kpo_command(
         "compare", "--engine", "verl", "--model", str(task["model"]), "--dataset", str(task["train"]),
         "--eval-data", str(task["test"]), "--methods", "vanilla", "--no-ablations", "--aa-seeds", "0",
         "--seeds", "1", "--steps", str(STEPS), "--minibatches", str(MINIBATCHES), "--dump-every", "1",
-        "--eval-n", "2", "--out", str(out), *cpu_config(task), *CELL_SETTINGS,
+        "--eval-n", "2", "--out", out, *cluster, *cpu_config(task), *CELL_SETTINGS,
     )  # fmt: skip
+
+
+def _checkpoints(run: Path) -> list[Path]:
+    """The run's checkpoints on disk: verl's global_step_N/actor folders."""
+    return sorted((run / "checkpoints").glob("global_step_*/actor"))
+
+
+def _watched(argv: list[str], env: dict, cwd: Path, log: Path, runs: Path, until=None) -> dict:
+    """Run kpo compare, looking at its runs' checkpoints every half second, until it ends or ``until()`` holds
+    (then SIGKILL it): {"code", "most" (run -> the most checkpoints seen at once), "bytes" (the most bytes of
+    checkpoints seen at once)}."""
+    most, peak = {}, 0
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=sink, stderr=sink, start_new_session=True)
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while proc.poll() is None:
+            assert time.monotonic() < deadline, log.read_text()[-6000:]
+            for run in runs.glob("*-seed0"):
+                held = _checkpoints(run)
+                most[run.name] = max(most.get(run.name, 0), len(held))
+                peak = max(peak, sum(f.stat().st_size for c in held for f in c.rglob("*") if f.is_file()))
+            if until is not None and until():
+                os.kill(proc.pid, signal.SIGKILL)  # kpo compare alone: its workers die with it
+                break
+            time.sleep(0.5)
+        code = proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return {"code": code, "most": most, "bytes": peak, "output": log.read_text()}
 
 
 @pytest.fixture(scope="module")
 def compare(task, tmp_path_factory) -> dict:
-    """The compare, killed once its second run has checkpointed and logged its first verl step, then run to the
-    end: {"out", "killed" (the first attempt's exit status), "stamps" (the first run's files after the kill),
-    "rerun" (the second's output), "second" (the resumed run's folder)}."""
-    out = tmp_path_factory.mktemp("verl-compare") / CELL
-    runs = out / "runs"
-    first, second = runs / "vanilla-seed0", runs / "kpo-memorymatched-seed0"
-    log = out.parent / "killed.log"
-    with open(log, "w") as sink:
-        proc = subprocess.Popen(compare_argv(task, out), env=ENV, start_new_session=True, stdout=sink, stderr=sink)
+    """The compare on a local Ray cluster: killed with SIGKILL once both runs have checkpointed and logged their
+    first verl step, then run to the end: {"out", "killed" (the first attempt), "left" (the compare's Ray jobs and
+    live actors once the kill's leases ran out), "rerun" (the second attempt), "stopped" (the cluster's processes
+    that had to be killed at its stop)}."""
+    work = tmp_path_factory.mktemp("verl-compare")  # kpo compare's working directory
+    out = work / "runs" / CELL
+    runtime_env = work / "runtime_env.yaml"
+    runtime_env.write_text(json.dumps({"env_vars": TEST_ENV}))
+    cluster = LocalCluster(tmp_path_factory.mktemp("ray"), cpus=32, gpus=2)
     try:
-        deadline = time.time() + RUN_TIMEOUT_S
-        # verl saves a step's checkpoint before it logs the step's row: both are there once the row is
-        first_rows = second / "verl_metrics-0.jsonl"
-        while not (first_rows.exists() and "actor/pg_clipfrac" in first_rows.read_text()):
-            assert proc.poll() is None and time.time() < deadline, log.read_text()[-6000:]
-            time.sleep(1)
-        os.kill(proc.pid, signal.SIGTERM)
-        killed = proc.wait(timeout=300)
+        env = {**ENV, **{k: cluster.env[k] for k in ("PATH", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")},
+               "KPO_RAY_LEASE_SECONDS": str(LEASE_S)}  # fmt: skip
+        argv = compare_argv(
+            task, f"runs/{CELL}", "--jobs", "2", "--ray-address", cluster.address, "--ray-runtime-env", str(runtime_env)
+        )
+
+        def both_checkpointed() -> bool:  # verl saves a step's checkpoint before it logs the step's row
+            rows = [out / "runs" / name / "verl_metrics-0.jsonl" for name in RUNS]
+            return all(p.exists() and "actor/pg_clipfrac" in p.read_text() for p in rows)
+
+        killed = _watched(argv, env, work, work / "killed.log", out / "runs", until=both_checkpointed)
+        # the jobs' leases run out: main_ppo stops, and Ray ends its actors
+        deadline = time.monotonic() + LEASE_S + 180
+        while (left := leftovers(cluster, "kpo-"))["alive"] or any(
+            s in ("PENDING", "RUNNING") for s in left["jobs"].values()
+        ):
+            assert time.monotonic() < deadline, left
+            time.sleep(2)
+        # a kill mid-write leaves the last line of a metrics file cut short
+        with open(out / "runs" / RUNS[1] / "verl_metrics-0.jsonl", "a") as f:
+            f.write('{"step": 2, "data": {"actor/pg_cl')
+        rerun = _watched(argv, env, work, work / "rerun.log", out / "runs")
+        auth = _without_the_token(cluster.address, work)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    stamps = {p.name: p.stat().st_mtime_ns for p in first.iterdir() if p.is_file()}
-    rerun = subprocess.run(
-        compare_argv(task, out), env=ENV, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+        stopped = cluster.stop()
+    assert rerun["code"] == 0, rerun["output"][-8000:]
+    return {
+        "out": out, "killed": killed, "left": left, "rerun": rerun, "stopped": stopped, "cluster": cluster, "auth": auth
+    }  # fmt: skip
+
+
+def _without_the_token(address: str, home: Path) -> dict[str, str]:
+    """What kpo says of the cluster where Ray finds no token (``missing``) and where it finds a wrong one
+    (``refused``): its one line each."""
+    said = {}
+    env = {k: v for k, v in ENV.items() if not k.startswith("RAY_AUTH")} | {"HOME": str(home)}
+    code = (
+        "from kpo.compare.engines.verl_cluster import ClusterError, connect\n"
+        f"try:\n    connect({address!r})\nexcept ClusterError as e:\n    print(e)"
     )
-    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-6000:]
-    return {"out": out, "killed": killed, "stamps": stamps, "rerun": rerun.stdout, "second": second}
+    for case, extra in (("missing", {}), ("refused", {"RAY_AUTH_TOKEN": "0" * 64})):
+        done = subprocess.run([sys.executable, "-c", code], env=env | extra, capture_output=True, text=True, timeout=120)
+        said[case] = done.stdout.strip()
+    return said
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S * 2)
-def test_a_kill_during_the_second_run_keeps_the_first(compare):
+@pytest.mark.timeout(RUN_TIMEOUT_S * 3)
+def test_a_sigkilled_compare_leaves_no_job_and_its_rerun_trains_every_step(compare):
     out = compare["out"]
-    assert compare["killed"] == 130  # kpo's status for an interrupt
-    assert "2 runs, 1 already done" in compare["rerun"], compare["rerun"][-3000:]
-    assert "resuming kpo-memorymatched-seed0 from its checkpoint" in compare["rerun"]
-    first = out / "runs" / "vanilla-seed0"
-    assert {p.name: p.stat().st_mtime_ns for p in first.iterdir() if p.is_file()} == compare["stamps"]
-    # the interrupted main_ppo took every process of its run with it
-    import psutil
+    assert compare["killed"]["code"] == -signal.SIGKILL
+    # Ray's own state: every job of the compare ended (its lease ran out), and none of their actors lives on
+    assert compare["left"]["alive"] == [] and len(compare["left"]["jobs"]) >= 2
+    assert set(compare["left"]["jobs"].values()) <= {"FAILED", "STOPPED", "SUCCEEDED"}
+    rerun = compare["rerun"]["output"]
+    for name in RUNS:  # each run resumed from its checkpoint, or had finished before the kill
+        folder = out / "runs" / name
+        assert f"resuming {name} from its checkpoint" in rerun or "1 already done" in rerun, rerun[-3000:]
+        rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        # one row per verl step, each with its training metrics: none lost to the kill
+        assert [r["step"] for r in rows] == [2, 4] and all(0 <= r["reward_mean"] <= 1 for r in rows)
+        assert all(r["clip_frac"] is not None for r in rows)
+        assert json.loads((folder / "eval.json").read_text())["benchmarks"]["test"]["problems"] == 2
+        assert len(json.loads((folder / "ray-jobs.json").read_text())) >= 1
+    torn = (out / "runs" / RUNS[1] / "log.txt").read_text()
+    assert "verl_metrics-0.jsonl: its last line is cut short" in torn and "skipped" in torn
+    # the cluster stopped itself at the end: nothing of it had to be killed
+    assert compare["stopped"] == [] and compare["cluster"].head.returncode is not None
 
-    alive = [
-        p.info["cmdline"]
-        for p in psutil.process_iter(["cmdline"])
-        if str(compare["second"]) in " ".join(p.info["cmdline"] or [])
-    ]
-    assert alive == []
+
+@pytest.mark.timeout(RUN_TIMEOUT_S * 3)
+def test_ray_s_token_authentication_stays_on_and_is_named_when_missing_or_refused(compare):
+    missing, refused = compare["auth"]["missing"], compare["auth"]["refused"]
+    assert missing.startswith(f"--ray-address {compare['cluster'].address}: the cluster asks for Ray's authentication")
+    assert "none is here where Ray looks (RAY_AUTH_TOKEN, the file RAY_AUTH_TOKEN_PATH names, ~/.ray/auth_token)" in missing
+    assert refused.startswith(f"--ray-address {compare['cluster'].address}: the cluster refused the Ray token found")
+    assert "\n" not in missing + refused
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S * 2)
+@pytest.mark.timeout(RUN_TIMEOUT_S * 3)
+def test_a_run_holds_one_checkpoint_while_it_trains_within_the_planned_disk(compare):
+    """verl removes the older checkpoint before it writes the next (trainer.max_actor_ckpt_to_keep=1); the plan's
+    disk per run bounds what was seen at once."""
+    for attempt in ("killed", "rerun"):
+        assert compare[attempt]["most"] and max(compare[attempt]["most"].values()) == 1, compare[attempt]["most"]
+    planned = re.search(r"disk per run: at most ([\d.]+) (kB|MB|GB) while it trains", compare["killed"]["output"])
+    assert planned, compare["killed"]["output"][-3000:]
+    limit = float(planned[1]) * {"kB": 1e3, "MB": 1e6, "GB": 1e9}[planned[2]]
+    # two runs at once: the most seen together is at most twice one run's
+    assert 0 < max(compare[a]["bytes"] for a in ("killed", "rerun")) <= 2 * limit
+    assert "each run a job of the Ray cluster at" in compare["killed"]["output"]
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S * 3)
 def test_the_report_pairs_the_arms_by_seed_on_held_out_problems(compare):
     out = compare["out"]
     report = json.loads((out / "report.json").read_text())
     contrast = report["contrasts"]["kpo (memory=matched) - vanilla"]
     assert contrast["seeds"] == 1 and len(contrast["per_seed"]) == 1
     assert "held-out avg@2 over the 2 problems of test" in (out / "report.md").read_text()
-    for name in ("vanilla-seed0", "kpo-memorymatched-seed0"):
-        results = json.loads((out / "runs" / name / "eval.json").read_text())
-        assert results["benchmarks"]["test"]["problems"] == 2 and results["params"]["n"] == 2
-        rows = [json.loads(line) for line in (out / "runs" / name / "metrics.jsonl").read_text().splitlines()]
-        # one row per verl step, each with its training metrics (the start model's validation, verl's step 0,
-        # stays in verl's own file)
-        assert [r["step"] for r in rows] == [2, 4] and all(0 <= r["reward_mean"] <= 1 for r in rows)
+    for name in RUNS:
         logged = (out / "runs" / name / "verl_metrics-0.jsonl").read_text().splitlines()
+        # the start model's validation, verl's step 0, stays in verl's own file
         assert json.loads(logged[0])["step"] == 0 and all(k.startswith("val-") for k in json.loads(logged[0])["data"])
         # --keep's default: the final checkpoint's Hugging Face weights alone stay
         kept = {p.parent for p in (out / "runs" / name / "checkpoints").rglob("*") if p.is_file()}
         assert kept == {out / "runs" / name / "checkpoints" / "global_step_2" / "actor" / "huggingface"}
-    assert re.search(r"; disk [\d.]+ [kMG]B written, [\d.]+ [kMG]B kept", compare["rerun"])  # as each finished
-    # the resumed run: its first attempt's training row at the checkpointed step kept its metrics, and gained the
-    # validation the second attempt logged there
-    second = compare["second"]
-    assert len(list(second.glob("verl_metrics-*.jsonl"))) == 2
-    resumed = [json.loads(line) for line in (second / "metrics.jsonl").read_text().splitlines()]
-    assert resumed[0]["clip_frac"] is not None and any(k.startswith("val-core/") for k in resumed[0])
-    # the arms of a seed trained on the same prompts: the seed, not the arm, sets verl's data order and sampling
-    settings = [json.loads((out / "runs" / f"{arm}-seed0" / "run.json").read_text())["overrides"]
-                for arm in ("vanilla", "kpo-memorymatched")]  # fmt: skip
+    assert re.search(r"; disk [\d.]+ [kMG]B written, [\d.]+ [kMG]B kept", compare["rerun"]["output"])
+    # the arms of a seed trained on the same prompts: the seed, not the arm, sets verl's data order and sampling;
+    # every path the jobs were given is absolute (--out was relative)
+    settings = [json.loads((out / "runs" / name / "run.json").read_text())["overrides"] for name in RUNS]
     assert all("data.seed=0" in o and "actor_rollout_ref.rollout.seed=0" in o for o in settings)
+    assert all(f"trainer.default_local_dir={out / 'runs' / n / 'checkpoints'}" in o for n, o in zip(RUNS, settings))
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S * 2)
+@pytest.mark.timeout(RUN_TIMEOUT_S * 3)
 @pytest.mark.parametrize("arm", ["vanilla", "kpo-memorymatched"])
 def test_each_run_trained_on_its_arm_s_loss(compare, arm):
     memory = matched_memory(RESPONSE)
-    calls = load_calls(compare["out"] / "runs" / f"{arm}-seed0" / "capture")
+    calls = load_calls(compare["out"] / "runs" / f"{arm}-seed0" / "capture")  # the runtime env reached the actors
     (rank,) = calls
-    # one call per optimizer step (one micro-batch each); the resumed run also has its killed attempt's calls
-    # of the verl step it redid
-    resumed = arm == "kpo-memorymatched"
-    assert STEPS <= len(calls[rank]) <= STEPS + MINIBATCHES if resumed else len(calls[rank]) == STEPS
+    # one call per optimizer step (one micro-batch each); a resumed run also has its killed attempt's calls of
+    # the verl step it redid
+    assert STEPS <= len(calls[rank]) <= STEPS + MINIBATCHES
     for call in calls[rank]:
         if arm == "vanilla":  # verl's own vanilla at its paper clip range
             assert call["loss_mode"] == "vanilla" and call["loss_agg_mode"] == "token-mean"
@@ -210,7 +293,7 @@ def test_each_run_trained_on_its_arm_s_loss(compare, arm):
         assert call["loss_agg_mode"] == "seq-mean-token-mean" and torch.equal(loss, call["loss"])
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S * 2)
+@pytest.mark.timeout(RUN_TIMEOUT_S * 3)
 def test_kpo_analyze_reads_a_verl_run_s_ratio_dumps(compare, tmp_path):
     run = compare["out"] / "runs" / "kpo-memorymatched-seed0"  # resumed: its dumps from both attempts
     dumps = sorted(p.name for p in (run / "ratios").iterdir())
@@ -220,34 +303,34 @@ def test_kpo_analyze_reads_a_verl_run_s_ratio_dumps(compare, tmp_path):
     assert table2  # the off-policy mini-batches' raw and filtered ratios (the on-policy ones are exactly 1)
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S * 2)
+@pytest.mark.timeout(RUN_TIMEOUT_S * 3)
 def test_a_one_cell_regime_map_on_verl_reuses_the_compare_s_runs(compare, task, tmp_path_factory):
+    """The child-process path (no cluster): the cell's other arms are main_ppo children, 2 at once."""
     out = tmp_path_factory.mktemp("verl-regimes")
-    reused = ("vanilla-seed0", "kpo-memorymatched-seed0")
-    for name in reused:  # copies keep their files' times
+    for name in RUNS:  # copies keep their files' times
         shutil.copytree(compare["out"] / "runs" / name, out / CELL / "runs" / name)
-    stamp = {name: (out / CELL / "runs" / name / "metrics.jsonl").stat().st_mtime_ns for name in reused}
+    stamp = {name: (out / CELL / "runs" / name / "metrics.jsonl").stat().st_mtime_ns for name in RUNS}
     argv = kpo_command(
         "compare", "regimes", "--engine", "verl", "--model", str(task["model"]), "--dataset", str(task["train"]),
         "--eval-data", str(task["test"]), "--cells", CELL, "--seeds", "1", "--max-seeds", "1",
-        "--batches", str(STEPS // MINIBATCHES),
+        "--batches", str(STEPS // MINIBATCHES), "--jobs", "2",
         "--eval-n", "2", "--out", str(out), *cpu_config(task),
     )  # fmt: skip
-    done = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    env = {k: v for k, v in ENV.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    # the compare's runs have the cell's settings: reused; GSPO and KPO (auto) trained on verl (one seed: a
-    # smoke map, its cells only; the questions are answered from 4 seeds)
-    assert {
-        name: (out / CELL / "runs" / name / "metrics.jsonl").stat().st_mtime_ns for name in reused
-    } == stamp
+    # the compare's runs (jobs of the cluster) have the cell's settings: reused; GSPO and KPO (auto) trained on
+    # verl (one seed: a smoke map, its cells only; the questions are answered from 4 seeds)
+    assert {name: (out / CELL / "runs" / name / "metrics.jsonl").stat().st_mtime_ns for name in RUNS} == stamp
     assert all((out / CELL / "runs" / name / "eval.json").exists() for name in ("gspo-seed0", "kpo-memoryauto-seed0"))
     found = json.loads((out / "report.json").read_text())
     (cell,) = found["cells"]
     assert cell["done"] and set(cell["arms"]) == {"vanilla", "gspo", "kpo (memory=matched)", "kpo (memory=auto)"}
     assert cell["metric"].startswith("held-out avg@2")
     # verl's rows are generation batches: no on/off-policy split, and KPO (auto)'s memory from the plugin's
-    # actor/kpo/memory_tokens (memory.png's data), its off-policy steps' fit in each of the 2 batches
+    # actor/kpo/memory_tokens (memory.png's data), per generation batch, with the runs' response budget
     auto = cell["arms"]["kpo (memory=auto)"]
     assert auto["on_policy_clip_frac"] is None and auto["clip_frac"] is not None
     assert set(auto["memory_tokens"]["by_batch"]) == {"1", "2"}
+    assert auto["memory_tokens"]["response_tokens"] == RESPONSE and auto["memory_tokens"]["rows"] == "generation batch"
     assert {q["verdict"] for q in found["questions"]} <= {"pending", "not asked"}

@@ -8,8 +8,8 @@ tiny model for 2 GRPO steps on the embedded task, four times (:data:`RUNS`):
 - ``kpo-1-legacy``: loss_mode=kpo on 1 worker, verl's legacy trainer (``trainer.use_v1=False``), kept while
   verl ships it.
 
-Each takes 1.5 minutes on 2 shared cores (docs/verl.md has the measures) and at most 5.3 GiB (2 workers); the
-warm start adds 10-25 s.
+Each takes 1.5 minutes on 2 shared cores (docs/verl.md has the measures) and at most 5.3 GiB (2 workers), two at
+a time; the warm start adds 10-25 s.
 
 What runs is verl's stock driver, Ray worker groups, FSDP2 actor (gloo process group), agent loop, reward loop,
 TransferQueue (v1) and naive weight sync; kpo adds only what a CPU lacks, through verl's
@@ -187,62 +187,68 @@ def task(tmp_path_factory) -> dict[str, Path]:
     return prepare(out, tmp_path_factory.mktemp("kpo-cache"), n_train=12, n_val=2)
 
 
+def _main_ppo(task: dict[str, Path], out: Path, config: Config) -> Run:
+    """verl's main_ppo with ``config``, in ``out``."""
+    (out / "capture").mkdir()
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "VERL_PLATFORM": "cpu",
+        "VERL_USE_EXTERNAL_MODULES": EXTERNAL_MODULES,
+        CAPTURE_DIR_ENV: str(out / "capture"),
+        "VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl"),
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "WANDB_MODE": "disabled",
+    }
+    env.pop("RAY_ADDRESS", None)  # each run starts its own Ray
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides(task, out, config)]
+    # its own session, so a run past the timeout is stopped with every process Ray started for it
+    proc = subprocess.Popen(
+        cmd,
+        cwd=out,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        log, _ = proc.communicate(timeout=TIMEOUT_S)
+    except BaseException as err:  # the timeout, or pytest stopping: leave no Ray processes behind
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        if not isinstance(err, subprocess.TimeoutExpired):
+            raise
+        pytest.fail(f"main_ppo ({config.id}) ran past {TIMEOUT_S} s:\n{log[-6000:]}")
+    (out / "main_ppo.log").write_text(log)
+    assert proc.returncode == 0, f"main_ppo ({config.id}) failed:\n{log[-6000:]}"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return Run(
+        config,
+        log,
+        rows,
+        load_calls(out / "capture"),
+        load_samples(out / "capture"),
+        out / "checkpoints" / f"global_step_{STEPS}" / "actor" / "huggingface",
+    )
+
+
 @pytest.fixture(scope="module")
 def main_ppo(task, tmp_path_factory):
-    """``main_ppo(config)``: the :class:`Run` of verl's main_ppo with that :class:`Config` (each configuration
-    runs once per module, whichever test asks first)."""
-    runs: dict[Config, Run] = {}
+    """``main_ppo(config)``: the :class:`Run` of verl's main_ppo with that :class:`Config`. Every run of
+    :data:`RUNS` starts with the module, two at a time (a run spends much of its time in Ray's and verl's waits, so
+    two share 2 cores well), and a test waits for the run it asks for."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    def run(config: Config) -> Run:
-        if config not in runs:
-            out = tmp_path_factory.mktemp(f"main_ppo-{config.id}")
-            (out / "capture").mkdir()
-            env = {
-                **os.environ,
-                "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-                "VERL_PLATFORM": "cpu",
-                "VERL_USE_EXTERNAL_MODULES": EXTERNAL_MODULES,
-                CAPTURE_DIR_ENV: str(out / "capture"),
-                "VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl"),
-                "HF_HUB_OFFLINE": "1",
-                "TOKENIZERS_PARALLELISM": "false",
-                "OMP_NUM_THREADS": "1",
-                "RAY_USAGE_STATS_ENABLED": "0",
-                "WANDB_MODE": "disabled",
-            }
-            cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides(task, out, config)]
-            # its own session, so a run past the timeout is stopped with every process Ray started for it
-            proc = subprocess.Popen(
-                cmd,
-                cwd=out,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                start_new_session=True,
-            )
-            try:
-                log, _ = proc.communicate(timeout=TIMEOUT_S)
-            except BaseException as err:  # the timeout, or pytest stopping: leave no Ray processes behind
-                os.killpg(proc.pid, signal.SIGKILL)
-                log, _ = proc.communicate()
-                if not isinstance(err, subprocess.TimeoutExpired):
-                    raise
-                pytest.fail(f"main_ppo ({config.id}) ran past {TIMEOUT_S} s:\n{log[-6000:]}")
-            (out / "main_ppo.log").write_text(log)
-            assert proc.returncode == 0, f"main_ppo ({config.id}) failed:\n{log[-6000:]}"
-            rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-            runs[config] = Run(
-                config,
-                log,
-                rows,
-                load_calls(out / "capture"),
-                load_samples(out / "capture"),
-                out / "checkpoints" / f"global_step_{STEPS}" / "actor" / "huggingface",
-            )
-        return runs[config]
-
-    return run
+    pool = ThreadPoolExecutor(max_workers=2)
+    futures = {c: pool.submit(_main_ppo, task, tmp_path_factory.mktemp(f"main_ppo-{c.id}"), c) for c in RUNS}
+    try:
+        yield lambda config: futures[config].result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def expected_loss(call: dict, loss: str) -> tuple[torch.Tensor, dict[str, float]]:

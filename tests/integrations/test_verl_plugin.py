@@ -27,7 +27,6 @@ from verl.utils.config import omega_conf_to_dataclass, validate_config  # noqa: 
 from verl.workers.config import FSDPActorConfig, PolicyLossConfig  # noqa: E402
 
 from kpo.integrations.verl import (  # noqa: E402
-    DUMP_FIELDS,
     VERL_EQUIVALENTS,
     VERL_LOSSES,
     VERL_OWNED,
@@ -36,6 +35,7 @@ from kpo.integrations.verl import (  # noqa: E402
     trl_has_value_head_model,
     verl_policy_loss,
 )
+from kpo.integrations.verl_fields import PLUGIN_FIELDS  # noqa: E402
 from kpo.losses import get_loss_spec, list_losses, policy_loss  # noqa: E402
 
 MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum")
@@ -382,10 +382,10 @@ def test_config_subclass_through_verl_hydra_instantiation():
 
 def test_the_actor_config_s_loss_fields_are_the_registry_s_keywords():
     # One source of truth: every keyword of every loss the plugin registers is a field (or one of verl's own
-    # clip fields), typed from the loss's annotation; nothing else besides the ratio dumps.
+    # clip fields), typed from the loss's annotation; nothing else besides the ratio dumps and the steps of a batch.
     verl_own = {f.name for f in dataclasses.fields(FSDPActorConfig)}
     ours = {f.name: f for f in dataclasses.fields(KPOActorConfig) if f.name not in verl_own}
-    expected = set(DUMP_FIELDS)
+    expected = set(PLUGIN_FIELDS)
     for name in VERL_LOSSES:
         for hparam in get_loss_spec(name).hparams:
             if hparam in VERL_OWNED:
@@ -476,6 +476,7 @@ def test_memory_auto_through_verl_hydra_fits_q_and_reports_it(monkeypatch):
         "actor_rollout_ref.actor.policy_loss.loss_mode=kpo",
         "+actor_rollout_ref.actor.memory=auto",
         "+actor_rollout_ref.actor.q_max=0.5",
+        "+actor_rollout_ref.actor.steps_per_batch=2",
     )
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     assert (actor.memory, actor.q_max) == ("auto", 0.5)
@@ -631,8 +632,8 @@ def _drifting_batch(seed: int, rows: int = 8, tokens: int = 48):
 def test_memory_auto_is_one_q_per_optimizer_step_for_any_micro_batch_size(tmp_path, monkeypatch):
     """Issue 46: q was fitted per micro-batch, so it changed with ppo_micro_batch_size_per_gpu, and the dumps
     re-fitted the mini-batch. Now every call of a step filters at one q, fitted on the whole previous step (the
-    paper's q before any), the same for micro-batches of 2 and 8 rows; each call is the fixed-q loss at that q;
-    a dump records the q the step used."""
+    paper's q before any; a generation batch's first step is not fitted), the same for micro-batches of 2 and 8
+    rows; each call is the fixed-q loss at that q; a dump records the q the step used."""
     import kpo.integrations.verl as plugin
     from kpo.analysis.dumps import load_dump
     from kpo.filter.fit import fit_q
@@ -645,7 +646,9 @@ def test_memory_auto_is_one_q_per_optimizer_step_for_any_micro_batch_size(tmp_pa
         monkeypatch.setattr(plugin, "_FITS", {})
         monkeypatch.setattr(plugin, "_DUMPS", plugin.RatioDumps())
         folder = tmp_path / str(size)
-        config = actor_config("kpo_unclipped", memory="auto", dump_ratios_every=1, dump_ratios_dir=str(folder))
+        config = actor_config(
+            "kpo_unclipped", memory="auto", dump_ratios_every=1, dump_ratios_dir=str(folder), steps_per_batch=3
+        )
         config.global_batch_info.update(dp_size=2, batch_num_tokens=None, global_batch_size=16, loss_scale_factor=None)
         qs = []
         for new, old, adv, mask in steps:
@@ -672,15 +675,74 @@ def test_memory_auto_is_one_q_per_optimizer_step_for_any_micro_batch_size(tmp_pa
                 used.add(q)
             assert len(used) == 1
             qs.append(used.pop())
-        assert qs[0] == 1e-4  # kpo_unclipped's paper q, before any step is fitted
-        for (new, old, _, mask), q in zip(steps[:-1], qs[1:]):
-            assert q == pytest.approx(fit_q((new - old).detach(), mask), rel=1e-9)
-        dump = load_dump(folder / "step_000002-rank0.safetensors")
-        assert dump.meta_float("q") == pytest.approx(qs[1], rel=1e-12)
+        # kpo_unclipped's paper q until a step is fitted: the batch's first step (on-policy) is not
+        assert qs[0] == qs[1] == 1e-4
+        new, old, _, mask = steps[1]
+        assert qs[2] == pytest.approx(fit_q((new - old).detach(), mask), rel=1e-9)
+        dump = load_dump(folder / "step_000003-rank0.safetensors")
+        assert dump.meta_float("q") == pytest.approx(qs[2], rel=1e-12)
         seen[size] = qs
     assert seen[2] == pytest.approx(seen[8], rel=1e-9)
 
 
 def test_memory_auto_bounds_are_numbers_not_booleans():
     with pytest.raises(ValueError, match=r"actor_rollout_ref.actor \(loss_mode='kpo'\): q_max must be a number > 0, got bool"):
-        actor_config("kpo", memory="auto", q_max=True)
+        actor_config("kpo", memory="auto", q_max=True, steps_per_batch=2)
+
+
+def _fitted_qs(batches, noise: float, monkeypatch) -> list[float]:
+    """The q each optimizer step of ``batches`` (2 steps a generation batch) filters with, where the on-policy
+    steps' log-ratios are i.i.d. noise of sd ``noise`` (verl's recomputed old log-probs beside the training
+    forward, on a GPU) instead of exactly 0."""
+    import kpo.integrations.verl as plugin
+
+    monkeypatch.setattr(plugin, "_STEPS", plugin._OptimizerSteps())
+    monkeypatch.setattr(plugin, "_FITS", {})
+    config = actor_config("kpo", memory="auto", steps_per_batch=2)
+    config.global_batch_info.update(dp_size=1, batch_num_tokens=None, global_batch_size=8, loss_scale_factor=None)
+    g = torch.Generator().manual_seed(11)
+    qs = []
+    for step, (new, old, adv, mask) in enumerate(batches):
+        if step % 2 == 0:  # on-policy: the same policy computed twice
+            new = (old + noise * torch.randn(old.shape, generator=g, dtype=torch.float64)).requires_grad_(True)
+        _, metrics = verl_call(get_policy_loss_fn("kpo"), new, old, adv, mask, "token-mean", config, None)
+        qs.append(metrics["actor/kpo/q"])
+    return qs
+
+
+def test_memory_auto_is_not_fitted_to_the_on_policy_step_s_noise(monkeypatch):
+    """Issue 54: the fit took a batch's first step for a step of exactly-0 log-ratios; with i.i.d. noise of 1e-3
+    there it fitted q = 1e-8 (a 10,000-token memory) and filtered the next, off-policy step with it. Now that step
+    is not fitted: the q of every step is the same with and without the noise, and the off-policy steps' fit."""
+    from kpo.filter.fit import fit_q
+
+    batches = [_drifting_batch(seed) for seed in range(4)]
+    clean, noisy = _fitted_qs(batches, 0.0, monkeypatch), _fitted_qs(batches, 1e-3, monkeypatch)
+    assert noisy == clean
+    new, old, _, mask = batches[1]  # the first batch's off-policy step: the q of the second batch's steps
+    assert clean[:2] == [1e-6, 1e-6] and clean[2] == clean[3] == pytest.approx(fit_q((new - old).detach(), mask))
+
+
+def test_memory_auto_needs_the_steps_of_a_generation_batch():
+    with pytest.raises(ValueError, match=r"memory=auto fits q on the off-policy steps only: set \+actor_rollout_ref"):
+        actor_config("kpo", memory="auto")
+    with pytest.raises(ValueError, match=r"steps_per_batch=0: give the optimizer steps of a generation batch"):
+        actor_config("kpo", steps_per_batch=0)
+
+
+def test_dumps_are_written_once_per_sequence_parallel_group(tmp_path, monkeypatch):
+    """Ulysses sequence parallelism: the ranks of an SP group hold the same rows (verl gathers their log-probs
+    before the loss); only its first writes them, named by its data-parallel rank."""
+    import kpo.integrations.verl as plugin
+
+    new, old, adv, mask = _drifting_batch(0)
+    for position in [(0, 0), (0, 1), (1, 0), (1, 1)]:  # ranks 0-3 of dp 2 x sp 2
+        monkeypatch.setattr(plugin, "_STEPS", plugin._OptimizerSteps())
+        monkeypatch.setattr(plugin, "_DUMPS", plugin.RatioDumps())
+        monkeypatch.setattr(plugin, "mesh_position", lambda dp_size, position=position: position)
+        config = actor_config("kpo", dump_ratios_every=1, dump_ratios_dir=str(tmp_path))
+        config.global_batch_info.update(
+            dp_size=2, batch_num_tokens=2 * int(mask.sum()), global_batch_size=16, loss_scale_factor=None
+        )
+        verl_call(get_policy_loss_fn("kpo"), new, old, adv, mask, "token-mean", config, None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"step_000001-rank{r}.safetensors" for r in (0, 1)]

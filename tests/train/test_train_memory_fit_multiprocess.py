@@ -12,6 +12,7 @@ import torch
 
 from kpo.analysis.dumps import load_dump
 from kpo.filter.fit import NotIdentified, fit_q
+from kpo.protocol import on_policy_step
 
 from .test_train_multiprocess import _run, _torchrun, _train_flags
 
@@ -27,8 +28,11 @@ def test_memory_auto_q_is_the_fit_of_both_processes_rows(tiny_config):
     assert [r["world_size"] for r in rows] == [2] * 4
     dumps = [load_dump(out / "ratios" / f"step_{r['step']:06d}.safetensors") for r in rows]  # both ranks' rows
     fitted = 0
-    for before, row in zip(dumps, rows[1:]):
+    for before, row, previous in zip(dumps, rows[1:], rows):
         assert before.mask.shape[0] == 16  # 2 processes x 8 rows a step
+        if on_policy_step(previous["step"], config.minibatches):  # not fitted (issue 54)
+            assert row["kpo/q"] == previous["kpo/q"]
+            continue
         try:
             q = fit_q(torch.as_tensor(before.log_ratio), torch.as_tensor(before.mask).bool())
         except NotIdentified:

@@ -151,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--jobs",
         type=int,
         default=None,
-        help="Parallel runs (default: one per CPU; --engine verl: 1, as each run takes the cluster).",
+        help="Parallel runs (default: one per CPU; --engine verl: 1, as each run takes the cluster; on a Ray "
+        "cluster (--ray-address) each run asks it for its own resources and its scheduler queues the rest).",
     )
     p.add_argument(
         "--plan",

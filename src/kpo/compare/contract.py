@@ -4,7 +4,7 @@ covers and what ``--keep`` leaves of a scored run."""
 
 from __future__ import annotations
 
-__all__ = ["BATCH_ROWS", "KEEP", "STEP_ROWS", "keep_errors"]
+__all__ = ["BATCH_ROWS", "KEEP", "STEP_ROWS", "keep_errors", "size_text"]
 
 # What one row of a run's metrics.jsonl covers (Engine.rows): one optimizer step (the row's step), or one
 # generation batch (the row's step is the optimizer step that ends it; each metric is the mean over the batch's
@@ -23,3 +23,9 @@ def keep_errors(cfg) -> list[str]:
     if cfg.keep in KEEP:
         return []
     return [f"--keep {cfg.keep}: unknown; use {', '.join(f'{k} ({v})' for k, v in KEEP.items())}"]
+
+
+def size_text(size: int) -> str:
+    """``size`` bytes to read: 1.23 GB, 441 MB, 12.5 kB."""
+    scale, unit = next(((s, u) for s, u in ((1e9, "GB"), (1e6, "MB")) if size >= s), (1e3, "kB"))
+    return f"{size / scale:.3g} {unit}"

@@ -76,6 +76,10 @@ class CompareConfig:
     eval_data: tuple[str, ...] = ()
     verl_config: str | None = None  # --engine verl: the user's verl YAML (its overrides go after `--`)
     keep: str = "hf"  # what stays of a run once scored (kpo.compare.engines.KEEP): its final HF weights
+    # --engine verl: the Ray cluster whose jobs the runs are (its dashboard's address; None: RAY_ADDRESS, else
+    # main_ppo as a child process) and their runtime environment (Ray's runtime_env, a YAML or JSON file)
+    ray_address: str | None = None
+    ray_runtime_env: str | None = None
 
     def __post_init__(self) -> None:
         if self.quick:

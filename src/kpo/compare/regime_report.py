@@ -14,7 +14,7 @@ from kpo._files import replacing
 from kpo.compare.questions import LOOK_SHARES, LOOKS
 from kpo.compare.stats import ALPHA, MARGIN
 
-__all__ = ["answer_line", "contrast_text", "hypotheses", "render_map"]
+__all__ = ["answer_line", "contrast_text", "hypotheses", "memory_labels", "render_map"]
 
 PANELS = ("KPO (matched) - GRPO", "KPO (matched) - GSPO", "KPO (auto) - KPO (matched)", "KPO (matched) - clip band")
 
@@ -177,9 +177,27 @@ def _plot(entries: list[dict], path: Path) -> Path:
     return _save(fig, path)
 
 
+def memory_labels(memory: dict) -> tuple[str, str, float | None]:
+    """(the top panel's y label, the figure's title, the matched memory in tokens or None) of KPO (auto)'s memory
+    figure, from a cell arm's ``memory_tokens``: a verl row is a generation batch's mean over its steps, not a
+    step; the matched memory is the paper's ratio at the runs' response budget."""
+    from kpo.filter.memory import matched_memory
+
+    longest, budget = memory["longest"], memory.get("response_tokens")
+    if memory.get("rows") == "generation batch":
+        share = f"% of generation batches whose mean\nmemory is the longest ({longest:.0f} tokens)"
+    else:
+        share = f"% of off-policy steps at the\nlongest memory ({longest:.0f} tokens)"
+    responses = f"responses: up to {budget} tokens; " if budget else ""
+    title = (f"KPO (auto): the memory the likelihood picks, batch by batch ({responses}solid: stable rate, "
+             "dashed: stress)")  # fmt: skip
+    return share, title, matched_memory(budget) if budget else None
+
+
 def _plot_memory(entries: list[dict], path: Path) -> Path | None:
-    """KPO (auto)'s fitted memory per generation batch, one line per cell: the share of its off-policy steps whose
-    fit sits at the longest memory allowed (q at its bound: no drift seen), and the median memory of the others."""
+    """KPO (auto)'s fitted memory per generation batch, one line per cell: the share of its off-policy steps (a
+    verl run: of its batches' means) at the longest memory allowed (q at its bound: no drift seen), and the
+    median memory of the others (:func:`memory_labels`)."""
     lines = {
         e["cell"]: a["memory_tokens"]
         for e in entries
@@ -201,15 +219,15 @@ def _plot_memory(entries: list[dict], path: Path) -> Path | None:
         top.plot(x, [100 * memory["by_batch"][b]["at_bound"] for b in batches], label=cell, **style)
         below = [memory["by_batch"][b]["median_below_bound"] for b in batches]
         bottom.plot([b for b, m in zip(x, below) if m], [m for m in below if m], **style)
-    longest = next(iter(lines.values()))["longest"]
-    top.set_ylabel(f"% of off-policy steps at the\nlongest memory ({longest:.0f} tokens)")
-    top.set_title("KPO (auto): the memory the likelihood picks, batch by batch (responses: 128 tokens; solid: "
-                  "stable rate, dashed: stress)", fontsize=9)
+    share, title, matched = memory_labels(next(iter(lines.values())))
+    top.set_ylabel(share)
+    top.set_title(title, fontsize=9)
     top.legend(fontsize=7, ncol=2)
     bottom.set_yscale("log")
     bottom.set_ylabel("median fitted memory of the\nother steps (tokens)")
-    bottom.axhline(31.25, color="0.5", ls=":", lw=1)
-    bottom.text(1, 31.25, " matched memory (31.25)", fontsize=7, va="bottom", color="0.4")
+    if matched is not None:
+        bottom.axhline(matched, color="0.5", ls=":", lw=1)
+        bottom.text(1, matched, f" matched memory ({matched:.4g})", fontsize=7, va="bottom", color="0.4")
     bottom.set_xlabel("generation batch")
     return _save(fig, path)
 

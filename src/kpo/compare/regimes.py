@@ -192,6 +192,8 @@ class RegimeConfig:
     eval_data: tuple[str, ...] = ()
     verl_config: str | None = None
     keep: str = CompareConfig.keep
+    ray_address: str | None = None
+    ray_runtime_env: str | None = None
     cells: list[Cell] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -296,6 +298,8 @@ class RegimeConfig:
             eval_data=self.eval_data,
             verl_config=self.verl_config,
             keep=self.keep,
+            ray_address=self.ray_address,
+            ray_runtime_env=self.ray_runtime_env,
         )
 
 
@@ -334,13 +338,15 @@ def outcomes(cfg: RegimeConfig, cell: Cell, seeds: int) -> dict[str, list[tuple[
 
 
 # ------------------------------------------------------------------ a cell of the map
-def _arm_stats(cfg: RegimeConfig, cell: Cell, runs: list[Run]) -> dict:
+def _arm_stats(cfg: RegimeConfig, cell: Cell, runs: list[Run], response_tokens: int | None = None) -> dict:
     """One arm of a cell, from metrics.jsonl: the mean mismatch (rollout_corr/k3_kl), the clip fraction of every
     step, of the batches' first (on-policy) steps and of the others, and for KPO (auto) its fitted memory per
     generation batch over the arm's finished seeds (:func:`_memory_by_batch`). Rows of one optimizer step (kpo
     train's) are classified by their step; rows of a generation batch (verl's: each metric the mean over the
     batch's steps, :data:`kpo.compare.contract.BATCH_ROWS`) hold both kinds together, so the on-policy and
-    off-policy figures are None unless every step is on-policy (depth 1), and the memory is each batch's mean."""
+    off-policy figures are None unless every step is on-policy (depth 1), and the memory is each batch's mean
+    (a row's ``batch`` where it has one: a verl batch is --minibatches x ppo_epochs steps). ``response_tokens``:
+    the runs' response budget, which the memory figure's matched memory is of."""
     from kpo.compare.engines import BATCH_ROWS, engine_of
     from kpo.protocol import on_policy_step
     from kpo.train.metrics import load_metrics
@@ -362,14 +368,18 @@ def _arm_stats(cfg: RegimeConfig, cell: Cell, runs: list[Run]) -> dict:
                 elif not per_batch:
                     rest.append(r["clip_frac"])
             if r.get("kpo/memory_tokens") is not None and (per_batch or not on_policy):
-                memory.setdefault(-(-r["step"] // cell.depth), []).append(r["kpo/memory_tokens"])
+                memory.setdefault(r.get("batch") or -(-r["step"] // cell.depth), []).append(r["kpo/memory_tokens"])
     mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
     return {
         "k3_kl": mean(k3),
         "clip_frac": mean(every),
         "on_policy_clip_frac": mean(first),
         "off_policy_clip_frac": mean(rest),
-        "memory_tokens": _memory_by_batch(memory) if memory else None,
+        "memory_tokens": (
+            {**_memory_by_batch(memory), "rows": engine_of(cfg).rows, "response_tokens": response_tokens}
+            if memory
+            else None
+        ),
     }
 
 
@@ -405,10 +415,12 @@ def cell_entry(cfg: RegimeConfig, cell: Cell, seeds: int) -> dict:
     """A cell of the map at ``seeds`` seeds: its settings, the warm starts, each arm's per-seed accuracy and
     collapses (count and exact bound) and what its runs logged, with :func:`describe_cell`'s contrasts, pick and
     filter or band."""
+    from kpo.compare.engines import engine_of
     from kpo.compare.stats import collapse_count
 
     runs = cell_runs(cfg, cell, seeds)
     found = outcomes(cfg, cell, seeds)
+    response = engine_of(cfg).eval_settings(cfg.cell_config(cell, seeds)).get("max_new_tokens")
     arms = {}
     for arm, per_seed in found.items():
         flags = [None if x is None else x[1] for x in per_seed]
@@ -418,7 +430,7 @@ def cell_entry(cfg: RegimeConfig, cell: Cell, seeds: int) -> dict:
             "accuracy": [None if x is None else x[0] for x in per_seed],
             "collapsed": flags,
             "collapse": collapse_count(done),
-            **_arm_stats(cfg, cell, [r for r in runs if r.arm == arm]),
+            **_arm_stats(cfg, cell, [r for r in runs if r.arm == arm], response),
         }
     finished = [s for s in range(seeds) if all(found[arm][s] is not None for arm in found)]
     entry = {

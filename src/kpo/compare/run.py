@@ -25,6 +25,7 @@ from pathlib import Path
 
 from kpo._files import replacing
 from kpo._progress import progress_bar
+from kpo.compare.contract import size_text
 from kpo.compare.engines import engine_of
 from kpo.compare.guards import LOCK_FILE, busy, busy_line, die_with_parent, lock_run, unlock_run
 from kpo.compare.outcome import EVAL_FILE, EXPECTED_FILE, exact_applies, load_outcome, outcome_file
@@ -129,7 +130,7 @@ def _execute_locked(cfg: CompareConfig, run: Run, out: Path, resume: bool) -> di
             traceback.print_exc(file=log)
         raise
     disk = {"written": written, "kept": disk_bytes(out)}
-    kept = f"{_size(disk['written'])} written, {_size(disk['kept'])} kept (--keep {cfg.keep})"
+    kept = f"{size_text(disk['written'])} written, {size_text(disk['kept'])} kept (--keep {cfg.keep})"
     print(f"kpo compare: {run.name} disk: {kept}", flush=True)  # to the run's log
     return {"run": run.name, "seconds": time.time() - start, "macro": results["macro"], "disk": disk}
 
@@ -143,12 +144,6 @@ def disk_bytes(folder: Path) -> int:
             seen.add((st.st_dev, st.st_ino))
             total += st.st_size
     return total
-
-
-def _size(size: int) -> str:
-    """``size`` bytes to read: 1.23 GB, 441 MB, 12.5 kB."""
-    scale, unit = next(((s, u) for s, u in ((1e9, "GB"), (1e6, "MB")) if size >= s), (1e3, "kB"))
-    return f"{size / scale:.3g} {unit}"
 
 
 def _evaluate(cfg: CompareConfig, model: Path, output: Path) -> dict:
@@ -285,7 +280,7 @@ def _clear_unfinished(folder: Path, resume: bool) -> None:
         (folder / name).unlink(missing_ok=True)
 
 
-def _log_size(folder: Path) -> int:
+def _logsize_text(folder: Path) -> int:
     path = folder / "log.txt"
     return path.stat().st_size if path.exists() else -1
 
@@ -374,7 +369,7 @@ def _await_runs(
                     failures.append(_failure(job.run, e, job.folder / "log.txt"))
                     continue
                 macro = ", ".join(f"{k} {v:.3f}" for k, v in info["macro"].items() if "@" in k)
-                disk = f"{_size(info['disk']['written'])} written, {_size(info['disk']['kept'])} kept"
+                disk = f"{size_text(info['disk']['written'])} written, {size_text(info['disk']['kept'])} kept"
                 bar.write(f"done {job.label} in {info['seconds'] / 60:.1f} min: {macro}; disk {disk}")
                 for new in on_done(job) if on_done is not None else ():
                     jobs.append(new)
@@ -388,13 +383,13 @@ def _await_runs(
 OnDone = Callable[[Job], list[Job]]
 
 
-def _worker_start() -> None:
+def _worker_start(parent: int) -> None:
     """A worker's own process group (signals reach it through :func:`_stop_workers` alone), its death with kpo
     compare's (:func:`die_with_parent`: in its own group, no terminal's signal reaches it), and SIGINT's
     default handler: a kpo compare started in the background (``&``, nohup) passes its ignored SIGINT on to the
     processes it spawns, and a worker that ignores it finished its run, however long, before stopping."""
     os.setpgrp()
-    die_with_parent()
+    die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
@@ -413,14 +408,16 @@ def train_jobs(jobs: list[Job], workers: int | None, on_done: OnDone | None = No
     # whether it was a terminal's Ctrl-C (sent to the whole foreground group) or a signal to kpo compare alone.
     # with on_done, runs may be added as others finish: the pool is sized for them, not for the first list
     size = workers if on_done is not None else min(workers, len(jobs))
-    pool = ProcessPoolExecutor(max_workers=size, mp_context=get_context("spawn"), initializer=_worker_start)
+    pool = ProcessPoolExecutor(
+        max_workers=size, mp_context=get_context("spawn"), initializer=_worker_start, initargs=(os.getpid(),)
+    )
 
     def submit(job: Job):
         resume = engine_of(job.cfg).resumable(job.cfg, job.run, job.folder)
         if resume:
             print(f"resuming {job.label} from its checkpoint", flush=True)
         _clear_unfinished(job.folder, resume)
-        log_sizes[job] = _log_size(job.folder)
+        log_sizes[job] = _logsize_text(job.folder)
         return pool.submit(_execute, job.cfg, job.run, job.folder, resume)
 
     with pool:
@@ -430,7 +427,7 @@ def train_jobs(jobs: list[Job], workers: int | None, on_done: OnDone | None = No
             _stop_workers(pool)
             raise
     broken.sort(key=jobs.index)  # in plan order, not in the order the pool gave up on them
-    started = [j for j in broken if _log_size(j.folder) > log_sizes[j]]
+    started = [j for j in broken if _logsize_text(j.folder) > log_sizes[j]]
     failures += _broken_pool_failures(broken, started)
     if failures:
         raise RunsFailed("kpo compare: runs failed:\n  " + "\n  ".join(failures))
@@ -478,7 +475,7 @@ def run_compare(cfg: CompareConfig, *, pilot: Path | None = None, plan_only: boo
         done=len(runs) - len(todo),
         run_seconds=measured_run_seconds(pilots),
     )
-    print(format_plan(cfg, est), flush=True)
+    print("\n".join([format_plan(cfg, est), *engine_of(cfg).plan_lines(cfg)]), flush=True)
     if plan_only:
         return None
     with holding(out, "kpo compare"):

@@ -58,6 +58,20 @@ def setup_options(p: argparse.ArgumentParser) -> None:
         + "; ".join(f"{k}: {v}" for k, v in KEEP.items())
         + ". Each run's disk use, written and kept, is printed as it finishes.",
     )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="--engine verl: the Ray cluster you started (`ray start --head`; its dashboard, http://HEAD:8265, or "
+        "auto): each run is a Ray job of it, --jobs of them at once, and --out must be on a filesystem every node "
+        "shares (default: RAY_ADDRESS; neither: main_ppo as a child process).",
+    )
+    p.add_argument(
+        "--ray-runtime-env",
+        default=None,
+        help="--engine verl with a cluster: Ray's runtime environment of every run's job, a YAML or JSON file as "
+        "`ray job submit --runtime-env` takes (default: the current directory as its working_dir, --out left "
+        "out); kpo adds each run's environment variables.",
+    )
 
 
 def setup_from_args(args) -> dict:
@@ -69,6 +83,8 @@ def setup_from_args(args) -> dict:
         "eval_data": _eval_files(args.eval_data),
         "verl_config": args.verl_config,
         "keep": args.keep,
+        "ray_address": args.ray_address,
+        "ray_runtime_env": args.ray_runtime_env,
     }
 
 

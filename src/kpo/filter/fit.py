@@ -395,36 +395,71 @@ class StepFit:
     ``kpo train`` and the verl plugin).
 
     The losses of step k filter with :attr:`q`; each of its micro-batches' log-ratios goes to :meth:`add` (kept
-    on its device until the step ends, then copied to the CPU in float64 at once); :meth:`finish`, called by every process at the end of the step,
-    maximizes the likelihood of the whole step, its sums all-reduced over processes
-    (``kpo._distributed.sum_over_ranks``), and that q is the one of step k + 1. So q lags the log-ratios by one
-    optimizer step: the fit needs no forward pass of its own. A step that does not identify q
-    (:class:`NotIdentified`) keeps the q the step used: the last fit, or before any fit ``fallback_q``.
+    on its device until the step ends, then copied to the CPU in float64 at once); :meth:`finish`, called by every
+    process at the end of the step, maximizes the likelihood of the whole step, its sums added over the processes
+    that hold different data (``reduce``: float64 [n] -> its sum over them; by default
+    ``kpo._distributed.sum_over_ranks``, every process of the default group), and that q is the one of step k + 1.
+    So q lags the log-ratios by one optimizer step: the fit needs no forward pass of its own. A step that does not
+    identify q (:class:`NotIdentified`) keeps the q the step used: the last fit, or before any fit ``fallback_q``.
     All q are Q/V.
+
+    ``steps_per_batch``: the optimizer steps of a generation batch, counted from the first step this object sees
+    (a generation batch's first). The first of each batch updates the policy that sampled it: in theory its
+    ratios are exactly 1, in practice two computations of one policy (a recomputed old log-prob and the training
+    forward) differ by noise that the likelihood would read as a token-level signal (i.i.d. noise of 1e-3 fits q at
+    its lower bound, a 10,000-token memory) and hand to the next, off-policy step. So that step is not fitted: its
+    log-ratios are not kept and q carries over it from the batch before. None: every step is fitted.
     """
 
-    def __init__(self, *, bounds=Q_BOUNDS, p0=0.0, x0=0.0, mask_mode="skip", fallback_q: float):
+    def __init__(
+        self,
+        *,
+        bounds=Q_BOUNDS,
+        p0=0.0,
+        x0=0.0,
+        mask_mode="skip",
+        fallback_q: float,
+        steps_per_batch: int | None = None,
+        reduce=None,
+    ):
         check_params(float(fallback_q), 1.0, 0.0)
+        if steps_per_batch is not None and (
+            isinstance(steps_per_batch, bool) or not isinstance(steps_per_batch, int) or steps_per_batch < 1
+        ):
+            raise ValueError(f"steps_per_batch must be an integer >= 1 or None, got {steps_per_batch!r}")
         self.settings = {"bounds": check_bounds(bounds), "p0": p0, "x0": x0, "mask_mode": mask_mode}
+        self.steps_per_batch = steps_per_batch
+        self.reduce = reduce
         self._data = Likelihood(**self.settings)
         self.fit = Fit(float(fallback_q), math.nan, math.nan)  # the fit that q is; NaN interval: the fallback
         self.stale = True  # whether the last finished step identified no q (q is older or the fallback)
         self.reason = "no step fitted yet"
+        self.steps = 0  # optimizer steps finished
 
     @property
     def q(self) -> float:
         return self.fit.q
 
+    @property
+    def on_policy(self) -> bool:
+        """Whether the step under way is the first of its generation batch (not fitted: the class docstring)."""
+        return self.steps_per_batch is not None and self.steps % self.steps_per_batch == 0
+
     def add(self, log_ratio: torch.Tensor, mask: torch.Tensor | None = None) -> None:
-        self._data.add(log_ratio, mask)
+        if not self.on_policy:
+            self._data.add(log_ratio, mask)
 
     def finish(self) -> None:
-        """End the step: sum its pieces over processes (every process calls this once a step) and fit."""
+        """End the step: sum its pieces over processes (every process calls this once a step) and fit; an on-policy
+        step ends without a fit (and without a collective: every process skips it alike)."""
         from kpo._distributed import sum_over_ranks
 
+        skip, self.steps = self.on_policy, self.steps + 1
         data, self._data = self._data, Likelihood(**self.settings)
+        if skip:
+            return
         try:
-            self.fit, self.stale, self.reason = data.fit(sum_over_ranks), False, ""
+            self.fit, self.stale, self.reason = data.fit(self.reduce or sum_over_ranks), False, ""
         except NotIdentified as err:
             self.stale, self.reason = True, str(err)
 
@@ -437,4 +472,5 @@ class StepFit:
         return {"fit": list(self.fit), "stale": self.stale, "reason": self.reason}
 
     def load_state_dict(self, state: dict) -> None:
+        """The fit of a checkpoint; the caller sets :attr:`steps` to the checkpoint's optimizer steps."""
         self.fit, self.stale, self.reason = Fit(*state["fit"]), bool(state["stale"]), str(state["reason"])

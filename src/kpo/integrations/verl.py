@@ -69,7 +69,18 @@ import torch
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
 from verl.workers.config import FSDPActorConfig
 
+from kpo._distributed import DataParallelSum, mesh_position
 from kpo.filter.fit import StepFit
+from kpo.integrations.verl_fields import (
+    DUMP_FIELDS,
+    NOT_FROM_CONFIG,
+    PLUGIN_FIELDS,
+    STEPS_FIELD,
+    VERL_LOSSES,
+    VERL_OWNED,
+    config_field,
+    loss_field_types,
+)
 from kpo.losses import get_loss_spec, policy_loss
 from kpo.losses._core import resolve_clip
 from kpo.losses.kpo import PAPER_Q, add_to_fit, filter_settings, fits_memory, fixed_q_kwargs, step_fit
@@ -83,6 +94,7 @@ __all__ = [
     "VERL_LOSSES",
     "VERL_OWNED",
     "RatioDumps",
+    "isolate_transfer_queue",
     "loss_config_fields",
     "loss_hparams",
     "register_with_verl",
@@ -91,8 +103,6 @@ __all__ = [
     "verl_policy_loss",
 ]
 
-# kpo losses verl 0.9.1 does not have: registered under kpo's name.
-VERL_LOSSES = ("kpo", "kpo_unclipped", "aspo", "ctpo", "holder", "vespo", "luspo", "minpro", "cppo")
 # kpo loss (or alias) -> the verl 0.9.1 loss that is the same method; kpo leaves verl's in place.
 # (verl's "gspo" is the per-token stop-gradient construction, i.e. kpo's gspo_token.)
 VERL_EQUIVALENTS = {
@@ -119,32 +129,18 @@ GLOBAL_BATCH_INFO_KEYS = {
     "dp_size": "dp_size",
     "loss_scale_factor": "loss_scale_factor",
 }
-# Hyperparameters verl's own actor config holds (FSDPActorConfig fields, verl's defaults): read from there.
-VERL_OWNED = ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c")
-# kpo hyperparameter -> actor-config field, where the bare name would be ambiguous in verl's actor config.
-_CONFIG_FIELD = {"p": "holder_p"}
-# KPOActorConfig fields that are no loss hyperparameter: the ratio dumps (RatioDumps).
-DUMP_FIELDS = ("dump_ratios_every", "dump_ratios_dir", "dump_ratios_start")
-# Hyperparameters verl's loss call cannot supply (tensors the actor does not pass to the loss, and the entropy
-# mask that needs one).
-_NOT_FROM_CONFIG = frozenset({"token_entropy", "top_entropy_quantile"})
-
-
-def _config_field(hparam: str) -> str:
-    return _CONFIG_FIELD.get(hparam, hparam)
-
 
 def loss_hparams(name: str, config: Mapping[str, Any]) -> dict[str, Any]:
     """Hyperparameters of kpo loss ``name`` read from a verl actor config (dataclass or DictConfig).
 
-    Every hyperparameter the loss accepts is looked up under its actor-config field (``_config_field``); fields
+    Every hyperparameter the loss accepts is looked up under its actor-config field (``config_field``); fields
     that are absent or None are left out, so the loss uses its own default.
     """
     out = {}
     for hparam in get_loss_spec(name).hparams:
-        if hparam in _NOT_FROM_CONFIG:
+        if hparam in NOT_FROM_CONFIG:
             continue
-        value = config.get(_config_field(hparam), None)
+        value = config.get(config_field(hparam), None)
         if value is not None:
             out[hparam] = value
     return out
@@ -192,7 +188,7 @@ def verl_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, f
                 f"kpo loss {name!r} reads its hyperparameters from the actor config; pass config="
             )
         kwargs = loss_hparams(name, config)
-        fit = _memory_fit(name, kwargs) if fits_memory(name, kwargs) else None
+        fit = _memory_fit(name, kwargs, config) if fits_memory(name, kwargs) else None
         if fit is not None:  # the loss at this optimizer step's q, fixed: the same on every rank and micro-batch
             kwargs = fixed_q_kwargs(kwargs, fit.q)
         kwargs.update(_global_batch_kwargs(config.get("global_batch_info", None)))
@@ -257,14 +253,22 @@ _STEPS = _OptimizerSteps()  # one per worker process: its rank's steps
 _FITS: dict[str, StepFit] = {}  # memory="auto": one StepFit per loss and settings in this worker
 
 
-def _memory_fit(name: str, hparams: dict) -> StepFit:
+def _memory_fit(name: str, hparams: dict, config) -> StepFit:
     """This worker's :class:`~kpo.filter.fit.StepFit` of loss ``name`` with ``hparams`` (:func:`loss_hparams`,
-    ``memory="auto"``);
-    until a step identifies q it filters at the variant's paper q (verl's actor config does not carry the
-    response length that kpo train's matched memory needs)."""
+    ``memory="auto"``): until a step identifies q it filters at the variant's paper q (verl's actor config does
+    not carry the response length that kpo train's matched memory needs); each generation batch's first step
+    (``steps_per_batch``, a field the config check requires with memory="auto") is not fitted; the likelihood's
+    sums are added over the data-parallel group (the ranks of a sequence-parallel group hold the same rows)."""
     key = f"{name}:{sorted((k, repr(v)) for k, v in hparams.items())}"
     if key not in _FITS:
-        _FITS[key] = step_fit(name, hparams, PAPER_Q[name])
+        info = config.get("global_batch_info", None) or {}
+        _FITS[key] = step_fit(
+            name,
+            hparams,
+            PAPER_Q[name],
+            steps_per_batch=config.get(STEPS_FIELD),
+            reduce=DataParallelSum(int(info.get("dp_size") or 1)),
+        )
     return _FITS[key]
 
 
@@ -273,7 +277,8 @@ class RatioDumps:
     ``dump_ratios_every``-th optimizer step of this rank (:class:`_OptimizerSteps`), its raw token log-ratios
     (log pi_theta - log pi_old, as the loss received them) and their Kalman filter at the loss's settings (with
     ``memory="auto"``, the q the step's losses used), as
-    ``<dump_ratios_dir>/step_{step:06d}-rank{rank}.safetensors``. ``dump_ratios_start`` is the count a resumed
+    ``<dump_ratios_dir>/step_{step:06d}-rank{R}.safetensors``, R its data-parallel rank (one file per
+    sequence-parallel group, whose ranks hold the same rows). ``dump_ratios_start`` is the count a resumed
     run starts from. ``on_policy`` is left unknown: ``kpo analyze --off-policy-only`` then leaves out the rows
     whose log-ratios are all exactly 0 (the first mini-batch of a batch in verl's default, decoupled mode).
     """
@@ -284,12 +289,15 @@ class RatioDumps:
     def observe(self, steps: int, ends: bool, name: str, config, log_prob, old_log_prob, response_mask, fit) -> None:
         """One loss call of this rank's optimizer step ``steps`` (counted in this process), the last of its step
         where ``ends``; ``fit``: the StepFit whose q the losses use, or None."""
-        import os
         from pathlib import Path
 
         from kpo.analysis.dumps import write_dump
 
         step = int(config.get("dump_ratios_start", None) or 0) + steps
+        info = config.get("global_batch_info", None) or {}
+        dp_rank, sp_rank = mesh_position(int(info.get("dp_size") or 1))
+        if sp_rank:  # the ranks of a sequence-parallel group hold the same rows: its first writes them
+            return
         if step % int(config.get("dump_ratios_every")) == 0:
             self.parts.append((log_prob.detach().float() - old_log_prob.detach().float(), response_mask.detach()))
         if not ends:
@@ -301,15 +309,14 @@ class RatioDumps:
         pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
         mask = torch.cat([pad(m.to(torch.uint8)) for _, m in parts]).cpu()
         log_ratio = torch.cat([pad(z) for z, _ in parts]).cpu() * mask
-        rank = int(os.environ.get("RANK", "0"))
         write_dump(
-            Path(config.get("dump_ratios_dir")) / f"step_{step:06d}-rank{rank}.safetensors",
+            Path(config.get("dump_ratios_dir")) / f"step_{step:06d}-rank{dp_rank}.safetensors",
             log_ratio,
             mask,
             step=step,
             settings=filter_settings(name, loss_hparams(name, config), fitted_q=None if fit is None else fit.q),
             loss=name,
-            source=f"verl rank {rank}",
+            source=f"verl data-parallel rank {dp_rank}",
         )
 
 
@@ -350,26 +357,20 @@ def _field_type(annotations: list[Any]) -> Any:
 
 
 def loss_config_fields(names: tuple[str, ...] = VERL_LOSSES) -> list[tuple[str, Any, Any]]:
-    """``KPOActorConfig``'s loss fields, read from the loss registry: one per hyperparameter of the kpo losses
-    ``names`` (in registry order, under its ``_config_field`` name), typed from the losses' annotations and
-    defaulting to None (= the loss's own default). Left out: the hyperparameters verl's actor config already
-    holds (``VERL_OWNED``) and those verl's loss call cannot supply (``_NOT_FROM_CONFIG``).
+    """``KPOActorConfig``'s loss fields, read from the loss registry
+    (:func:`kpo.integrations.verl_fields.loss_field_types`): one per hyperparameter of the kpo losses ``names``,
+    typed from the losses' annotations and defaulting to None (= the loss's own default).
 
     A hyperparameter whose field name is also a field of verl's actor config (other than ``VERL_OWNED``) is a
-    TypeError: verl's value would silently reach the loss; give it another field name in ``_CONFIG_FIELD``.
+    TypeError: verl's value would silently reach the loss; give it another field name in
+    ``kpo.integrations.verl_fields._CONFIG_FIELD``.
     """
-    annotations: dict[str, list[Any]] = {}
-    for name in names:
-        spec = get_loss_spec(name)
-        hints = typing.get_type_hints(spec.fn)
-        for hparam in spec.hparams:
-            if hparam not in _NOT_FROM_CONFIG and hparam not in VERL_OWNED:
-                annotations.setdefault(_config_field(hparam), []).append(hints.get(hparam, Any))
+    annotations = loss_field_types(names)
     taken = sorted(set(annotations) & {f.name for f in fields(FSDPActorConfig)})
     if taken:
         raise TypeError(
             f"kpo loss hyperparameters {taken} are named like fields of verl's actor config; map them to other "
-            "field names in kpo.integrations.verl._CONFIG_FIELD"
+            "field names in kpo.integrations.verl_fields._CONFIG_FIELD"
         )
     return [(key, _field_type(types_), field(default=None)) for key, types_ in annotations.items()]
 
@@ -380,7 +381,8 @@ def _post_init(self) -> None:
     FSDPActorConfig.__post_init__(self)
     loss_mode = self.policy_loss.get("loss_mode", "vanilla")
     _check_dumps(self, loss_mode)
-    own = {f.name for f in fields(self)} - {f.name for f in fields(FSDPActorConfig)} - set(DUMP_FIELDS)
+    _check_steps(self, loss_mode)
+    own = {f.name for f in fields(self)} - {f.name for f in fields(FSDPActorConfig)} - set(PLUGIN_FIELDS)
     set_fields = sorted(k for k in own if getattr(self, k) is not None)
     if loss_mode not in VERL_LOSSES:
         if set_fields:
@@ -390,7 +392,7 @@ def _post_init(self) -> None:
                 f"{', '.join(VERL_LOSSES)} or drop them"
             )
         return
-    accepted = {_config_field(h) for h in get_loss_spec(loss_mode).hparams} & own
+    accepted = {config_field(h) for h in get_loss_spec(loss_mode).hparams} & own
     unused = [k for k in set_fields if k not in accepted]
     if unused:
         raise ValueError(
@@ -445,6 +447,20 @@ def _check_dumps(config, loss_mode: str) -> None:
         raise ValueError(f"{where}: dump_ratios_start={start!r}: give the optimizer steps done, an integer >= 0")
 
 
+def _check_steps(config, loss_mode: str) -> None:
+    """``steps_per_batch``: an integer >= 1 where given, and given with ``memory="auto"`` (whose fit skips each
+    generation batch's first step: :class:`kpo.filter.fit.StepFit`)."""
+    where, steps = f"actor_rollout_ref.actor.{STEPS_FIELD}", getattr(config, STEPS_FIELD)
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
+        raise ValueError(f"{where}={steps!r}: give the optimizer steps of a generation batch, an integer >= 1")
+    if steps is None and loss_mode in VERL_LOSSES and getattr(config, "memory", None) == "auto":
+        raise ValueError(
+            f"actor_rollout_ref.actor.memory=auto fits q on the off-policy steps only: set +{where} to the optimizer "
+            "steps of a generation batch, data.train_batch_size / ppo_mini_batch_size x ppo_epochs (its first "
+            "step, on-policy, is not fitted; kpo compare sets it)"
+        )
+
+
 _ACTOR_DOC = """verl's FSDP actor config plus the hyperparameters of kpo's losses.
 
 Select it with ``actor_rollout_ref.actor._target_=kpo.integrations.verl.KPOActorConfig`` and set a field with
@@ -466,6 +482,9 @@ Ratio dumps (any of kpo's losses; :class:`RatioDumps`, read by ``kpo analyze``):
 optimizer steps each rank writes the step's raw and filtered token ratios), ``dump_ratios_dir`` (the folder,
 ``step_{N:06d}-rank{R}.safetensors``), ``dump_ratios_start`` (optimizer steps done before this process started,
 a resumed run's; 0 by default).
+
+``steps_per_batch``: the optimizer steps of a generation batch (``data.train_batch_size / ppo_mini_batch_size x
+ppo_epochs``), needed by ``memory="auto"``, whose fit skips each batch's first, on-policy step.
 """
 
 KPOActorConfig = make_dataclass(
@@ -475,6 +494,7 @@ KPOActorConfig = make_dataclass(
         ("dump_ratios_every", int | None, field(default=None)),
         ("dump_ratios_dir", str | None, field(default=None)),
         ("dump_ratios_start", int | None, field(default=None)),
+        (STEPS_FIELD, int | None, field(default=None)),
     ],
     bases=(FSDPActorConfig,),
     namespace={"__post_init__": _post_init, "__doc__": _ACTOR_DOC, "__module__": __name__},
@@ -508,5 +528,72 @@ def tolerate_trl_1() -> None:
     monkey_patch.is_trl_available = trl_has_value_head_model
 
 
+TQ_NAMESPACE = "transfer_queue"  # the Ray namespace TransferQueue 0.1.11 names its actors in, cluster-wide
+
+
+def _job_namespace(namespace: str | None) -> str | None:
+    """TransferQueue's namespace made this Ray job's own; any other namespace as it is."""
+    import ray
+
+    if namespace != TQ_NAMESPACE:
+        return namespace
+    return f"{TQ_NAMESPACE}-{ray.get_runtime_context().get_job_id()}"
+
+
+class _JobScopedRay:
+    """``ray`` as TransferQueue's modules see it, with :func:`_job_namespace` applied to ``get_actor``."""
+
+    def __getattr__(self, name: str):
+        import ray
+
+        return getattr(ray, name)
+
+    @staticmethod
+    def get_actor(name: str, namespace: str | None = None):
+        import ray
+
+        return ray.get_actor(name, namespace=_job_namespace(namespace))
+
+
+class _JobScopedActor:
+    """A Ray actor class whose ``options(namespace=...)`` go through :func:`_job_namespace`."""
+
+    def __init__(self, actor_class):
+        self._actor_class = actor_class
+
+    def __getattr__(self, name: str):
+        return getattr(self._actor_class, name)
+
+    def options(self, **options):
+        if "namespace" in options:
+            options["namespace"] = _job_namespace(options["namespace"])
+        return self._actor_class.options(**options)
+
+
+def isolate_transfer_queue() -> None:
+    """Give each Ray job its own TransferQueue.
+
+    verl's v1 trainer keeps its batches in TransferQueue, whose controller is a named Ray actor in the fixed
+    namespace "transfer_queue", so one per cluster: a second run on the same cluster (``kpo compare --jobs 2`` on a
+    Ray cluster, or two ``ray job submit`` of main_ppo) connects to the first run's controller, and hangs when that
+    run ends (reproduced with TransferQueue 0.1.11 on a local cluster). TransferQueue's modules look the controller
+    up through their own ``ray`` and actor classes; those references are pointed at wrappers that make the
+    namespace ``transfer_queue-<job id>``, the same in every process of one job. Nothing else of Ray changes.
+    """
+    try:
+        from transfer_queue import interface
+        from transfer_queue.storage.clients import ray_storage_client
+    except ImportError:  # no TransferQueue: verl's legacy trainer only
+        return
+    for module in (interface, ray_storage_client):
+        if not isinstance(module.ray, _JobScopedRay):
+            module.ray = _JobScopedRay()
+    for module, name in ((interface, "TransferQueueController"), (ray_storage_client, "RayObjectRefStorage")):
+        actor = getattr(module, name, None)
+        if actor is not None and not isinstance(actor, _JobScopedActor):
+            setattr(module, name, _JobScopedActor(actor))
+
+
 REGISTERED = register_with_verl()
 tolerate_trl_1()
+isolate_transfer_queue()

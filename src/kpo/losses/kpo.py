@@ -95,13 +95,17 @@ def _fitted_q(batch: LossBatch, loss: str, fixed: bool, *filter_and_bounds) -> t
     return fit.q, fit_metrics(fit, stale)
 
 
-def step_fit(loss: str, loss_kwargs: dict, fallback_q: float) -> StepFit:
+def step_fit(
+    loss: str, loss_kwargs: dict, fallback_q: float, *, steps_per_batch: int | None, reduce=None
+) -> StepFit:
     """The :class:`~kpo.filter.fit.StepFit` of ``loss`` with ``loss_kwargs`` (``memory="auto"``): its bounds
-    and filter settings, and ``fallback_q`` (Q/V) until a step identifies q."""
+    and filter settings, ``fallback_q`` (Q/V) until a step identifies q, the optimizer steps of a generation batch
+    (``steps_per_batch``: the first of each is on-policy and not fitted) and ``reduce`` (the sum over the
+    processes holding different data; None: every process)."""
     kwargs = {k: loss_kwargs.get(k, d) for k, d in _FILTER_DEFAULTS.items()}
     bounds = (loss_kwargs.get("q_min", Q_BOUNDS[0]), loss_kwargs.get("q_max", Q_BOUNDS[1]))
     settings = _fit_settings(kwargs["v"], kwargs["p0"], kwargs["x0"], kwargs["mask_mode"], *bounds)
-    return StepFit(**settings, fallback_q=fallback_q)
+    return StepFit(**settings, fallback_q=fallback_q, steps_per_batch=steps_per_batch, reduce=reduce)
 
 
 def add_to_fit(fit: StepFit, log_prob: torch.Tensor, old_log_prob: torch.Tensor, mask: torch.Tensor) -> None:

@@ -176,7 +176,12 @@ class KPOTrainer(GRPOTrainer):
         # memory="auto": one q per optimizer step over every micro-batch and process, fitted at the end of a step
         # for the next (kpo.filter.fit.StepFit); before any step identifies q, the matched memory's
         self.memory_fit = (
-            step_fit(loss_name, self.loss_kwargs, q_for_memory(matched_memory(self.max_completion_length)))
+            step_fit(
+                loss_name,
+                self.loss_kwargs,
+                q_for_memory(matched_memory(self.max_completion_length)),
+                steps_per_batch=self.steps_per_batch,  # each generation batch's first step is not fitted
+            )
             if fits_memory(loss_name, self.loss_kwargs)
             else None
         )
@@ -337,6 +342,8 @@ class KPOTrainer(GRPOTrainer):
         fit = Path(resume_from_checkpoint) / MEMORY_FIT_FILE
         if self.memory_fit is not None and fit.exists():
             self.memory_fit.load_state_dict(json.loads(fit.read_text()))
+        if self.memory_fit is not None:  # its generation batches count from the checkpoint's step (checkpoint-N)
+            self.memory_fit.steps = int(Path(resume_from_checkpoint).name.rpartition("-")[2])
 
     def checkpoint_abandoned_batch(self) -> Path | None:
         """After :class:`~kpo.train.interrupt.AbandonBatch`: the checkpoint of the last finished generation batch,

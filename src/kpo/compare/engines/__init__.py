@@ -10,8 +10,9 @@ not keep.
 
 - ``kpo`` (:class:`kpo.compare.engines.kpo.KpoEngine`, the default): ``kpo train`` (TRL) in the worker process,
   on the embedded task or on ``--model``/``--dataset``; the ``--`` flags are kpo train's.
-- ``verl`` (:class:`kpo.compare.engines.verl.VerlEngine`): verl's ``main_ppo`` as a subprocess on the user's verl
-  configuration; the ``--`` flags are its Hydra overrides.
+- ``verl`` (:class:`kpo.compare.engines.verl.VerlEngine`): verl's ``main_ppo`` as a subprocess, or as a job of the
+  user's Ray cluster (``--ray-address``), on the user's verl configuration; the ``--`` flags are its Hydra
+  overrides.
 
 Another trainer is one module with a class that has these methods, registered under its name: by a package's
 ``kpo.engines`` entry point (``[project.entry-points."kpo.engines"] NAME = "package.module:EngineClass"``), found
@@ -73,6 +74,10 @@ class Engine(Protocol):
     # ------------------------------------------------------------------ the plan and the scoring
     def workers(self, cfg) -> int | None:
         """Parallel runs when ``--jobs`` is not given; None = one per CPU."""
+
+    def plan_lines(self, cfg) -> list[str]:
+        """What the plan says in the engine's own terms, after its runs, time and half-widths (verl: the disk a run
+        takes at most, the cluster its runs are jobs of); [] where nothing."""
 
     def embedded(self, cfg) -> bool:
         """Whether ``cfg`` trains the embedded task and model on this engine, the setup the plan's cost constants

@@ -54,7 +54,12 @@ class KpoEngine:
     rows = STEP_ROWS
 
     def flag_errors(self, cfg) -> list[str]:
-        return _owned_flag_errors(cfg.train_args) + keep_errors(cfg)
+        errors = [
+            f"{flag} {value}: runs are Ray jobs with --engine verl only; drop it (kpo train runs here)"
+            for flag, value in (("--ray-address", cfg.ray_address), ("--ray-runtime-env", cfg.ray_runtime_env))
+            if value
+        ]
+        return errors + _owned_flag_errors(cfg.train_args) + keep_errors(cfg)
 
     def data_errors(self, cfg) -> list[str]:
         """``--dataset`` in a format kpo train reads; a ``--verl-config`` is verl's alone."""
@@ -69,6 +74,9 @@ class KpoEngine:
 
     def config_errors(self, cfg, runs) -> list[str]:
         return _train_config_errors(cfg, runs)
+
+    def plan_lines(self, cfg) -> list[str]:
+        return []
 
     def cell_settings(self, cell) -> tuple[str, ...]:
         return ("--learning-rate", repr(cell.lr), *MISMATCH_FLAGS[cell.mismatch])

@@ -1,5 +1,6 @@
-"""``kpo compare --engine verl``: every run is verl's ``python -m verl.trainer.main_ppo`` (its default v1 trainer,
-on the Ray cluster the configuration names) on the user's own verl configuration, a YAML file
+"""``kpo compare --engine verl``: every run is verl's ``python -m verl.trainer.main_ppo`` (its default v1 trainer) as
+a child process, or with ``--ray-address`` as a job of the user's Ray cluster
+(:mod:`kpo.compare.engines.verl_cluster`), on the user's own verl configuration, a YAML file
 (``--verl-config``) and/or Hydra overrides (after ``--``), passed through untouched. kpo adds only what the
 comparison owns per run (:data:`OWNED`). One rule for those keys, wherever the user sets them: an override
 after ``--``, a key of the YAML file, or a value the YAML's configuration composes to that differs from verl's
@@ -17,7 +18,10 @@ after ``--``, a key of the YAML file, or a value the YAML's configuration compos
   it writes: verl's ``file`` logger added to the user's loggers (its rows become the run's ``metrics.jsonl``),
   ``hf_model`` added to the actor's ``checkpoint.save_contents`` (the final checkpoint's Hugging Face weights are
   what ``kpo eval`` scores), ``trainer.save_freq`` = the run's length where the user set none,
-  ``trainer.resume_mode=auto``;
+  ``trainer.resume_mode=auto``, one checkpoint kept while it trains (``trainer.max_actor_ckpt_to_keep=1`` and the
+  critic's, unless ``--keep all``); every path absolute (the workers may run elsewhere);
+- kpo's actor config's ``steps_per_batch`` (``--minibatches`` x ppo_epochs: ``memory=auto`` does not fit a
+  batch's on-policy step);
 - ``--model`` / ``--dataset``, where given: ``actor_rollout_ref.model.path`` / ``data.train_files`` (else the
   configuration's are used, and ``--model`` defaults to its model: the "start" row).
 
@@ -33,7 +37,8 @@ needs (a batch and ppo_epochs >= 1): each error is shown in full, before any run
 A run's folder: ``run.json`` (the overrides kpo composed and the YAML's text, written before training: what a
 rerun compares), ``config.yaml`` (verl's composed configuration), ``checkpoints/`` (verl's),
 ``verl_metrics-K.jsonl`` (verl's file logger, one file per attempt K), ``metrics.jsonl`` (kpo's rows:
-:func:`merge_rows`, one per generation batch, :data:`kpo.compare.contract.BATCH_ROWS`), ``ratios/``, ``log.txt``.
+:mod:`kpo.compare.engines.verl_metrics`, one per generation batch, :data:`kpo.compare.contract.BATCH_ROWS`),
+``ratios/``, ``log.txt``; on a cluster ``ray-jobs.json`` (its jobs) and ``ray-lease``.
 A run with its final checkpoint and metrics is done and reused; an unfinished run with verl checkpoints and
 unchanged settings resumes from them (verl's own resume), else starts over. Once scored, ``--keep`` says what
 stays of ``checkpoints/``: the final Hugging Face weights (``hf``, the default), everything (``all``), nothing
@@ -46,29 +51,44 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 from kpo._files import replacing
 from kpo.compare.contract import BATCH_ROWS, keep_errors
+from kpo.compare.engines.verl_child import run_child
+from kpo.compare.engines.verl_cluster import (
+    JOBS_FILE,
+    LIVE,
+    PYTHON,
+    RunJob,
+    cluster_address,
+    cluster_errors,
+    run_resources,
+    runtime_env,
+    runtime_env_errors,
+)
 from kpo.compare.engines.verl_config import (
     ABSENT,
     ACTOR,
     compose,
     hydra_free,
+    keys_set,
     megatron_errors,
     one_line,
     override_key,
     select,
     type_errors,
     unresolved,
+    value_errors,
     verl_check,
     verl_config_errors,
 )
+from kpo.compare.engines.verl_disk import disk_line
+from kpo.compare.engines.verl_metrics import attempt_files, attempt_rows, merge_rows, metrics_rows
+from kpo.integrations.verl_fields import DUMP_FIELDS, STEPS_FIELD, loss_field_types
 
-__all__ = ["CELL_SAMPLER", "OWNED", "PAPER_CLIP", "VerlEngine", "merge_rows", "metrics_rows"]
+__all__ = ["CELL_SAMPLER", "OWNED", "PAPER_CLIP", "VerlEngine"]
 
 # kpo compare's methods on verl -> verl's loss_mode (kpo's own losses are registered under their names by kpo's
 # plugin; vanilla and GSPO are verl's own, the same methods: kpo.integrations.verl.VERL_EQUIVALENTS)
@@ -77,7 +97,8 @@ VERL_LOSS = {"vanilla": "vanilla", "gspo": "gspo", "kpo": "kpo", "kpo_unclipped"
 # config defaults every loss to 0.2/0.2, so kpo sets them (tests/compare/test_compare_setup.py checks them against
 # kpo.losses). kpo_unclipped has none.
 PAPER_CLIP = {"vanilla": (0.2, 0.2), "gspo": (3e-4, 4e-4), "kpo": (3e-4, 4e-4)}
-# Hydra keys kpo compare sets for every run -> what sets them instead (module docstring).
+# Hydra keys kpo compare sets for every run -> what sets them instead (module docstring). kpo's actor-config fields
+# come from the loss registry (kpo.integrations.verl_fields), as the plugin's KPOActorConfig builds them.
 OWNED = {
     f"{ACTOR}.policy_loss.loss_mode": "--methods",
     f"{ACTOR}._target_": "--methods (kpo's losses run with kpo's actor config)",
@@ -87,9 +108,10 @@ OWNED = {
     f"{ACTOR}.loss_agg_mode": "--methods (each method runs its own aggregation)",
     **{
         f"{ACTOR}.{k}": "--methods / --sweep-memory (kpo's parameters are each method's paper ones)"
-        for k in ("q", "memory", "v", "p0", "x0", "mask_mode", "filter_grad")
+        for k in loss_field_types()
     },
-    **{f"{ACTOR}.{k}": "--dump-every" for k in ("dump_ratios_every", "dump_ratios_dir", "dump_ratios_start")},
+    **{f"{ACTOR}.{k}": "--dump-every" for k in DUMP_FIELDS},
+    f"{ACTOR}.{STEPS_FIELD}": "--minibatches (a generation batch is --minibatches x ppo_epochs optimizer steps)",
     "data.seed": "--seeds",
     "actor_rollout_ref.rollout.seed": "--seeds",
     f"{ACTOR}.data_loader_seed": "--seeds",
@@ -98,6 +120,8 @@ OWNED = {
     f"{ACTOR}.ppo_mini_batch_size": "--minibatches (data.train_batch_size / minibatches)",
     "trainer.default_local_dir": "--out",
     "trainer.resume_mode": "nothing (an interrupted run resumes from its checkpoints)",
+    "trainer.max_actor_ckpt_to_keep": "--keep (all: every checkpoint; else the last one while a run trains)",
+    "trainer.max_critic_ckpt_to_keep": "--keep (all: every checkpoint; else the last one while a run trains)",
     "hydra.run.dir": "--out",
 }
 # Output folders a user may set: each run writes in its own subfolder of the user's (named as the run).
@@ -105,21 +129,7 @@ USER_DIRS = ("trainer.rollout_data_dir", "trainer.validation_data_dir", "trainer
 TENSORBOARD_ENV = "TENSORBOARD_DIR"  # verl's TensorBoard logger's folder, from the environment
 # What --model / --dataset set, when given.
 MODEL_KEY, DATA_KEY = "actor_rollout_ref.model.path", "data.train_files"
-# verl's metric -> kpo's metrics.jsonl name (kpo.train.metrics; the report reads these)
-METRICS = {
-    "reward_mean": "critic/score/mean",
-    "entropy": "actor/entropy",
-    "clip_frac": "actor/pg_clipfrac",
-    "pg_loss": "actor/pg_loss",
-    "ppo_kl": "actor/ppo_kl",
-    "response_length": "response_length/mean",
-    "step_time": "timing_s/step",
-}
-# the plugin's fitted memory (memory=auto) -> kpo's names, where a row has them
-FITTED = {"kpo/q": "actor/kpo/q", "kpo/memory_tokens": "actor/kpo/memory_tokens"}
-VALIDATION = "val-"  # verl's validation metrics: val-core/..., val-aux/...
 RUN_FILE = "run.json"
-STOP_SECONDS = 60  # after an interrupt, how long main_ppo may take to stop before it is killed
 # A regime cell's sampler on verl (kpo.compare.regimes), by the map's mismatch level: none = a float32 sampler
 # whose log-probs the trainer recomputes (verl's default, decoupled mode: each batch's first mini-batch has ratio
 # 1), bf16 = a bfloat16 sampler whose own log-probs anchor the ratio (verl's bypass mode). fp8 is not mapped.
@@ -130,47 +140,8 @@ CELL_SAMPLER = {
 CELL_LR = f"{ACTOR}.optim.lr"  # a regime cell's learning rate
 
 
-def merge_rows(rows: list[dict]) -> list[dict]:
-    """verl's file-logger rows (``{"step": s, "data": {...}}``) of every attempt of a run, in the order written,
-    as one row per trained step. A row with training metrics (any not verl's validation's ``val-*``) is its
-    step's training row, a later attempt's replacing an earlier's (a resumed run redoes the steps after its
-    checkpoint); validation metrics join their step's row and never replace its training metrics
-    (``val_before_train`` logs a validation-only row at the step a resumed run starts from: its checkpoint's,
-    already trained). A step with validation only (step 0: the start model) has no training row, so no row here:
-    it stays in its ``verl_metrics-K.jsonl``."""
-    train: dict[int, dict] = {}
-    val: dict[int, dict] = {}
-    for row in rows:
-        data = row["data"]
-        trained = {k: v for k, v in data.items() if not k.startswith(VALIDATION)}
-        if trained:
-            train[row["step"]] = trained
-        val.setdefault(row["step"], {}).update({k: v for k, v in data.items() if k.startswith(VALIDATION)})
-    return [{"step": s, "data": train[s] | val[s]} for s in sorted(train)]
-
-
-def metrics_rows(rows: list[dict], steps_per_batch: int) -> list[dict]:
-    """kpo's metrics rows from verl's merged rows (:func:`merge_rows`, one per training step = generation batch):
-    ``step`` = s x steps_per_batch (the optimizer step that ends the batch), kpo's names (:data:`METRICS`, and
-    :data:`FITTED` where the row has them) and every verl metric under its own name. verl averages each metric
-    over the batch's optimizer steps: a row is a generation batch (:data:`kpo.compare.contract.BATCH_ROWS`)."""
-    out = []
-    for row in rows:
-        data = row["data"]
-        fitted = {k: data[v] for k, v in FITTED.items() if v in data}
-        out.append(
-            {
-                "step": row["step"] * steps_per_batch,
-                **{k: data.get(v) for k, v in METRICS.items()},
-                **fitted,
-                **data,
-            }
-        )
-    return out
-
-
 class VerlEngine:
-    """verl's ``main_ppo`` as a subprocess, one run at a time by default (each takes the cluster)."""
+    """verl's ``main_ppo`` as a child process, one run at a time by default, or as jobs of the user's Ray cluster."""
 
     rows = BATCH_ROWS
 
@@ -180,8 +151,8 @@ class VerlEngine:
 
     def _base(self, cfg) -> tuple[str, ...]:
         """The user's overrides with --model / --dataset."""
-        extra = [f"{MODEL_KEY}={cfg.model}"] if cfg.model is not None else []
-        extra += [f"{DATA_KEY}={cfg.dataset}"] if cfg.dataset is not None else []
+        extra = [f"{MODEL_KEY}={_absolute(cfg.model, output=False)}"] if cfg.model is not None else []
+        extra += [f"{DATA_KEY}={_absolute(cfg.dataset, output=False)}"] if cfg.dataset is not None else []
         return (*self._user(cfg), *extra)
 
     def _composed(self, cfg):
@@ -199,6 +170,13 @@ class VerlEngine:
             f"-- {key}=...: kpo compare sets it for every run; use {OWNED[key]} instead"
             for key in sorted(given & set(OWNED))
         ]
+        # an owned key set inside a mapping given to one of its parents (`data={seed:3}`)
+        for override in self._user(cfg):
+            inside = sorted(k for k in keys_set(override) if k in OWNED and k != override_key(override))
+            errors += [
+                f"-- {override}: sets {key}, which kpo compare sets for every run; use {OWNED[key]} instead"
+                for key in inside
+            ]
         for key, flag, value in ((MODEL_KEY, "--model", cfg.model), (DATA_KEY, "--dataset", cfg.dataset)):
             if value is not None and key in given:
                 errors.append(f"-- {key}=... and {flag}: both set the same thing; give it once")
@@ -220,6 +198,7 @@ class VerlEngine:
             errors.append(
                 "--engine verl: give the held-out benchmarks with --eval-data FILE... (kpo eval scores each run)"
             )
+        errors += runtime_env_errors(cfg, ("VERL_FILE_LOGGER_PATH", "KPO_COMPARE_RUN", TENSORBOARD_ENV))
         return errors + keep_errors(cfg)
 
     def data_errors(self, cfg) -> list[str]:
@@ -245,20 +224,16 @@ class VerlEngine:
         except Exception as e:  # noqa: BLE001 - Hydra's and OmegaConf's many errors, each shown in full
             return [f"verl configuration: {one_line(e)}"]
         errors = megatron_errors(composed) or self._owned_in_config(cfg) + type_errors(composed)
+        errors = errors or value_errors(composed)
         if errors:
             return errors
         batch, epochs = int(composed.data.train_batch_size), int(composed.actor_rollout_ref.actor.ppo_epochs)
-        if epochs < 1:
-            errors.append(
-                f"{ACTOR}.ppo_epochs={epochs}: must be >= 1 (a verl training step is --minibatches x ppo_epochs "
-                "optimizer steps)"
-            )
         if batch < cfg.minibatches or batch % cfg.minibatches:
             errors.append(
                 f"--minibatches={cfg.minibatches}: must divide data.train_batch_size={batch} (equal mini-batches "
                 "of at least one prompt)"
             )
-        if epochs >= 1 and cfg.steps % (cfg.minibatches * epochs):
+        if cfg.steps % (cfg.minibatches * epochs):
             errors.append(
                 f"--steps={cfg.steps}: must be a multiple of --minibatches x ppo_epochs = "
                 f"{cfg.minibatches * epochs} (a verl training step is one generation batch)"
@@ -278,7 +253,10 @@ class VerlEngine:
                 cfg.verl_config, self.overrides(cfg, run, Path(cfg.out) / "runs" / run.name)
             ):
                 first_run.setdefault(err, run.name)
-        return [f"run {name}: {err}" for err, name in first_run.items()]
+        errors = [f"run {name}: {err}" for err, name in first_run.items()]
+        if not errors and cluster_address(cfg):
+            errors = cluster_errors(cfg, composed, Path(cfg.out))
+        return errors
 
     def _owned_in_config(self, cfg) -> list[str]:
         """The keys kpo owns (:data:`OWNED`) that the user's YAML sets: written in the file, or composed (from a
@@ -315,6 +293,7 @@ class VerlEngine:
         composed = self._composed(cfg)
         per_batch = self._steps_per_batch(cfg)
         seed = run.rl_seed
+        out = out.resolve()  # the workers may run anywhere: on a cluster, in another working directory
         trainer = composed.trainer
         loggers = list(trainer.logger) if not isinstance(trainer.logger, str) else [trainer.logger]
         contents = list(composed.actor_rollout_ref.actor.checkpoint.save_contents)
@@ -337,11 +316,17 @@ class VerlEngine:
         ]
         # the user's output folders, one subfolder per run
         owned += [
-            f"{key}={Path(str(folder)) / run.name}" for key in USER_DIRS if (folder := select(composed, key))
+            f"{key}={Path(_absolute(folder, output=True)) / run.name}"
+            for key in USER_DIRS
+            if (folder := select(composed, key))
         ]
         # verl saves nothing by default; any positive period also saves the last step
         if int(trainer.save_freq) <= 0:
             owned.append(f"trainer.save_freq={cfg.steps // per_batch}")
+        if cfg.keep != "all":  # the disk a run takes while it trains: one checkpoint (verl removes the older first)
+            owned += ["trainer.max_actor_ckpt_to_keep=1", "trainer.max_critic_ckpt_to_keep=1"]
+        if cluster_address(cfg):  # the sizes of a Ray main_ppo would start: the cluster's nodes have their own
+            owned += ["ray_kwargs.ray_init.num_cpus=null", "ray_kwargs.ray_init.num_gpus=null"]
         kwargs = dict(run.loss_kwargs)
         low, high = PAPER_CLIP.get(run.method, (None, None))
         low, high = kwargs.pop("clip_ratio_low", low), kwargs.pop("clip_ratio_high", high)
@@ -350,7 +335,11 @@ class VerlEngine:
         if run.method in ("kpo", "kpo_unclipped"):
             if kwargs.get("memory") == "matched":  # the paper's memory-to-length ratio at this budget
                 kwargs["memory"] = matched_memory(int(composed.data.max_response_length))
-            kwargs |= {"dump_ratios_every": cfg.dump_every, "dump_ratios_dir": str(out / "ratios")}
+            kwargs |= {
+                "dump_ratios_every": cfg.dump_every,
+                "dump_ratios_dir": str(out / "ratios"),
+                STEPS_FIELD: per_batch,  # memory=auto: each batch's first (on-policy) step is not fitted
+            }
             if start_step:
                 kwargs["dump_ratios_start"] = start_step
             owned.append(f"{ACTOR}._target_=kpo.integrations.verl.KPOActorConfig")
@@ -377,6 +366,22 @@ class VerlEngine:
         ]
         return errors
 
+    def plan_lines(self, cfg) -> list[str]:
+        """The disk a run takes at most while it trains and once scored (:mod:`kpo.compare.engines.verl_disk`) and,
+        on a cluster, what each run's job asks it for."""
+        composed = self._composed(cfg)
+        model = Path(os.path.expanduser(str(select(composed, MODEL_KEY))))
+        batches = cfg.steps // self._steps_per_batch(cfg)
+        lines = [disk_line(model, batches, int(composed.trainer.save_freq), cfg.keep)]
+        if address := cluster_address(cfg):
+            need = run_resources(composed)
+            lines.append(
+                f"each run a job of the Ray cluster at {address}, asking for {need['gpus']} GPU(s) on {need['nodes']} "
+                f"node(s) and {need['cpus']} logical CPUs; {cfg.jobs or self.workers(cfg)} at once (--jobs), the cluster's "
+                "scheduler queues the rest; each job's log in its run's log.txt"
+            )
+        return lines
+
     # ------------------------------------------------------------------ runs
     def workers(self, cfg) -> int | None:
         return 1
@@ -395,18 +400,27 @@ class VerlEngine:
         return Path(os.path.expanduser(str(select(self._composed(cfg), MODEL_KEY))))
 
     def train(self, cfg, run, out: Path, resume: bool) -> Path:
-        """Run main_ppo for ``run`` into ``out``; an interrupt (KeyboardInterrupt: kpo compare passes its SIGINT
-        on) stops it, and with it every process it started."""
-        out.mkdir(parents=True, exist_ok=True)
-        from kpo.compare.guards import LOCK_FILE, die_with_parent, held_lock
+        """Run main_ppo for ``run`` into ``out``: as a child process, or as a job of the user's Ray cluster
+        (:mod:`kpo.compare.engines.verl_cluster`; a job of this run still running is followed again, one that
+        finished is reused). An interrupt (KeyboardInterrupt: kpo compare passes its SIGINT on) stops it, and with
+        it every process it started."""
+        from kpo.compare.guards import LOCK_FILE, PID_FILE
 
+        out = out.resolve()
+        out.mkdir(parents=True, exist_ok=True)
+        address = cluster_address(cfg)
+        jobs = RunJob(address, out) if address else None
+        if jobs is not None:
+            if self._continued(cfg, run, out, jobs):
+                return self._finish(cfg, out)
+            jobs.stop_live()  # a job of other settings (or of a run that starts over) must not write here
         # the run starts over: what an earlier attempt left would be resumed or read as its own
         if not resume:
             for path in out.iterdir():
-                if path.name not in ("log.txt", LOCK_FILE):  # the log keeps every attempt; the lock is held
+                # the log keeps every attempt, the lock is held, and the jobs' ids go on
+                if path.name not in ("log.txt", LOCK_FILE, PID_FILE, JOBS_FILE):
                     shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-        per_batch = self._steps_per_batch(cfg)
-        done = _checkpointed_step(out) * per_batch if resume else 0
+        done = _checkpointed_step(out) * self._steps_per_batch(cfg) if resume else 0
         overrides = self.overrides(cfg, run, out, start_step=done)
         with replacing(out / RUN_FILE) as partial:  # what a rerun compares (and resumes with)
             partial.write_text(json.dumps({"verl_config": _yaml(cfg), "overrides": overrides}, indent=1) + "\n")
@@ -414,41 +428,54 @@ class VerlEngine:
 
         with replacing(out / "config.yaml") as partial:
             partial.write_text(OmegaConf.to_yaml(compose(cfg.verl_config, hydra_free(overrides))))
-        attempt = len(list(out.glob("verl_metrics-*.jsonl")))
         where = []
         if cfg.verl_config:
             path = Path(cfg.verl_config).resolve()
             where = ["--config-path", str(path.parent), "--config-name", path.stem]
-        env = _env(out, run, attempt)
+        command = ["-m", "verl.trainer.main_ppo", *where, *overrides]
         sys.stdout.flush()
-        lock = held_lock(out)
-        # its own session: an interrupt stops main_ppo and every process it started (Ray's too), and nothing else;
-        # it dies with this worker (Ray's processes share its fate) and holds the run's lock while it lives
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "verl.trainer.main_ppo", *where, *overrides],
-            env=env,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-            pass_fds=() if lock is None else (lock,),
-        )
-        try:
-            code = proc.wait()
-        except BaseException:
-            _stop(proc)
-            raise
-        if code != 0:
-            raise RuntimeError(
-                f"verl's main_ppo exited with status {code} (its output is above, in this log)"
-            )
+        if jobs is None:
+            run_child([sys.executable, *command], _run_env(out, run, _attempts(out)), out)
+        else:
+            env = runtime_env(cfg, Path(cfg.out), _run_env(out, run, len(jobs.ids())))
+            job = jobs.submit([PYTHON, *command], env)
+            if jobs.follow(job) != "SUCCEEDED":
+                raise RuntimeError(f"{jobs.failure(job)} (its log is above, in this log)")
+        return self._finish(cfg, out)
+
+    def _continued(self, cfg, run, out: Path, jobs: RunJob) -> bool:
+        """Whether the run's last Ray job, of this run's settings, trained it: one still running is followed to
+        its end (a compare killed meanwhile, rerun before the job's lease ran out), one that succeeded with the
+        final weights there is reused."""
+        last = jobs.last()
+        if last is None or not (out / RUN_FILE).exists() or self.changed(cfg, run, out):
+            return False
+        job, status = last
+        if status in LIVE:
+            print(f"kpo compare: {run.name}: following its Ray job {job} ({status})", flush=True)
+            if jobs.follow(job) != "SUCCEEDED":
+                raise RuntimeError(f"{jobs.failure(job)} (its log is above, in this log)")
+            return True
+        if status == "SUCCEEDED" and _has_weights(self.checkpoint(cfg, out, cfg.steps)):
+            print(f"kpo compare: {run.name}: its Ray job {job} finished; reading what it wrote", flush=True)
+            return True
+        return False
+
+    def _finish(self, cfg, out: Path) -> Path:
+        """The trained run's final model, once its metrics (every attempt's rows, merged) are in metrics.jsonl."""
         final = self.checkpoint(cfg, out, cfg.steps)
         if not _has_weights(final):
             raise RuntimeError(
                 f"verl's main_ppo finished without the final checkpoint's Hugging Face weights in {final} "
                 "(*.safetensors or pytorch_model*.bin): kpo eval has no model to score"
             )
+        per_batch = self._steps_per_batch(cfg)
         rows = []
-        for path in sorted(out.glob("verl_metrics-*.jsonl"), key=lambda p: int(p.stem.split("-")[1])):
-            rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        for path in attempt_files(out):
+            found, torn = attempt_rows(path)
+            rows += found
+            if torn:  # a kill (or a poll) mid-write: verl redid that step in a later attempt, or it is lost below
+                print(f"kpo compare: {path}: its last line is cut short ({torn[:60]!r}...); skipped", flush=True)
         merged = merge_rows(rows)
         lost = sorted(set(range(1, cfg.steps // per_batch + 1)) - {r["step"] for r in merged})
         if lost:  # verl saves a step's checkpoint before it logs the step: a kill between the two loses the row
@@ -479,17 +506,17 @@ class VerlEngine:
     def resumable(self, cfg, run, out: Path) -> bool:
         return (out / RUN_FILE).exists() and _checkpointed_step(out) > 0 and not self.changed(cfg, run, out)
 
+    def run_settings(self, cfg, run) -> dict:
+        """The run's overrides by key, but where it writes (:data:`WHERE`), and the verl configuration's text: two
+        runs with equal settings train the same model."""
+        return {"overrides": _keyed(self.overrides(cfg, run, Path(cfg.out) / "runs" / run.name)),
+                "verl_config": _yaml(cfg)}
+
     def changed(self, cfg, run, out: Path) -> list[str]:
-        """The overrides of the run in ``out`` (``run.json``) against now's, by key, leaving out where it writes and
-        where a resumed run's dumps start."""
+        """The overrides of the run in ``out`` (``run.json``) against now's, by key, leaving out what does not change
+        what it trains."""
         saved = json.loads((out / RUN_FILE).read_text())
-        mine = ("trainer.default_local_dir", "hydra.run.dir", f"{ACTOR}.dump_ratios_dir", f"{ACTOR}.dump_ratios_start")
-
-        def keyed(overrides) -> dict[str, str]:
-            pairs = (o.split("=", 1) if "=" in o else (o, "") for o in overrides)
-            return {k.lstrip("+~"): v for k, v in pairs if k.lstrip("+~") not in mine}
-
-        was, now = keyed(saved["overrides"]), keyed(self.overrides(cfg, run, out))
+        was, now = _keyed(saved["overrides"]), _keyed(self.overrides(cfg, run, out))
         changed = [
             f"{k}: {was.get(k, '(unset)')} -> {now.get(k, '(unset)')}"
             for k in sorted(set(was) | set(now))
@@ -504,11 +531,9 @@ class VerlEngine:
         return []
 
     def steps_done(self, cfg, out: Path) -> int:
-        files = sorted(out.glob("verl_metrics-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
-        if not files:
-            return 0
-        last = [line for line in files[-1].read_text().splitlines() if line.strip()]
-        return (json.loads(last[-1])["step"] if last else 0) * self._steps_per_batch(cfg)
+        files = attempt_files(out)
+        rows = attempt_rows(files[-1])[0] if files else []
+        return (rows[-1]["step"] if rows else 0) * self._steps_per_batch(cfg)
 
     def eval_settings(self, cfg) -> dict:
         """verl feeds each prompt of its parquet as it is (the instruction is in it, as
@@ -519,23 +544,45 @@ class VerlEngine:
         return {"prompt_template": "{problem}", "max_new_tokens": budget, "backend": "auto"}
 
 
+# Overrides that say where a run writes, where a resumed run's dumps start, and how big a Ray main_ppo would start (a
+# run of a cluster's job and one of a child process are the same run): not what it trains
+WHERE = ("trainer.default_local_dir", "hydra.run.dir", f"{ACTOR}.dump_ratios_dir", f"{ACTOR}.dump_ratios_start",
+         "ray_kwargs.ray_init.num_cpus", "ray_kwargs.ray_init.num_gpus")  # fmt: skip
+
+
+def _keyed(overrides) -> dict[str, str]:
+    """Overrides as key -> value, without :data:`WHERE`."""
+    pairs = (o.split("=", 1) if "=" in o else (o, "") for o in overrides)
+    return {k.lstrip("+~"): v for k, v in pairs if k.lstrip("+~") not in WHERE}
+
+
 def _yaml(cfg) -> str | None:
     """The text of the user's verl YAML (what a rerun compares: the file may have been edited), None without one."""
     return None if cfg.verl_config is None else Path(cfg.verl_config).read_text()
 
 
-def _env(out: Path, run, attempt: int) -> dict[str, str]:
-    """main_ppo's environment: this one, with verl's file logger writing the attempt's own file, the run's folder
-    (``KPO_COMPARE_RUN``), and the user's TensorBoard folder (``TENSORBOARD_DIR``), where set, a subfolder per
-    run."""
-    env = {
-        **os.environ,
-        "VERL_FILE_LOGGER_PATH": str(out / f"verl_metrics-{attempt}.jsonl"),
-        "KPO_COMPARE_RUN": str(out),
-    }
-    if env.get(TENSORBOARD_ENV):
-        env[TENSORBOARD_ENV] = str(Path(env[TENSORBOARD_ENV]) / run.name)
+def _run_env(out: Path, run, attempt: int) -> dict[str, str]:
+    """What kpo adds to main_ppo's environment (on a cluster, to its job's runtime environment, which reaches every
+    actor of the job): verl's file logger writing the attempt's own file, the run's folder (``KPO_COMPARE_RUN``),
+    and the user's TensorBoard folder (``TENSORBOARD_DIR``), where set, a subfolder per run."""
+    env = {"VERL_FILE_LOGGER_PATH": str(out / f"verl_metrics-{attempt}.jsonl"), "KPO_COMPARE_RUN": str(out)}
+    if os.environ.get(TENSORBOARD_ENV):
+        env[TENSORBOARD_ENV] = str(Path(_absolute(os.environ[TENSORBOARD_ENV], output=True)) / run.name)
     return env
+
+
+def _attempts(out: Path) -> int:
+    return len(attempt_files(out))
+
+
+def _absolute(path, *, output: bool) -> str:
+    """A path the user gave, as every node is to read it: relative to the folder kpo compare runs in, made
+    absolute where it is there (or is an ``output`` folder, made by the run); ``~`` is left to each node, as the
+    user's configuration leaves it; anything else (a Hugging Face model id) as it is."""
+    text = str(path)
+    if text.startswith("~") or os.path.isabs(text) or not (output or Path(text).exists()):
+        return text
+    return str(Path(text).resolve())
 
 
 def _has_weights(folder: Path) -> bool:
@@ -561,19 +608,3 @@ def _checkpointed_step(out: Path) -> int:
     """The training step of the run's last complete verl checkpoint (verl's tracker file), 0 when none."""
     tracker = out / "checkpoints" / "latest_checkpointed_iteration.txt"
     return int(tracker.read_text().strip() or 0) if tracker.exists() else 0
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop main_ppo and its process group: SIGINT, then SIGKILL after :data:`STOP_SECONDS`."""
-    try:
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(timeout=STOP_SECONDS)
-    except subprocess.TimeoutExpired:
-        pass
-    except ProcessLookupError:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()

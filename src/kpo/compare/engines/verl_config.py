@@ -21,6 +21,8 @@ __all__ = [
     "select",
     "type_errors",
     "unresolved",
+    "keys_set",
+    "value_errors",
     "verl_check",
     "verl_config_errors",
 ]
@@ -40,6 +42,28 @@ def _config_dir() -> str:
 
     spec = importlib.util.find_spec("verl")
     return str(Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config")
+
+
+def keys_set(override: str) -> tuple[str, ...]:
+    """The config keys a Hydra override sets: its key, or for a mapping value (``a.b={c:1,d:{e:2}}``) each key
+    under it (``a.b.c``, ``a.b.d.e``); an override Hydra cannot parse gives its key (Hydra says why later)."""
+    key = override_key(override)
+    try:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+    except ImportError:  # no verl here (hydra is verl's): flag_errors says so
+        return (key,)
+    try:
+        (parsed,) = OverridesParser.create().parse_overrides([override])
+        value = parsed.value()
+    except Exception:  # noqa: BLE001 - Hydra's grammar errors: the composition reports them in full
+        return (key,)
+
+    def leaves(prefix: str, node) -> list[str]:
+        if isinstance(node, dict) and node:
+            return [leaf for k, v in node.items() for leaf in leaves(f"{prefix}.{k}", v)]
+        return [prefix]
+
+    return tuple(leaves(key, value))
 
 
 def compose_fresh(verl_config: str | None, overrides: tuple[str, ...]):
@@ -145,6 +169,41 @@ def type_errors(composed) -> list[str]:
                 )
 
     walk(composed, "")
+    return errors
+
+
+def value_errors(composed) -> list[str]:
+    """What verl's config classes take but a comparison cannot run, or what they never check: each value named
+    where it is read, with what it must be (kpo train refuses the same)."""
+    import math
+
+    def number(key: str):
+        value = select(composed, key)
+        return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    errors = []
+    for key, what in (
+        ("data.train_batch_size", "prompts per generation batch, an integer >= 1"),
+        (f"{ACTOR}.ppo_epochs", "passes over a generation batch, an integer >= 1"),
+    ):
+        value = select(composed, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            errors.append(f"{key}={value}: must be {what}")
+    freq = select(composed, "trainer.save_freq")
+    if not isinstance(freq, int) or isinstance(freq, bool):
+        errors.append(
+            f"trainer.save_freq={freq}: must be an integer (verl's training steps between checkpoints; <= 0: kpo "
+            "compare saves at the run's end only)"
+        )
+    lr = number(f"{ACTOR}.optim.lr")
+    if lr is None or not (math.isfinite(lr) and lr > 0):
+        errors.append(f"{ACTOR}.optim.lr={select(composed, f'{ACTOR}.optim.lr')}: must be a finite number > 0")
+    n, low = select(composed, "actor_rollout_ref.rollout.n"), 1
+    if select(composed, "algorithm.adv_estimator") != "gae":  # a group estimator compares a prompt's responses
+        low = 2
+    if not isinstance(n, int) or isinstance(n, bool) or n < low:
+        why = " (a group advantage compares at least 2 responses per prompt)" if low == 2 else ""
+        errors.append(f"actor_rollout_ref.rollout.n={n}: must be an integer >= {low}{why}")
     return errors
 
 

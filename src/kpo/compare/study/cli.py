@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=None, help="runs side by side (default: the engine's: one per CPU; verl 1)")
     p.add_argument("--allow-uncommitted", action="store_true",
                    help="run from a plan not committed (the report then calls the study exploratory)")
-    setup_options(p)  # with --register: the plan's setup, over the file's own
+    setup_options(p)  # with --register: the plan's setup, over the file's own; --ray-*: where the runs train
     p.set_defaults(engine=None, keep=None)
     p.add_argument("train_args", nargs=argparse.REMAINDER,
                    help="with --register, after `--`: the engine's settings for every run (kpo train flags or verl "
@@ -41,12 +41,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _given_setup(args) -> dict:
-    """The setup flags given on the command line, in the plan's terms."""
-    given = {k: v for k, v in setup_from_args(args).items() if v not in (None, ())}
+    """The setup flags given on the command line, in the plan's terms (where a run trains, a Ray cluster, is not the
+    plan's: :func:`_cluster`)."""
+    given = {k: v for k, v in setup_from_args(args).items() if v not in (None, ()) and k not in CLUSTER}
     if "eval_data" in given:
         given["eval_data"] = list(given["eval_data"])
     extra = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     return given | ({"train_args": list(extra)} if extra else {})
+
+
+CLUSTER = ("ray_address", "ray_runtime_env")  # where the runs train: this invocation's, not the plan's
+
+
+def _cluster(args) -> dict:
+    return {k: v for k, v in setup_from_args(args).items() if k in CLUSTER}
 
 
 def main(argv: list[str]) -> int:
@@ -76,7 +84,7 @@ def main(argv: list[str]) -> int:
             path = Path(args.study) / "plan.json"
             print(f"{_sizing_lines(plan)}\nplan: {path}\ncommit it before the first run: git add {path} && git commit")
         return status
-    study = Study(Path(args.study), runs, jobs=args.jobs)
+    study = Study(Path(args.study), runs, jobs=args.jobs, cluster=_cluster(args))
     report, status = run_reporting(lambda: run_study(study, report_only=args.report,
                                                      allow_uncommitted=args.allow_uncommitted))
     if not status:

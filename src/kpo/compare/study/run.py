@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kpo.compare.plan import CompareError, warm_start_dir
@@ -27,12 +27,14 @@ __all__ = ["Study", "run_study"]
 
 @dataclass
 class Study:
-    """A study's folders: ``folder`` (plan, seeds, records, report), ``runs`` (run folders), and ``jobs`` (runs side
-    by side; None = the engine's default). Every other setting is the plan's."""
+    """A study's folders: ``folder`` (plan, seeds, records, report), ``runs`` (run folders), ``jobs`` (runs side by
+    side; None = the engine's default) and ``cluster`` (``ray_address``, ``ray_runtime_env``: the Ray cluster whose
+    jobs the runs are, for the verl engine). Every other setting is the plan's."""
 
     folder: Path
     runs: Path
     jobs: int | None = None
+    cluster: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.folder, self.runs = Path(self.folder), Path(self.runs)
@@ -58,6 +60,8 @@ class Study:
     def job(self, cell: str, arm: str, seed: int) -> Job:
         cfg = cell_config(self.plan, cell, arm, self.runs)
         cfg.jobs = self.jobs
+        for key, value in self.cluster.items():
+            setattr(cfg, key, value)
         name = run_name(self.plan, arm, seed)
         return Job(cfg, run_of(self.plan, arm, seed), self.runs / cell / "runs" / name, f"{cell}/{name}")
 

@@ -1,0 +1,97 @@
+"""``kpo compare --engine verl --ray-address``'s side of a Ray cluster, without one: the lease that stops a job whose
+compare was killed (:mod:`kpo.compare.engines.verl_job`, run by the cluster's python3) and the jobs' runtime
+environment. The plan's reading of its probe of the nodes: tests/integrations/test_verl_compare_checks.py; the
+real cluster: tests/integrations/test_verl_compare.py."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from kpo.compare.engines import verl_cluster
+from kpo.compare.engines.verl_job import LEASE_LOST, run
+from kpo.compare.plan import CompareConfig
+
+
+def test_a_job_stops_its_command_once_the_lease_goes_unrenewed(tmp_path, capsys):
+    lease = tmp_path / "ray-lease"
+    lease.write_text("1\n")
+    pid_file = tmp_path / "pid"
+    command = [sys.executable, "-c", f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+               "time.sleep(600)"]  # fmt: skip
+    assert run(lease, 3.0, command) == LEASE_LOST
+    assert not psutil.pid_exists(int(pid_file.read_text())) or psutil.Process(int(pid_file.read_text())).status() == (
+        psutil.STATUS_ZOMBIE
+    )
+    assert "stopped renewing its lease" in capsys.readouterr().out
+
+
+def test_a_renewed_lease_lets_the_command_finish_with_its_status(tmp_path):
+    lease = tmp_path / "ray-lease"
+    lease.write_text("0\n")
+    done = threading.Event()
+
+    def renew():
+        k = 0
+        while not done.is_set():
+            k += 1
+            lease.write_text(f"{k}\n")
+            time.sleep(0.5)
+
+    renewer = threading.Thread(target=renew)
+    renewer.start()
+    try:
+        assert run(lease, 2.0, [sys.executable, "-c", "import sys, time; time.sleep(6); sys.exit(7)"]) == 7
+    finally:
+        done.set()
+        renewer.join()
+
+
+def test_a_lease_the_node_cannot_see_stops_the_job_at_once(tmp_path, capsys):
+    assert run(tmp_path / "elsewhere" / "ray-lease", 60.0, ["true"]) == LEASE_LOST
+    assert "must be on a filesystem every node of the cluster shares" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("given", [None, "runtime.yaml"])
+def test_the_runtime_env_needs_a_cluster_and_leaves_kpo_s_variables_to_kpo(tmp_path, monkeypatch, given):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    path = tmp_path / "runtime.yaml"
+    path.write_text("env_vars:\n  KPO_COMPARE_RUN: /x\n  MINE: '1'\n")
+    cfg = CompareConfig(engine="verl", ray_runtime_env=str(path), ray_address=None if given is None else "auto")
+    (err,) = verl_cluster.runtime_env_errors(cfg, ("KPO_COMPARE_RUN",))
+    if given is None:
+        assert "runs are Ray jobs only with --ray-address (or RAY_ADDRESS)" in err
+    else:
+        assert err.endswith("env_vars sets KPO_COMPARE_RUN, which kpo compare sets for each run; drop it")
+
+
+def test_a_job_s_runtime_env_uploads_the_working_directory_without_the_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    env = verl_cluster.runtime_env(CompareConfig(out="runs/cmp"), Path("runs/cmp"), {"KPO_COMPARE_RUN": "/r"})
+    assert env == {"working_dir": str(tmp_path), "excludes": ["/runs/cmp/"], "env_vars": {"KPO_COMPARE_RUN": "/r"}}
+
+
+def test_the_plan_s_disk_per_run_counts_the_model_s_parameters(tmp_path):
+    """16 bytes a parameter (float32 weights, Adam's two moments, Hugging Face weights) for each checkpoint held at
+    once: one while a run trains, every one with --keep all (verl's default kept them all: issue 54)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from kpo.compare.engines.verl_disk import STATE_BYTES, checkpoint_bytes, disk_line, parameters
+
+    save_file({"a": torch.zeros(3, 4), "b": torch.zeros(5)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text("x" * 100)
+    assert parameters(tmp_path) == 17 and parameters(tmp_path / "missing") is None
+    one = checkpoint_bytes(tmp_path, 17)
+    assert one == 16 * 17 + 100 + STATE_BYTES
+    line = disk_line(tmp_path, batches=10, save_freq=3, keep="hf")
+    assert line.startswith("disk per run: at most 1.05 MB while it trains (one checkpoint of 17 parameters")
+    assert line.endswith("0.168 kB kept once scored (--keep hf)")  # 4 bytes a parameter and the other files
+    every = disk_line(tmp_path, batches=10, save_freq=3, keep="all")  # steps 3, 6, 9 and the last, 10
+    assert "(4 checkpoints of 17 parameters" in every
+    assert "not estimated" in disk_line(tmp_path / "hub-id", batches=10, save_freq=3, keep="hf")
