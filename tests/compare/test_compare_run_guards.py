@@ -157,7 +157,9 @@ def test_runs_are_locked_with_pid_files_where_flock_is_missing(tmp_path, monkeyp
 
     from kpo.compare import guards
 
-    monkeypatch.delenv(guards.PID_FILES_ENV, raising=False)
+    # set, so that monkeypatch restores it unset at the end, whatever the test turns on (delenv of an unset
+    # variable records nothing to restore)
+    monkeypatch.setenv(guards.PID_FILES_ENV, "0")
 
     def no_flock(fd, op):
         raise OSError(errno.ENOLCK, "No locks available")
@@ -178,7 +180,6 @@ def test_runs_are_locked_with_pid_files_where_flock_is_missing(tmp_path, monkeyp
     unlock_run(folder)
     (folder / guards.PID_FILE).write_text(f"{gone.pid} another-host\n")
     assert lock_run(folder) is None  # another host's: only the user knows whether it is gone
-    monkeypatch.delenv(guards.PID_FILES_ENV)
 
 
 # ------------------------------------------------------------------ --keep

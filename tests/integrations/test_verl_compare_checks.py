@@ -259,14 +259,15 @@ def test_a_cluster_too_small_for_one_run_is_refused(tmp_path, monkeypatch):
 def test_flock_that_does_not_exclude_across_nodes_moves_runs_to_pid_files(tmp_path, monkeypatch, capsys):
     from kpo.compare import guards
 
-    monkeypatch.delenv(guards.PID_FILES_ENV, raising=False)
+    # set, so that monkeypatch restores it unset at the end, whatever the test turns on (delenv of an unset
+    # variable records nothing to restore)
+    monkeypatch.setenv(guards.PID_FILES_ENV, "0")
     nodes = [{"node": "a" * 20, "cpus": 8, "gpus": 1}, {"node": "b" * 20, "cpus": 8, "gpus": 1, "lock": True}]
     assert _cluster_errors(tmp_path, monkeypatch, nodes) == []
     assert "does not exclude across the cluster's nodes; each run is locked with an exclusive pid file" in (
         capsys.readouterr().out
     )
     assert guards._pid_files()
-    monkeypatch.delenv(guards.PID_FILES_ENV)
 
 
 

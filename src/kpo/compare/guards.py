@@ -25,6 +25,7 @@ __all__ = [
     "busy_line",
     "die_with_parent",
     "held_lock",
+    "lock_holder",
     "lock_run",
     "unlock_run",
     "use_pid_files",
@@ -147,11 +148,18 @@ def busy(folder: Path) -> str | None:
     return busy_line(folder)
 
 
-def busy_line(folder: Path) -> str:
+def lock_holder(folder: Path) -> tuple[str, Path, str]:
+    """Who holds the lock of ``folder`` ("PID", or "PID on HOST" for a pid file; "?" where its file is gone), the
+    lock's file, and what to do about it."""
     lock = folder / (PID_FILE if _pid_files() else LOCK_FILE)
-    holder = " on ".join(lock.read_text().split()) if lock.exists() else "?"
+    holder = " on ".join(lock.read_text().split()) if lock.exists() else ""
     fix = "wait for it to end or stop it" + (f" (gone? remove {lock})" if _pid_files() else "")
+    return holder or "?", lock, fix
+
+
+def busy_line(folder: Path) -> str:
+    holder, lock, fix = lock_holder(folder)
     return (
-        f"run {folder.name} ({folder}) is being written by process {holder or '?'} or a trainer it started (lock: "
+        f"run {folder.name} ({folder}) is being written by process {holder} or a trainer it started (lock: "
         f"{lock}): {fix}; two processes must not write one run"
     )

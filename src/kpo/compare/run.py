@@ -27,7 +27,7 @@ from kpo._files import replacing
 from kpo._progress import progress_bar
 from kpo.compare.contract import size_text
 from kpo.compare.engines import engine_of
-from kpo.compare.guards import LOCK_FILE, busy, busy_line, die_with_parent, lock_run, unlock_run
+from kpo.compare.guards import busy, busy_line, die_with_parent, lock_holder, lock_run, unlock_run
 from kpo.compare.outcome import EVAL_FILE, EXPECTED_FILE, exact_applies, load_outcome, outcome_file
 from kpo.compare.plan import (
     CURVE_FILE,
@@ -60,9 +60,8 @@ def holding(folder: Path, what: str):
     processes never work on one; CompareError in one line, before anything else, when another process holds it."""
     folder.mkdir(parents=True, exist_ok=True)
     if lock_run(folder) is None:
-        holder = (folder / LOCK_FILE).read_text().strip() or "?"
-        raise CompareError([f"{folder}: process {holder} is running {what} here (lock {folder / LOCK_FILE}); wait for "
-                            "it to end or stop it"])
+        holder, lock, fix = lock_holder(folder)
+        raise CompareError([f"{folder}: process {holder} is running {what} here (lock {lock}); {fix}"])
     try:
         yield
     finally:
