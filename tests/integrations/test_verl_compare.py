@@ -334,3 +334,45 @@ def test_a_one_cell_regime_map_on_verl_reuses_the_compare_s_runs(compare, task, 
     assert set(auto["memory_tokens"]["by_batch"]) == {"1", "2"}
     assert auto["memory_tokens"]["response_tokens"] == RESPONSE and auto["memory_tokens"]["rows"] == "generation batch"
     assert {q["verdict"] for q in found["questions"]} <= {"pending", "not asked"}
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S * 3)
+def test_a_study_on_verl_records_the_same_runs_and_reports(compare, task, tmp_path):
+    """``kpo compare study`` with ``engine: verl``: a plan of the compare's cell, its two arms and one seed, registered
+    (every (cell, arm)'s runs checked by the verl engine), then run: its runs have the compare's settings (the verl
+    engine says nothing changed), so they are reused, recorded and reported, and the study trains nothing (the
+    machinery is the one every engine shares; the compare above trained these runs on verl)."""
+    import yaml
+
+    from kpo.compare.engines import engine_of
+    from kpo.compare.study.run import Study
+
+    plan = {
+        "title": "a study on verl",
+        "setup": {"engine": "verl", "model": str(task["model"]), "dataset": str(task["train"]),
+                  "eval_data": [str(task["test"])], "verl_config": str(CPU_YAML), "batches": STEPS // MINIBATCHES,
+                  "eval_n": 2, "train_args": cpu_config(task)[3:]},
+        "arms": {"GRPO": {"loss": "vanilla"}, "KPO (matched)": {"loss": "kpo", "loss_kwargs": {"memory": "matched"}}},
+        "cells": {CELL: {"depth": MINIBATCHES, "lr": 1e-3}},
+        "groups": {"one": {"cells": [CELL], "looks": [1]}},
+        "questions": [{"key": "kpo_vs_grpo", "text": "Is KPO more accurate than GRPO?", "outcome": "accuracy",
+                       "a": "KPO (matched)", "b": "GRPO", "group": "one", "role": "primary"}],
+        "seeds": {"first": 0},
+        "sizing": {"effects": {"kpo_vs_grpo": {"mean": 0.1, "sd": 0.1}}, "sims": 100},
+    }  # fmt: skip
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(plan))
+    study, runs = tmp_path / "study", tmp_path / "runs"
+    assert kpo_main(["compare", "study", "--plan", str(tmp_path / "plan.yaml"), "--study", str(study), "--register"]) == 0
+    for name in RUNS:  # copies keep their files' times
+        shutil.copytree(compare["out"] / "runs" / name, runs / CELL / "runs" / name)
+    stamp = {name: (runs / CELL / "runs" / name / "metrics.jsonl").stat().st_mtime_ns for name in RUNS}
+    s = Study(study, runs)
+    for arm in plan["arms"]:
+        job = s.job(CELL, arm, 0)
+        assert engine_of(job.cfg).changed(job.cfg, job.run, job.folder) == [], arm  # the same runs
+    assert kpo_main(["compare", "study", "--study", str(study), "--runs", str(runs), "--allow-uncommitted"]) == 0
+    assert {name: (runs / CELL / "runs" / name / "metrics.jsonl").stat().st_mtime_ns for name in RUNS} == stamp
+    report = json.loads((study / "report.json").read_text())
+    assert report["ended"] and report["runs"] == 2 and report["study"] == "exploratory"  # not committed: said so
+    (look,) = report["questions"]["kpo_vs_grpo"]["looks"]
+    assert look["seeds"] == 1 and look["test"] == "exact sign-flip permutation test"
