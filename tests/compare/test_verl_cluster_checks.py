@@ -90,8 +90,26 @@ def test_the_plan_s_disk_per_run_counts_the_model_s_parameters(tmp_path):
     one = checkpoint_bytes(tmp_path, 17)
     assert one == 16 * 17 + 100 + STATE_BYTES
     line = disk_line(tmp_path, batches=10, save_freq=3, keep="hf")
-    assert line.startswith("disk per run: at most 1.05 MB while it trains (one checkpoint of 17 parameters")
+    # verl writes the next checkpoint whole before it removes the last: two on disk while one is written
+    assert line.startswith("disk per run: at most 2.1 MB while it trains (2 checkpoints of 17 parameters")
     assert line.endswith("0.168 kB kept once scored (--keep hf)")  # 4 bytes a parameter and the other files
     every = disk_line(tmp_path, batches=10, save_freq=3, keep="all")  # steps 3, 6, 9 and the last, 10
     assert "(4 checkpoints of 17 parameters" in every
+    once = disk_line(tmp_path, batches=3, save_freq=3, keep="hf")  # one save, the last step's
+    assert once.startswith("disk per run: at most 1.05 MB while it trains (one checkpoint of 17 parameters")
     assert "not estimated" in disk_line(tmp_path / "hub-id", batches=10, save_freq=3, keep="hf")
+
+
+def test_a_resumed_run_keeps_only_the_checkpoint_it_resumes_from(tmp_path):
+    """verl removes only the checkpoints its own process saved: what a killed attempt left before its last complete
+    checkpoint (the tracker's step) goes before the next attempt, and a checkpoint cut short by the kill (global_step_3,
+    never tracked) goes too."""
+    from kpo.compare.engines.verl import _prune_older
+
+    for step in (1, 2, 3):
+        (tmp_path / "checkpoints" / f"global_step_{step}" / "actor").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("2")
+    _prune_older(tmp_path)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "global_step_2", "latest_checkpointed_iteration.txt"
+    ]  # fmt: skip

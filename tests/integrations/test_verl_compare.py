@@ -232,10 +232,11 @@ def test_ray_s_token_authentication_stays_on_and_is_named_when_missing_or_refuse
 
 @pytest.mark.timeout(RUN_TIMEOUT_S * 3)
 def test_a_run_holds_one_checkpoint_while_it_trains_within_the_planned_disk(compare):
-    """verl removes the older checkpoint before it writes the next (trainer.max_actor_ckpt_to_keep=1); the plan's
-    disk per run bounds what was seen at once."""
+    """verl keeps a run's last checkpoint (trainer.max_actor_ckpt_to_keep=1), removing it once the next is written
+    whole (two at once while it writes), and the rerun removes the killed attempt's older ones: the plan's disk per
+    run bounds what was seen at once."""
     for attempt in ("killed", "rerun"):
-        assert compare[attempt]["most"] and max(compare[attempt]["most"].values()) == 1, compare[attempt]["most"]
+        assert compare[attempt]["most"] and max(compare[attempt]["most"].values()) <= 2, compare[attempt]["most"]
     planned = re.search(r"disk per run: at most ([\d.]+) (kB|MB|GB) while it trains", compare["killed"]["output"])
     assert planned, compare["killed"]["output"][-3000:]
     limit = float(planned[1]) * {"kB": 1e3, "MB": 1e6, "GB": 1e9}[planned[2]]

@@ -18,8 +18,8 @@ after ``--``, a key of the YAML file, or a value the YAML's configuration compos
   it writes: verl's ``file`` logger added to the user's loggers (its rows become the run's ``metrics.jsonl``),
   ``hf_model`` added to the actor's ``checkpoint.save_contents`` (the final checkpoint's Hugging Face weights are
   what ``kpo eval`` scores), ``trainer.save_freq`` = the run's length where the user set none,
-  ``trainer.resume_mode=auto``, one checkpoint kept while it trains (``trainer.max_actor_ckpt_to_keep=1`` and the
-  critic's, unless ``--keep all``); every path absolute (the workers may run elsewhere);
+  ``trainer.resume_mode=auto``, the last checkpoint kept while it trains (``trainer.max_actor_ckpt_to_keep=1`` and
+  the critic's, unless ``--keep all``; a resumed run's older ones go first); every path absolute (the workers may run elsewhere);
 - kpo's actor config's ``steps_per_batch`` (``--minibatches`` x ppo_epochs: ``memory=auto`` does not fit a
   batch's on-policy step);
 - ``--model`` / ``--dataset``, where given: ``actor_rollout_ref.model.path`` / ``data.train_files`` (else the
@@ -323,7 +323,7 @@ class VerlEngine:
         # verl saves nothing by default; any positive period also saves the last step
         if int(trainer.save_freq) <= 0:
             owned.append(f"trainer.save_freq={cfg.steps // per_batch}")
-        if cfg.keep != "all":  # the disk a run takes while it trains: one checkpoint (verl removes the older first)
+        if cfg.keep != "all":  # the disk a run takes while it trains: its last checkpoint, and the next as it is written
             owned += ["trainer.max_actor_ckpt_to_keep=1", "trainer.max_critic_ckpt_to_keep=1"]
         if cluster_address(cfg):  # the sizes of a Ray main_ppo would start: the cluster's nodes have their own
             owned += ["ray_kwargs.ray_init.num_cpus=null", "ray_kwargs.ray_init.num_gpus=null"]
@@ -420,6 +420,8 @@ class VerlEngine:
                 # the log keeps every attempt, the lock is held, and the jobs' ids go on
                 if path.name not in ("log.txt", LOCK_FILE, PID_FILE, JOBS_FILE):
                     shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        elif cfg.keep != "all":  # verl removes only what its own process saved: an earlier attempt's would stay
+            _prune_older(out)
         done = _checkpointed_step(out) * self._steps_per_batch(cfg) if resume else 0
         overrides = self.overrides(cfg, run, out, start_step=done)
         with replacing(out / RUN_FILE) as partial:  # what a rerun compares (and resumes with)
@@ -602,6 +604,14 @@ def _prune_to(root: Path, keep: Path) -> None:
             shutil.rmtree(path)
         else:
             path.unlink()
+
+
+def _prune_older(out: Path) -> None:
+    """Remove the run's verl checkpoints older than its last complete one (the one verl resumes from)."""
+    last = _checkpointed_step(out)
+    for folder in (out / "checkpoints").glob("global_step_*"):
+        if folder.is_dir() and folder.name != f"global_step_{last}":
+            shutil.rmtree(folder)
 
 
 def _checkpointed_step(out: Path) -> int:

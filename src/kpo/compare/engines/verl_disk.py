@@ -2,8 +2,9 @@
 FSDP checkpoint of the actor holds its float32 weights (4 bytes a parameter), Adam's two float32 moments (8) and,
 with ``hf_model`` (which kpo adds: ``kpo eval`` scores the final one), the Hugging Face weights (at most float32:
 4), so at most 16 bytes a parameter, plus the model folder's other files (tokenizer, configuration) and verl's
-small state files. While a run trains it keeps one checkpoint (``trainer.max_actor_ckpt_to_keep=1``, verl removes
-the older one before it writes the next) unless ``--keep all``."""
+small state files. While a run trains it keeps its last checkpoint (``trainer.max_actor_ckpt_to_keep=1``) unless
+``--keep all``; verl removes the older one only once the next is written whole (a kill mid-write leaves the older to
+resume from), so two are on disk while one is written."""
 
 from __future__ import annotations
 
@@ -55,15 +56,15 @@ def kept_bytes(model: Path, params: int, keep: str, checkpoints: int) -> int:
 
 
 def disk_line(model: Path, batches: int, save_freq: int, keep: str) -> str:
-    """The plan's line on a run's disk: at most while it trains (one checkpoint, or with ``--keep all`` every
-    checkpoint of its ``batches`` verl steps at ``save_freq``; <= 0: kpo saves the last step only) and what
-    ``keep`` leaves once it is scored."""
+    """The plan's line on a run's disk: at most while it trains (two checkpoints: the last and the next while it
+    is written; with ``--keep all`` every checkpoint of its ``batches`` verl steps at ``save_freq``; <= 0: kpo saves
+    the last step only) and what ``keep`` leaves once it is scored."""
     params = parameters(model)
     if params is None:
         return f"disk per run: not estimated ({model} holds no safetensors weights on this machine)"
     freq = save_freq if save_freq > 0 else batches
     saves = batches // freq + (1 if batches % freq else 0)  # verl also saves the last step
-    held = saves if keep == "all" else 1
+    held = saves if keep == "all" else min(saves, 2)
     return (
         f"disk per run: at most {size_text(held * checkpoint_bytes(model, params))} while it trains ("
         f"{'one checkpoint' if held == 1 else f'{held} checkpoints'} of {params:,} parameters at "
