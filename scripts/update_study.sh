@@ -16,5 +16,5 @@ for f in seeds.json runs.json; do
 done
 .venv/bin/kpo compare study --report --study "$DEST"
 runs=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["runs"])' "$DEST/report.json")
-echo "update_study: $DEST holds $runs recorded runs of $SRC (the README's verdict table reads its report.json:" \
-     "tests/test_readme.py)"
+.venv/bin/python scripts/readme_verdict.py
+echo "update_study: $DEST holds $runs recorded runs of $SRC (the README's verdict table rewritten from its report.json)"
