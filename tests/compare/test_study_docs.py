@@ -96,3 +96,23 @@ def test_the_repeated_runs_are_stated_as_the_report_tests_them():
     seeds = sorted({r["seed"] for r in report["sensitivity"]["repeats"]})
     assert (f"seeds {seeds[0]}-{seeds[-1]} repeat the default compare's runs: its report tests that question without "
             f"them too, {without['seeds']} seeds, adjusted p {_p(without['p_adjusted'])}") in page
+
+
+def test_the_second_study_is_stated_as_its_plan_and_calibration_say():
+    """The filter-or-band section of docs/results/README.md: the gate's power from plan.json's simulation, the
+    calibration's shares, scale and band from calibration.json."""
+    page = " ".join(PAGE.read_text().split())
+    folder = ROOT / "docs/results/filter-or-band"
+    plan = json.loads((folder / "plan.json").read_text())
+    calibration = json.loads((folder / "calibration.json").read_text())
+    power = plan["simulation"]["power"]
+    gate = next(q["key"] for q in plan["questions"] if q["role"] == "primary")
+    assert (f"gate power {power['measured'][gate]:.2f} at the measured effect, {power['a third smaller'][gate]:.2f} "
+            "at an effect a third smaller") in page  # fmt: skip
+    assert plan["groups"]["stress"]["looks"] == [12, 24] and "Looks at 12 and 24 seeds" in page
+    shares = calibration["shares"]
+    assert f"KPO (matched) clips {100 * calibration['kpo_share']:.1f}% of off-policy tokens" in page
+    assert f"the band at KPO's width only {100 * shares['band x1']['pooled']:.1f}%" in page
+    assert f"the matching band is {calibration['scale']:.3f} of KPO's width" in page
+    low, high = calibration["clip_ratio_low"], calibration["clip_ratio_high"]
+    assert f"(clip_ratio_low {low:.2e}, clip_ratio_high {high:.2e})" in page
