@@ -364,7 +364,7 @@ def test_report_from_records_alone(tmp_path):
             acc = 0.0 if arm == "GRPO" and i == 0 else 0.5 + 0.01 * i
             records[job.label] = {"cell": cell, "arm": arm, "seed": job.run.seed, "accuracy": acc, "warm": 0.2,
                                   "reward_by_batch": [0.3, 0.1, 0.0] if acc == 0 else [0.3, 0.5],
-                                  "started": time.time(), "code": None}
+                                  "started": time.time(), "code": "c0ffee" if arm == "GRPO" else None}
     write_json(study.folder / "runs.json", records)
     text = run_study(study, report_only=True).read_text()
     report = json.loads((study.folder / "report.json").read_text())
@@ -375,6 +375,10 @@ def test_report_from_records_alone(tmp_path):
     stress = report["descriptive"]["stress"]["cells"]["none-depth4-lr0.0005"]["GRPO"]
     assert stress["collapse"]["k"] == 1 and stress["batch_of_collapse"] == [2, None, None]
     assert "not confirmatory" in text and "22" in text
+    # which kpo trained the runs: each record's commit (None: not a git checkout), counted
+    grpo = sum(r["arm"] == "GRPO" for r in records.values())
+    assert report["trained_by"] == {"unknown": len(records) - grpo, "c0ffee": grpo}
+    assert f"Trained by kpo at an unknown commit ({len(records) - grpo} runs), c0ffee ({grpo} runs)." in text
     # the plan's simulated error with its exact interval: 102 of 2000 studies (0.051) is [0.042, 0.062]
     assert "| kpo_vs_gspo_depth4 null | 0.051 | [0.042, 0.062] |" in text
     assert {p.name for p in study.folder.glob("*.png")} == {"collapse.png", "time_to_collapse.png", "accuracy.png"}

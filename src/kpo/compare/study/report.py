@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -229,6 +230,9 @@ def write_study_report(study, answer: dict, history: dict) -> Path:
         "hypotheses": sum(q["role"] != "descriptive" for q in plan["questions"]),
         "runs": len(records),
         "runs_at_most": plan["runs_at_most"],
+        # the commit of the kpo that trained each run (a study runs from a worktree at a fixed commit): runs by commit,
+        # the most first
+        "trained_by": dict(Counter(r["code"] or "unknown" for r in records.values()).most_common()),
         "seeds": {**seeds, "tried": tried, "drop_rate": len(seeds["dropped"]) / tried if tried else None},
         "looks": answer["looks"],
         "next": answer["next"],
@@ -286,6 +290,11 @@ def _answer_line(e: dict) -> str:
             f"{look_detail(e, last)}; p at this look {_p(last['p'])}{adjusted}.{needed}")
 
 
+def _commit(code: str) -> str:
+    """A run's record's commit as the report names it: unknown where kpo did not run from a git checkout."""
+    return "an unknown commit" if code == "unknown" else code[:12]
+
+
 def _markdown(report: dict, plan: dict, figures: list[str]) -> str:
     seeds, sens = report["seeds"], report["sensitivity"]
     state = "ended" if report["ended"] else "under way: next look at " + "; ".join(
@@ -295,7 +304,9 @@ def _markdown(report: dict, plan: dict, figures: list[str]) -> str:
         f"# kpo compare study: {report['title']} ({kind})", "",
         f"Status: {state}. {report['runs']} of at most {report['runs_at_most']} runs recorded; "
         f"{len(report['looks'])} look(s) taken. Confirmatory: **{'yes' if report['confirmatory'] else 'no'}** "
-        f"({report['why']}).", "", "## Answers", "", *[_answer_line(e) for e in report["questions"].values()], "",
+        f"({report['why']}). Trained by kpo at "
+        f"{', '.join(f'{_commit(c)} ({n} runs)' for c, n in report['trained_by'].items()) or 'no commit yet'}.",
+        "", "## Answers", "", *[_answer_line(e) for e in report["questions"].values()], "",
         f"Collapse: {report['collapse']} (fixed in the plan).",
     ]
     if sens["collapse_rules"]:
