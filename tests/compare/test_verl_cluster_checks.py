@@ -103,11 +103,13 @@ def test_the_plan_s_disk_per_run_counts_the_model_s_parameters(tmp_path):
 def test_a_resumed_run_keeps_only_the_checkpoint_it_resumes_from(tmp_path):
     """verl removes only the checkpoints its own process saved: what a killed attempt left before its last complete
     checkpoint (the tracker's step) goes before the next attempt, and a checkpoint cut short by the kill (global_step_3,
-    never tracked) goes too."""
+    never tracked) goes too; without a tracker nothing goes."""
     from kpo.compare.engines.verl import _prune_older
 
     for step in (1, 2, 3):
         (tmp_path / "checkpoints" / f"global_step_{step}" / "actor").mkdir(parents=True)
+    _prune_older(tmp_path)  # no tracker yet: no checkpoint is known complete, so none goes
+    assert len(list((tmp_path / "checkpoints").iterdir())) == 3
     (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("2")
     _prune_older(tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [

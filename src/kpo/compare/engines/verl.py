@@ -607,8 +607,11 @@ def _prune_to(root: Path, keep: Path) -> None:
 
 
 def _prune_older(out: Path) -> None:
-    """Remove the run's verl checkpoints older than its last complete one (the one verl resumes from)."""
+    """Remove the run's verl checkpoints other than its last complete one (the one verl resumes from); without
+    verl's tracker file nothing is known complete, and nothing is removed."""
     last = _checkpointed_step(out)
+    if last == 0:
+        return
     for folder in (out / "checkpoints").glob("global_step_*"):
         if folder.is_dir() and folder.name != f"global_step_{last}":
             shutil.rmtree(folder)
