@@ -25,9 +25,10 @@ def off_policy_share(folder: Path, depth: int) -> float:
 
 
 def main(runs: Path) -> None:
+    from kpo._files import replacing
     from kpo.compare.study.plan import load_plan, run_name
 
-    shares: dict[str, list[float]] = {}
+    shares: dict[str, dict[str, float]] = {}  # arm -> "cell/seed" -> its share
     scale_of: dict[str, float | None] = {}
     for study in sorted((ROOT / "docs/results/filter-or-band").glob("calibration*/plan.json")):
         plan = load_plan(study)
@@ -58,7 +59,8 @@ def main(runs: Path) -> None:
         "clip_ratio_high": float(f"{KPO_BAND[1] * scale:.3g}"),
     }
     out = ROOT / "docs/results/filter-or-band/calibration.json"
-    out.write_text(json.dumps(found, indent=2) + "\n")
+    with replacing(out) as partial:
+        partial.write_text(json.dumps(found, indent=2) + "\n")
     print(json.dumps({k: v for k, v in found.items() if k != "shares"}, indent=2))
     for a in sorted(pooled, key=lambda a: -(scale_of[a] or 99)):
         print(f"  {a}: {pooled[a]:.4f}")

@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from kpo._files import replacing
 from kpo.compare.study.report import verdict_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,9 +33,8 @@ def main() -> int:
         report = ROOT / "docs/results" / folder / "report.json"
         if report.exists():
             rows += verdict_rows(json.loads(report.read_text()), f"docs/results/{folder}/report.md")
-    partial = readme.with_name(readme.name + ".partial")
-    partial.write_text("".join(lines[:start] + [line + "\n" for line in HEADER + rows] + lines[end:]))
-    partial.replace(readme)
+    with replacing(readme) as partial:
+        partial.write_text("".join(lines[:start] + [line + "\n" for line in HEADER + rows] + lines[end:]))
     print(f"readme_verdict: {len(rows)} rows from {', '.join(STUDIES)}")
     return 0
 

@@ -19,7 +19,8 @@ after ``--``, a key of the YAML file, or a value the YAML's configuration compos
   ``hf_model`` added to the actor's ``checkpoint.save_contents`` (the final checkpoint's Hugging Face weights are
   what ``kpo eval`` scores), ``trainer.save_freq`` = the run's length where the user set none,
   ``trainer.resume_mode=auto``, the last checkpoint kept while it trains (``trainer.max_actor_ckpt_to_keep=1`` and
-  the critic's, unless ``--keep all``; a resumed run's older ones go first); every path absolute (the workers may run elsewhere);
+  the critic's, unless ``--keep all``; a resumed run's older ones go first); every path absolute (the workers may
+  run elsewhere);
 - kpo's actor config's ``steps_per_batch`` (``--minibatches`` x ppo_epochs: ``memory=auto`` does not fit a
   batch's on-policy step);
 - ``--model`` / ``--dataset``, where given: ``actor_rollout_ref.model.path`` / ``data.train_files`` (else the

@@ -37,19 +37,22 @@ def parameters(model: Path) -> int | None:
     return total
 
 
+def _other_files(model: Path) -> int:
+    """The bytes of the model folder's files other than its weights (tokenizer, configuration)."""
+    return sum(p.stat().st_size for p in model.iterdir() if p.is_file() and p.suffix != ".safetensors")
+
+
 def checkpoint_bytes(model: Path, params: int) -> int:
     """One checkpoint of the actor of ``params`` parameters, at most: :data:`BYTES_PER_PARAMETER` a parameter, the
     model folder's other files, verl's state files."""
-    other = sum(p.stat().st_size for p in model.iterdir() if p.is_file() and p.suffix != ".safetensors")
-    return BYTES_PER_PARAMETER * params + other + STATE_BYTES
+    return BYTES_PER_PARAMETER * params + _other_files(model) + STATE_BYTES
 
 
 def kept_bytes(model: Path, params: int, keep: str, checkpoints: int) -> int:
     """What stays of a scored run's checkpoints under ``--keep``: the final Hugging Face weights (``hf``), all its
     ``checkpoints`` (``all``), nothing (``none``)."""
-    other = sum(p.stat().st_size for p in model.iterdir() if p.is_file() and p.suffix != ".safetensors")
     return {
-        "hf": HF_BYTES_PER_PARAMETER * params + other,
+        "hf": HF_BYTES_PER_PARAMETER * params + _other_files(model),
         "all": checkpoints * checkpoint_bytes(model, params),
         "none": 0,
     }[keep]
