@@ -12,8 +12,9 @@ import torch
 from safetensors.torch import save_file
 
 from kpo.compare import CompareConfig, CompareError
+from kpo.compare.cell import parse_cell
 from kpo.compare.cli import config_from_args, main
-from kpo.compare.regimes import RegimeConfig, _parse_cell
+from kpo.compare.regimes import RegimeConfig
 
 
 def _model(folder: Path, weights: str = "whole") -> Path:
@@ -215,7 +216,7 @@ def test_an_out_under_a_file_is_said_once(tmp_path, capsys, no_training):
     err = capsys.readouterr().err
     assert err.count("choose another --out") == 1 and f"--out: {str(blocker)!r} is a file" in err, err
     cells = "none-depth4-lr0.0001,bf16-depth2-lr0.001"
-    assert main(["regimes", "--plan", "--out", str(blocker), "--cells", cells, "--seeds", "4", "--max-seeds", "4"]) == 2
+    assert main(["regimes", "--plan", "--out", str(blocker), "--cells", cells, "--seeds", "4"]) == 2
     assert capsys.readouterr().err.count("choose another --out") == 1
 
 
@@ -234,7 +235,7 @@ def test_an_out_under_a_file_is_said_once(tmp_path, capsys, no_training):
 def test_a_cell_in_a_wrong_form_says_what_is_wrong_with_it(cell, problem):
     """A generic line with the format, not what was wrong."""
     with pytest.raises(ValueError) as e:
-        _parse_cell(cell)
+        parse_cell(cell)
     assert str(e.value) == f"cell {cell!r}: {problem}; write MISMATCH-depthN-lrX, e.g. none-depth4-lr0.0001"
 
 

@@ -173,7 +173,7 @@ def test_a_registered_engine_runs_a_two_arm_compare(fake_engine, tmp_path):
 
 def test_a_registered_engine_runs_a_one_cell_map(fake_engine, tmp_path):
     cfg = RegimeConfig(
-        out=str(tmp_path / "map"), engine="fake", cells_only=("none-depth2-lr0.0001",), seeds=1, max_seeds=1,
+        out=str(tmp_path / "map"), engine="fake", cells_only=("none-depth2-lr0.0001",), seeds=1,
         batches=2, eval_n=2, eval_data=(str(fake_engine),),
     )  # fmt: skip
     report = run_regimes(cfg)

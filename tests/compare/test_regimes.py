@@ -1,6 +1,6 @@
 """kpo compare regimes: the grid's cells and their compares, the plan, the settings it refuses, and the map written
 from run folders made by the test (no training: kpo compare's own tests train): collapses with their exact
-bounds, the per-cell contrasts and picks, the pre-registered questions and the looks that add seeds."""
+bounds, the per-cell contrasts and picks, and the questions answered as leads by a study's seed-level test."""
 
 from __future__ import annotations
 
@@ -54,10 +54,7 @@ def test_cells_and_their_compares(tmp_path):
     "kw, message",
     [
         ({"mismatch": ("bf32",)}, "--mismatch \\['bf32'\\]: unknown"),
-        ({"seeds": 0}, "--seeds=0 --max-seeds=8: give --seeds >= 1 and --max-seeds >= --seeds"),
-        ({"seeds": 8, "max_seeds": 6}, "--max-seeds >= --seeds \\(the questions are answered at 4, 6, 8 seeds"),
-        # main trained 6 seeds here: the next look was taken, then checked against the cap
-        ({"seeds": 4, "max_seeds": 5}, "--max-seeds=5: the cap is a look \\(4, 6, 8 seeds a cell\\) or --seeds"),
+        ({"seeds": 0}, "--seeds=0: give >= 1 \\(the questions need 6 for a two-sided p below 0.05\\)"),
         ({"batches": 20, "curve_every": 3}, "--curve-every=3 must divide --batches=20"),
         ({"cells_only": ("none-d4",)}, "write MISMATCH-depthN-lrX"),
         ({"cells_only": ()}, "--cells: no cell named"),
@@ -79,26 +76,25 @@ def test_bad_settings_name_the_fix(tmp_path, kw, message):
 def test_the_plan_prints_runs_questions_and_rules_and_trains_nothing(tmp_path, capsys, no_training):
     assert main(["regimes", "--out", str(tmp_path / "map"), "--plan"]) == 0
     printed = capsys.readouterr().out
-    # 4 stable cells x 4 arms + 4 stress cells x 5 arms, at 4 seeds; 8 seeds at the cap
-    assert "x 4 seeds = 144 runs of 20 generation batches" in printed and "up to 288 runs" in printed
-    # t_{3, 0.975} x 5.0 / sqrt(4) = 3.182 x 2.5
-    assert "+-8.0 points (prior sd 5.0 points)" in printed
-    for q in QUESTIONS:
-        assert f"  {q.key}: {q.text}" in printed
+    # 4 stable cells x 4 arms + 4 stress cells x 5 arms, at 6 seeds
+    assert "x 6 seeds = 216 runs of 20 generation batches" in printed
+    # t_{5, 0.975} x 5.0 / sqrt(6) = 2.571 x 2.041
+    assert "+-5.2 points (prior sd 5.0 points)" in printed
+    for key, text, *_ in QUESTIONS:
+        assert f"  {key}: {text}" in printed
     for rule in REGIME_RULES:
         assert f"  {rule}: " in printed
     assert not (tmp_path / "map").exists()
 
 
 def test_a_one_seed_map_is_planned_and_reported_without_intervals(tmp_path):
-    """A smoke map of one seed a cell (its cells only; the questions need 4): no planned half-width, and the
-    report still renders."""
+    """A smoke map of one seed a cell: no planned half-width, and the report still renders."""
     from kpo.compare.regime_report import render_map
 
-    cfg = RegimeConfig(out=str(tmp_path), cells_only=("none-depth4-lr0.0001",), seeds=1, max_seeds=1).validate()
+    cfg = RegimeConfig(out=str(tmp_path), cells_only=("none-depth4-lr0.0001",), seeds=1).validate()
     plan = estimate_regimes(cfg)
     assert plan["cells"][0]["half_width"] is None and plan["runs"] == 4
-    report = render_map(tmp_path, [], [], [], plan).read_text()
+    report = render_map(tmp_path, [], [], plan).read_text()
     assert "none (one seed a cell: no interval)" in report
 
 
@@ -186,11 +182,10 @@ def test_neither_collapsed_says_collapses_cannot_tell(tmp_path):
     assert text.startswith("no seed where only one of the clip band and KPO (matched) collapsed")
 
 
-def test_the_map_adds_seeds_until_the_questions_are_decided(tmp_path, monkeypatch):
-    """The sequential runner on a 2-cell map whose runs 'train' instantly (their outcome written by a stand-in for
-    train_jobs): nothing collapses, so the collapse questions stay undecided and every cell gets seeds 4-5, then
-    6-7; every look is recorded, and the report carries the questions, each cell's collapse bounds and the pick
-    set."""
+def test_the_map_trains_its_seeds_and_answers_its_questions_as_leads(tmp_path, monkeypatch):
+    """The runner on a 2-cell map whose runs 'train' instantly (their outcome written by a stand-in for
+    train_jobs): every run of 6 seeds trained once, each question tested by a study's seed-level test, the report
+    carrying the leads, each cell's collapse bounds and the pick set; a rerun trains nothing."""
     cells = ("none-depth4-lr0.0001", "none-depth4-lr0.0005")
     cfg = RegimeConfig(out=str(tmp_path / "map"), cells_only=cells, eval_limit=PROBLEMS)
     trained = []
@@ -207,51 +202,49 @@ def test_the_map_adds_seeds_until_the_questions_are_decided(tmp_path, monkeypatc
 
     monkeypatch.setattr("kpo.compare.run.train_jobs", fake_train)
     monkeypatch.setattr("kpo.compare.regime_run.write_cell_report", lambda *a: None)
-    _warm_starts(cfg, 8)
+    _warm_starts(cfg, 6)
     report = run_regimes(cfg)
     found = json.loads((report.parent / "report.json").read_text())
-    assert [look["seeds"] for look in found["looks"]] == [{"stable": n, "stress": n} for n in (4, 6, 8)]
-    assert found["runs"] == 4 * 8 + 5 * 8  # the stable cell's 4 arms, the stress cell's 5 (the clip band too)
-    answers = {a["name"]: a for a in found["questions"]}
-    # KPO (matched) trails GRPO by 7 points in every seed of the stable cell: decided "yes" (Holm over the family)
-    assert answers["kpo_vs_grpo"]["verdict"] == "yes" and answers["kpo_vs_grpo"]["p_adjusted"]["difference"] < 0.05
-    # nothing collapsed at the stress rate: the collapse questions stay undecided, with no seeds estimate
-    assert answers["grpo_collapses"]["verdict"] == "undecided"
-    assert answers["grpo_collapses"]["seeds_needed"] is None  # no discordant pair: no basis for an estimate
+    assert found["runs"] == len(trained) == 4 * 6 + 5 * 6  # the stable cell's 4 arms, the stress cell's 5
+    answers = {a["key"]: a for a in found["questions"]}
+    # KPO (matched) trails GRPO by 5.2-8.8 points in every seed of the stable cell: all 6 signs agree, so the
+    # exact two-sided sign-flip p is 2 / 2^6
+    kpo_grpo = answers["kpo_vs_grpo"]
+    assert kpo_grpo["verdict"] == "lead" and kpo_grpo["look"]["p"] == pytest.approx(2 / 64)
+    assert kpo_grpo["look"]["estimate"] < -0.05 and kpo_grpo["look"]["seeds"] == 6
+    # nothing collapsed at the stress rate: no seed's count differs, p = 1
+    assert answers["grpo_collapses"]["look"]["p"] == 1.0
+    assert answers["bf16_changes_kpo"]["verdict"] == "not asked"  # no bf16 cell in this map
     stress = next(c for c in found["cells"] if c["group"] == "stress")
-    # 0 of 8: the exact 95% interval of the collapse rate reaches 0.369
+    # 0 of 6: the exact 95% interval of the collapse rate reaches 1 - 0.025^(1/6) = 0.459
     assert stress["arms"][GRPO]["collapse"]["k"] == 0
-    assert stress["arms"][GRPO]["collapse"]["upper95"] == pytest.approx(0.3694, abs=1e-4)
+    assert stress["arms"][GRPO]["collapse"]["upper95"] == pytest.approx(1 - 0.025 ** (1 / 6))
     assert isinstance(stress["pick"], list) and stress["pick"]
     text = report.read_text()
-    assert "## The questions" in text and "collapses cannot tell them apart" in text
-    # a rerun trains nothing more: every run is reused, the looks replayed
-    before = len(trained)
+    assert "## The questions (leads)" in text and "collapses cannot tell them apart" in text
+    assert "exact sign-flip permutation test: KPO (matched) - GRPO " in text
+    # a rerun trains nothing more: every run is reused
     run_regimes(cfg)
-    assert len(trained) == before
-    # a map stopped inside its last look: --report writes it as it stood after the look before, training nothing
-    shutil.rmtree(Path(cfg.out) / cells[0] / "runs" / "vanilla-seed7")
+    assert len(trained) == 54
+    # a run gone: --report writes the map as it stands, its questions pending, training nothing
+    shutil.rmtree(Path(cfg.out) / cells[0] / "runs" / "vanilla-seed5")
     found = json.loads((run_regimes(cfg, report_only=True).parent / "report.json").read_text())
-    assert len(trained) == before
-    assert [look["seeds"] for look in found["looks"]] == [{"stable": n, "stress": n} for n in (4, 6)]
-    assert found["runs"] == 4 * 6 + 5 * 6
-    undecided = [a for a in found["questions"] if a["verdict"] == "undecided"]
-    # an early look plans the seeds too: the collapse questions have no discordant pair, so no basis (None)
-    assert undecided and all("seeds_needed" in a for a in undecided)
+    assert len(trained) == 54 and found["runs"] == 53
+    assert {a["key"]: a["verdict"] for a in found["questions"]}["kpo_vs_grpo"] == "pending"
 
 
-def test_report_before_any_look_finished_says_so(tmp_path, no_training):
+def test_report_before_any_run_finished_says_so(tmp_path, no_training):
     cfg = RegimeConfig(out=str(tmp_path / "map"), cells_only=("none-depth4-lr0.0001",), eval_limit=PROBLEMS)
     cfg.validate()
     Path(cfg.out).mkdir()
     (Path(cfg.out) / "plan.json").write_text(json.dumps(estimate_regimes(cfg)))
-    with pytest.raises(CompareError, match="no look has finished yet"):
+    with pytest.raises(CompareError, match="no run has finished yet"):
         run_regimes(cfg, report_only=True)
 
 
 # ------------------------------------------------------------------ --report: reads, never writes the plan
 CELLS = ("none-depth4-lr0.0001", "none-depth4-lr0.0005")
-FLAGS = ["--cells", ",".join(CELLS), "--seeds", "4", "--max-seeds", "4", "--eval-limit", str(PROBLEMS)]
+FLAGS = ["--cells", ",".join(CELLS), "--seeds", "4", "--eval-limit", str(PROBLEMS)]
 
 
 @pytest.fixture
@@ -259,7 +252,7 @@ def built_map(tmp_path):
     """A finished 2-cell map at one look of 4 seeds, written without training (plan.json, warm starts, runs with
     the config.yaml kpo train would write); returns its folder."""
 
-    cfg = RegimeConfig(out=str(tmp_path / "map"), cells_only=CELLS, seeds=4, max_seeds=4, eval_limit=PROBLEMS)
+    cfg = RegimeConfig(out=str(tmp_path / "map"), cells_only=CELLS, seeds=4, eval_limit=PROBLEMS)
     cfg.validate()
     _warm_starts(cfg, 4)
     for cell in cfg.cells:
@@ -282,14 +275,21 @@ def _refused(capsys, argv: list[str]) -> str:
 
 def test_report_with_other_flags_says_which_and_keeps_the_plan(built_map, capsys, no_training):
     plan = (built_map / "plan.json").read_bytes()
-    # the map's own flags minus --cells and --max-seeds: the default grid, 8 seeds (main wrote its plan here)
-    line = _refused(capsys, ["--out", str(built_map), "--seeds", "4", "--eval-limit", str(PROBLEMS), "--report"])
+    # the map's own flags minus --cells and --seeds: the default grid, 6 seeds (main wrote its plan here)
+    line = _refused(capsys, ["--out", str(built_map), "--eval-limit", str(PROBLEMS), "--report"])
     assert "plan.json fixes another design than these flags" in line
     assert "the cells (--mismatch, --depth, --lr, --cells): plan ['none-depth4-lr0.0001'" in line
-    assert "--max-seeds: plan 4, flags 8" in line
+    assert "--seeds: plan 4, flags 6" in line
     # training with other flags stops the same way
     _refused(capsys, ["--out", str(built_map), *FLAGS[:-2], "--eval-limit", "2"])
     assert (built_map / "plan.json").read_bytes() == plan
+    # a map planned by a kpo with other rules (the sequential Holm design before this one) is not rewritten by
+    # this one's
+    older = json.loads(plan)
+    older["rules"]["questions"] = "exact McNemar test on the (cell, seed) pairs, ..."
+    (built_map / "plan.json").write_text(json.dumps(older))
+    line = _refused(capsys, ["--out", str(built_map), *FLAGS, "--report"])
+    assert "the rules (a map planned by another kpo: its report is as committed): questions differ" in line
 
 
 def test_report_rewrites_the_map_and_never_the_plan(built_map, capsys, no_training, monkeypatch):
@@ -298,10 +298,10 @@ def test_report_rewrites_the_map_and_never_the_plan(built_map, capsys, no_traini
     assert main(["regimes", "--out", str(built_map), *FLAGS, "--report"]) == 0
     assert (built_map / "plan.json").read_bytes() == plan
     found = json.loads((built_map / "report.json").read_text())
-    assert found["runs"] == 4 * 4 + 5 * 4 and found["hypotheses"] == 20
+    assert found["runs"] == 4 * 4 + 5 * 4 and len(found["questions"]) == 12
     report = (built_map / "report.md").read_text()
     assert report.startswith("# kpo compare regimes: where does KPO help? (exploratory)")
-    assert "adjusted p(difference) = " in report and "the looks alone: " in report
+    assert "(unadjusted: a lead)" in report
 
 
 def test_report_needs_a_map_and_no_plan_flag(tmp_path, capsys, no_training):

@@ -172,6 +172,22 @@ def test_a_margin_shifts_the_null_and_a_metric_is_an_outcome(plan):
     assert found["looks"][0]["estimate"] == 0.0 and found["looks"][0]["p"] == 1.0
 
 
+def test_versus_asks_whether_a_cells_setting_changes_the_contrast(plan):
+    """KPO (matched) - GRPO is 20 points in the bf16 cell and 10 in the float32 one in every seed: with ``versus``,
+    each seed's value is their difference, 0.10, all 10 signs agree, so the two-sided p is 2 / 2^10."""
+    seeds = list(range(100, 110))
+    data = {cell: {"KPO (matched)": {s: _run(0.5 + gap) for s in seeds}, "GRPO": {s: _run(0.5) for s in seeds}}
+            for cell, gap in (("bf16-depth4-lr0.0005", 0.2), ("none-depth4-lr0.0005", 0.1))}
+    q = {**plan["questions"][0], "cells": ["bf16-depth4-lr0.0005"], "versus": ["none-depth4-lr0.0005"],
+         "alternative": "two-sided", "role": "primary"}
+    plan["questions"] = [q]
+    found = analyze(plan, data, seeds)["questions"]["kpo_vs_grpo"]
+    assert found["looks"][0]["per_seed"] == pytest.approx([0.1] * 10)
+    assert found["looks"][0]["p"] == pytest.approx(2 / 1024)
+    assert found["answer"] == ("KPO (matched) - GRPO is larger in bf16-depth4-lr0.0005 than in none-depth4-lr0.0005, "
+                               "by 10 points")
+
+
 def test_anytime_looks_take_a_look_after_every_seed_and_stop_when_decided(plan):
     plan["groups"]["stress"] = {"cells": plan["groups"]["stress"]["cells"], "looks": "anytime", "max_seeds": 30}
     for q in plan["questions"]:

@@ -47,6 +47,12 @@ def test_the_documented_example_is_a_valid_plan(raw):
         (lambda r: r["questions"][0].update(outcome="speed"), "outcome 'speed' is not one of"),
         # a question's cells outside its group (the old study looped for ever on it)
         (lambda r: r["questions"][0].update(cells=["none-depth4-lr0.0001"]), "cells must be some of its group's"),
+        # versus: the contrast in other cells of the group, as many of them, none of its own
+        (lambda r: r["questions"][1].update(versus=["none-depth4-lr0.0005"]), "versus: as many of its group's cells"),
+        (lambda r: r["questions"][1].update(cells=["bf16-depth4-lr0.0005"], versus=["bf16-depth4-lr0.0005"]),
+         "versus: as many of its group's cells"),
+        (lambda r: r["questions"][1].update(cells=["bf16-depth4-lr0.0005"], versus=["fp8-depth4-lr0.0005"]),
+         "versus: as many of its group's cells"),
         (lambda r: r.update(questions=[]), "questions: none"),
         (lambda r: r["questions"][1].update(role="primary"), "2 primaries"),
         (lambda r: r["questions"].append(dict(r["questions"][1], key="again")), "asks what 'filter_vs_band' asks"),

@@ -20,7 +20,9 @@ with other settings (its ``config.yaml`` or ``eval.json`` differs from what this
 never silently reused.
 
 ``kpo compare regimes`` (:mod:`kpo.compare.regimes`) runs a grid of such comparisons, one per regime of
-train-inference mismatch, off-policy depth and learning rate, into one map of where KPO helps.
+train-inference mismatch, off-policy depth and learning rate, into one map of where KPO may help (its questions
+leads, tested as a study's are); ``kpo compare study`` (:mod:`kpo.compare.study`) runs a plan of the user's own to
+its answer.
 
 ``--model``/``--dataset``/``--eval-data`` run it on a user's model, training data and held-out benchmarks (scored
 by avg@n), and ``--engine verl`` trains every run with verl's ``main_ppo`` on the user's verl configuration.
@@ -29,7 +31,8 @@ Modules: ``plan`` (settings, arms, runs, contrasts and the cost and power estima
 checks every engine shares), ``run`` (workers, reuse of finished runs), ``engines`` (what trains a run: the
 engine protocol and registry; ``engines.kpo``: kpo train, ``engines.verl``: verl), ``outcome`` (a model's
 held-out score, the one number the decisions read), ``report`` (tables, figures and the claims), ``regimes``,
-``regime_plan``, ``regime_run`` and ``regime_report`` (the map), ``cli`` (the command).
+``regime_plan``, ``regime_run`` and ``regime_report`` (the map), ``study`` (a study: plan, records, looks,
+simulation, registration, run, report), ``cli`` (the command).
 """
 
 from kpo.compare.plan import (

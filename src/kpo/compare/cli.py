@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from kpo.compare.cell import MISMATCH
 from kpo.compare.plan import (
     AA_SEEDS,
     ABLATION_SEEDS,
@@ -19,9 +20,8 @@ from kpo.compare.plan import (
     STEPS,
     CompareConfig,
 )
-from kpo.compare.questions import LOOKS
 from kpo.compare.regime_run import run_regimes
-from kpo.compare.regimes import BATCHES, DIFF_SD, GRID, MISMATCH, RegimeConfig
+from kpo.compare.regimes import BATCHES, DIFF_SD, GRID, RegimeConfig
 from kpo.compare.run import run_compare
 from kpo.compare.setup_cli import run_reporting, setup_from_args, setup_options
 
@@ -234,11 +234,10 @@ def build_regimes_parser() -> argparse.ArgumentParser:
         prog="kpo compare regimes",
         description="Where does KPO help? A grid of regimes (train-inference mismatch x off-policy depth x "
         "learning rate), each cell GRPO, GSPO, KPO (matched) and KPO (auto) paired by seed, the stress cells "
-        "(the highest learning rate) also KPO's clip band without the filter; pre-registered questions pooled "
-        "over cells, answered with exact and seed-level tests (Holm over the family), seeds added in blocks of 2 "
-        "until they are decided or at the cap. Prints the plan, the questions and the rules before anything "
-        "trains; finished runs are reused; the map (report.md, report.json, regimes.png) is rewritten as each "
-        "cell finishes.",
+        "(the highest learning rate) also KPO's clip band without the filter; questions pooled over cells, "
+        "each answered as a lead by a study's seed-level test (to decide one, register a study: kpo compare study). "
+        "Prints the plan, the questions and the rules before anything trains; finished runs are reused; the map "
+        "(report.md, report.json, regimes.png) is rewritten as each cell finishes.",
     )
     p.add_argument("--out", default=d.out, help="Map and run directory (default: %(default)s).")
     p.add_argument(
@@ -268,15 +267,8 @@ def build_regimes_parser() -> argparse.ArgumentParser:
         "--seeds",
         type=int,
         default=d.seeds,
-        help=f"Paired seeds per cell to start with; the questions are answered at {', '.join(map(str, LOOKS))} seeds "
-        "(a map of fewer has its cells only) (default: %(default)s).",
-    )
-    p.add_argument(
-        "--max-seeds",
-        type=int,
-        default=d.max_seeds,
-        help="The cap: seeds a cell reaches at most while its questions are undecided; --max-seeds = --seeds "
-        "turns the sequential design off (default: %(default)s).",
+        help="Paired seeds per cell; at 6 or more a question's two-sided sign-flip p can reach 0.05 (default: "
+        "%(default)s).",
     )
     p.add_argument(
         "--batches",
@@ -300,9 +292,8 @@ def build_regimes_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--report",
         action="store_true",
-        help="Train nothing: rewrite the map from the finished runs, at the last look every cell of its group has "
-        "finished (a map stopped inside a look: where it stands; the same command without --report continues it). "
-        "Reads the map's plan.json, never writes it: give the map's own flags.",
+        help="Train nothing: rewrite the map from the finished runs (the same command without --report continues "
+        "it). Reads the map's plan.json, never writes it: give the map's own flags.",
     )
     p.add_argument(
         "--pilot",
@@ -329,7 +320,6 @@ def regimes_main(argv: list[str]) -> int:
         lr=args.lr,
         cells_only=args.cells,
         seeds=args.seeds,
-        max_seeds=args.max_seeds,
         batches=args.batches,
         curve_every=args.curve_every,
         eval_n=args.eval_n,

@@ -1,6 +1,5 @@
 """The plan of ``kpo compare regimes`` (:mod:`kpo.compare.regimes`), fixed before anything trains: per cell its
-runs and minutes at the first look and at the cap, the expected half-widths, the seeds a pooled question needs,
-the questions and the rules (:func:`estimate_regimes`, printed by :func:`format_regime_plan`); and ``plan.json``,
+runs and minutes, the expected half-widths, the questions and the rules (:func:`estimate_regimes`, printed by :func:`format_regime_plan`); and ``plan.json``,
 written once before the first run, which a later command with other flags may not change (:func:`check_plan`)."""
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ from pathlib import Path
 
 from kpo.compare.engines import engine_of
 from kpo.compare.plan import RUN_SECONDS, SAMPLE_SECONDS, STEP_SECONDS, WARM_START_SECONDS, CompareError
-from kpo.compare.questions import LOOKS, groups
 from kpo.compare.regimes import (
     AUTO,
     DIFF_SD,
@@ -19,25 +17,22 @@ from kpo.compare.regimes import (
     GSPO,
     KPO,
     LABELS,
-    QUESTIONS,
     REGIME_RULES,
     SAMPLER_COST,
     RegimeConfig,
     cell_runs,
+    map_questions,
 )
 
 __all__ = ["PLAN_DESIGN", "check_plan", "estimate_regimes", "format_regime_plan", "read_plan"]
 
 
 def estimate_regimes(cfg: RegimeConfig, diff_sd: float = DIFF_SD, pilot: Path | None = None) -> dict:
-    """The plan: per cell its runs and minutes at the first look and at the cap (wall clock on the engine's
-    parallel runs; the time per run from the embedded setup's constants, else measured on the map's finished runs
-    or ``pilot``'s, else not estimated: None), the expected half-width of a cell's contrast at the first look,
-    t_{S-1} x diff_sd / sqrt(S) points, the seeds a pooled accuracy question needs to decide a 5-point difference
-    at the family's final-look level; the questions and the rules."""
+    """The plan: per cell its runs and minutes (wall clock on the engine's parallel runs; the time per run from
+    the embedded setup's constants, else measured on the map's finished runs or ``pilot``'s, else not estimated:
+    None) and the expected half-width of a cell's contrast, t_{S-1} x diff_sd / sqrt(S) points; the questions and
+    the rules."""
     from kpo.compare.plan import held_out_problems, measured_run_seconds, parallel_runs
-    from kpo.compare.questions import LOOK_SHARES
-    from kpo.compare.stats import ALPHA, seeds_for_effect
     from kpo.evaluation.metrics import t_quantile
 
     first_cfg = cfg.cell_config(cfg.cells[0], cfg.seeds)
@@ -47,9 +42,10 @@ def estimate_regimes(cfg: RegimeConfig, diff_sd: float = DIFF_SD, pilot: Path | 
     folders = [Path(cfg.out) / cell.name / "runs" / r.name for cell in cfg.cells for r in cell_runs(cfg, cell, cfg.seeds)]
     folders += [] if pilot is None else sorted(Path(pilot).parent.glob("*/runs/*"))
     measured = measured_run_seconds(folders)
+    embedded = engine_of(first_cfg).embedded(first_cfg)
     cells = []
     for cell in cfg.cells:
-        if engine_of(first_cfg).embedded(first_cfg):
+        if embedded:
             per_run = (
                 cfg.batches * cell.depth * STEP_SECONDS * 4 / cell.depth * SAMPLER_COST[cell.mismatch]
                 + problems * cfg.eval_n * SAMPLE_SECONDS
@@ -57,43 +53,20 @@ def estimate_regimes(cfg: RegimeConfig, diff_sd: float = DIFF_SD, pilot: Path | 
             )
         else:
             per_run = measured
-        first, cap = len(cell_runs(cfg, cell, cfg.seeds)), len(cell_runs(cfg, cell, cfg.max_seeds))
-        minutes = lambda runs, per=per_run: None if per is None else runs * per / jobs / 60  # noqa: E731
-        cells.append(
-            {
-                "cell": cell.name,
-                "group": cfg.group(cell),
-                "runs": first,
-                "runs_at_cap": cap,
-                "minutes": minutes(first),
-                "minutes_at_cap": minutes(cap),
-                "half_width": half,
-            }
-        )
-    hypotheses = sum(len(q.hypotheses()) for q in QUESTIONS)
-    per_group = {g: len(members) for g, members in groups(cfg.cells).items() if members}
-    # a seed's mean difference over the group's cells: sd diff_sd / sqrt(cells) when the cells' errors are
-    # independent (the seed's shared warm start adds to it)
-    needed = {
-        g: seeds_for_effect(diff_sd / 100 / n**0.5, 0.05, ALPHA * LOOK_SHARES[-1] / hypotheses)
-        for g, n in per_group.items()
-    }
-    warm = cfg.max_seeds * WARM_START_SECONDS / jobs / 60 if engine_of(first_cfg).embedded(first_cfg) else 0.0
-    timed = all(c["minutes"] is not None for c in cells)
+        runs = len(cell_runs(cfg, cell, cfg.seeds))
+        cells.append({"cell": cell.name, "group": cfg.group(cell), "runs": runs,
+                      "minutes": None if per_run is None else runs * per_run / jobs / 60, "half_width": half})
+    warm = cfg.seeds * WARM_START_SECONDS / jobs / 60 if embedded else 0.0
     return {
         "cells": cells,
         "runs": sum(c["runs"] for c in cells),
-        "runs_at_cap": sum(c["runs_at_cap"] for c in cells),
-        "minutes": warm * cfg.seeds / cfg.max_seeds + sum(c["minutes"] for c in cells) if timed else None,
-        "minutes_at_cap": warm + sum(c["minutes_at_cap"] for c in cells) if timed else None,
+        "minutes": warm + sum(c["minutes"] for c in cells) if all(c["minutes"] is not None for c in cells) else None,
         "jobs": jobs,
         "diff_sd": diff_sd,
         "seeds": cfg.seeds,
-        "max_seeds": cfg.max_seeds,
-        "looks": [look for look in LOOKS if cfg.seeds <= look <= cfg.max_seeds],
-        "seeds_for_5_points": needed,
         "batches": cfg.batches,
-        "questions": [{"name": q.key, "question": q.text, "kind": q.kind, "group": q.group} for q in QUESTIONS],
+        "questions": [{"name": q["key"], "question": q["text"], "outcome": q["outcome"], "group": q["group"]}
+                      for q in map_questions(cfg) if q["cells"]],
         "rules": REGIME_RULES,
         "settings": {k: v for k, v in asdict(cfg).items() if k != "cells"},
     }
@@ -102,27 +75,23 @@ def estimate_regimes(cfg: RegimeConfig, diff_sd: float = DIFF_SD, pilot: Path | 
 def format_regime_plan(cfg: RegimeConfig, est: dict) -> str:
     arms = ", ".join(LABELS[a] for a in (GRPO, GSPO, KPO, AUTO))
     if est["minutes"] is None:
-        time, cap_time = "time not estimated: no run of this setup has been measured yet (or give --pilot)", ""
+        time = "time not estimated: no run of this setup has been measured yet (or give --pilot)"
     else:
         time = f"about {est['minutes']:.0f} min on {est['jobs']} worker(s)"
-        cap_time = f" ({est['minutes_at_cap']:.0f} min)"
     half = est["cells"][0]["half_width"]
     lines = [
         f"regime map: {len(cfg.cells)} cells x ({arms}; the stress cells also the clip band) x {cfg.seeds} seeds "
-        f"= {est['runs']} runs of {cfg.batches} generation batches, {time}; up to {est['runs_at_cap']} runs"
-        f"{cap_time} if every question stays undecided to {cfg.max_seeds} seeds",
+        f"= {est['runs']} runs of {cfg.batches} generation batches, {time}",
         f"expected 95% half-width of a cell's contrast at {cfg.seeds} seeds: "
         + (f"+-{half:.1f} points" if half is not None else "none (one seed)")
         + f" (prior sd {est['diff_sd']:.1f} points)",
-        "seeds a pooled accuracy question needs to decide a 5-point difference (80% power): "
-        + ", ".join(f"{g} {n if n else 'more than the cap'}" for g, n in est["seeds_for_5_points"].items()),
     ]
     lines += [
         f"  {c['cell']} ({c['group']}): {c['runs']} runs" + ("" if c["minutes"] is None else f", ~{c['minutes']:.0f} min")
         for c in est["cells"]
     ]
-    lines.append("questions (fixed before the runs):")
-    lines += [f"  {q['name']}: {q['question']} [{q['kind']}, {q['group']} cells]" for q in est["questions"]]
+    lines.append("questions (leads, fixed before the runs):")
+    lines += [f"  {q['name']}: {q['question']} [{q['outcome']}, {q['group']} cells]" for q in est["questions"]]
     lines.append("rules (fixed before the runs):")
     lines += [f"  {k}: {v}" for k, v in REGIME_RULES.items()]
     return "\n".join(lines)
@@ -132,9 +101,9 @@ def format_regime_plan(cfg: RegimeConfig, est: dict) -> str:
 PLAN_DESIGN = {
     "cells": "the cells (--mismatch, --depth, --lr, --cells)",
     "seeds": "--seeds",
-    "max_seeds": "--max-seeds",
     "batches": "--batches",
     "questions": "the questions (kpo.compare.regimes.QUESTIONS)",
+    "rules": "the rules (a map planned by another kpo: its report is as committed)",
 }
 PLAN_SETTINGS = ("curve_every", "eval_n", "eval_limit", "train_args", "engine", "model", "dataset", "eval_data",
                  "verl_config")
@@ -163,10 +132,10 @@ def _design(plan: dict) -> dict:
     values."""
     try:
         found = {"cells": [c["cell"] for c in plan["cells"]], "seeds": plan["seeds"], "batches": plan["batches"]}
-        if "max_seeds" in plan:
-            found["max_seeds"] = plan["max_seeds"]
         if "questions" in plan:
             found["questions"] = [q["name"] for q in plan["questions"]]
+        if "rules" in plan:
+            found["rules"] = {str(k): str(v) for k, v in plan["rules"].items()}
         settings = plan.get("settings", {})
         found |= {k: settings[k] for k in PLAN_SETTINGS if k in settings}
     except (KeyError, TypeError, AttributeError):
@@ -180,7 +149,12 @@ def check_plan(path: Path, on_disk: dict, est: dict) -> None:
     was, now = _design(on_disk), _design(est)
     differ = [k for k in now if k in was and was[k] != now[k]]
     if differ:
-        named = "; ".join(f"{PLAN_DESIGN.get(k, '--' + k.replace('_', '-'))}: plan {was[k]}, flags {now[k]}"
-                          for k in differ)
+        def differs(k: str) -> str:
+            if k == "rules":  # whole paragraphs: name the rules that differ
+                keys = sorted(r for r in {*was[k], *now[k]} if was[k].get(r) != now[k].get(r))
+                return f"{PLAN_DESIGN[k]}: {', '.join(keys)} differ"
+            return f"{PLAN_DESIGN.get(k, '--' + k.replace('_', '-'))}: plan {was[k]}, flags {now[k]}"
+
+        named = "; ".join(differs(k) for k in differ)
         raise CompareError([f"{path} fixes another design than these flags ({named}): give the plan's flags, or a "
                             "new --out for a new map"])

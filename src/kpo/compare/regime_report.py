@@ -1,8 +1,8 @@
 """The regime map's report: ``report.md`` (the questions and their answers first, then one table row per cell),
-``report.json`` (``cells``, ``questions``, ``looks``, the plan), ``regimes.png`` (each cell's paired differences
+``report.json`` (``cells``, ``questions``, the plan), ``regimes.png`` (each cell's paired differences
 with their seeds and collapses) and ``memory.png`` (KPO (auto)'s fitted memory over training in every cell), from
-the cells :func:`kpo.compare.regimes.cell_entry` describes and the answers of
-:func:`kpo.compare.questions.decide`. Rewritten whole as each cell finishes."""
+the cells :func:`kpo.compare.regimes.cell_entry` describes and the questions of
+:func:`kpo.compare.regimes.answers`. Rewritten whole as each cell finishes."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import statistics
 from pathlib import Path
 
 from kpo._files import replacing
-from kpo.compare.questions import LOOK_SHARES, LOOKS
-from kpo.compare.stats import ALPHA, MARGIN
+from kpo.compare.stats import MARGIN
+from kpo.compare.study.report import look_detail
 
-__all__ = ["answer_line", "contrast_text", "hypotheses", "memory_labels", "render_map"]
+__all__ = ["answer_line", "contrast_text", "memory_labels", "render_map"]
 
 PANELS = ("KPO (matched) - GRPO", "KPO (matched) - GSPO", "KPO (auto) - KPO (matched)", "KPO (matched) - clip band")
 
@@ -65,47 +65,11 @@ def plural(n: int, noun: str) -> str:
 
 
 def answer_line(a: dict) -> str:
-    """One question: its answer and the test behind it (Holm-adjusted p, the look-split p beside it labelled as
-    such, estimate, seeds)."""
-    if a["verdict"] in ("pending", "not asked"):
-        return f"- **{a['question']}** {a['verdict']}."
-    last = a["last"]
-    p = ", ".join(f"adjusted p({h}) = {v:.2g}" for h, v in a["p_adjusted"].items())
-    looks_only = ", ".join(f"{v:.2g}" for v in a["p_looks"].values())
-    if "a_only" in last:
-        detail = (
-            f"{plural(last['a_only'], 'pair')} where only the first collapsed, {last['b_only']} where only the "
-            f"second, of {last['pairs']} (cell, seed) pairs"
-        )
-    else:
-        interval = "" if last["low"] is None else f" [{_pct(last['low'], True)}, {_pct(last['high'], True)}]"
-        left_out = last["excluded_by_collapse"]
-        excluded = f"; {plural(left_out, 'pair')} left out by a collapse" if left_out else ""
-        differ = last.get("cells_differ")
-        # a large p is no evidence that the cells agree: with few seeds the F-test has little power
-        agree = "the cells differ" if differ and differ["p"] < ALPHA else "which cannot show that the cells agree"
-        cells = f"; cell-effect F-test p = {differ['p']:.2g}, {agree}" if differ else ""
-        detail = (
-            f"{_pct(last['mean'], True)} points{interval} over {last['seeds']} seeds ({last['pairs']} pairs{excluded}"
-            f"{cells})"
-        )
-    needed = ""
-    if a["verdict"] == "undecided":
-        n = a.get("seeds_needed")
-        needed = (
-            f" Seeds per cell for 80% power if the measured effect were the true one (post-hoc): about {n}."
-            if n
-            else " Seeds per cell: no estimate (no spread or no discordant pair measured)."
-        )
-    return (
-        f"- **{a['question']}** {a['answer']}. {a['test']}: {detail}; {p} (Holm step-down over the family's "
-        f"hypotheses, after the error's split over the looks; the looks alone: {looks_only}).{needed}"
-    )
-
-
-def hypotheses(answers: list[dict]) -> int:
-    """The hypotheses in the Holm family of ``answers`` (those of every question asked, pending ones included)."""
-    return sum(len(a.get("p_adjusted", {})) for a in answers)
+    """One question: its lead (estimate, interval, unadjusted p) or why it has none."""
+    if a["verdict"] != "lead":
+        return f"- **{a['text']}** {a['verdict']}."
+    look = a["look"]
+    return f"- **{a['text']}** {look['test']}: {look_detail(a, look)}; p = {look['p']:.2g} (unadjusted: a lead)."
 
 
 def _table(out: Path, entries: list[dict]) -> str:
@@ -310,14 +274,11 @@ def _planned(plan: dict) -> str:
     )
 
 
-def render_map(
-    out: Path, entries: list[dict], answers: list[dict], looks: list[dict], plan: dict, ended: str | None = None
-) -> Path:
+def render_map(out: Path, entries: list[dict], answers: list[dict], plan: dict) -> Path:
     """Write report.md, report.json, regimes.png and memory.png into ``out``; returns report.md. report.json holds
-    what report.md states: ``runs`` (finished runs at the cells' current seeds), ``hypotheses`` (the Holm
-    family's members), ``cells_finished``, ``measured_half_width`` (points: min, median, max over the cells'
-    t-intervals), ``exploratory`` (why the map is one; ``ended``: why it stopped where it did, when it was ended
-    before its cap), ``questions``, ``looks``, ``cells``, ``plan``."""
+    what report.md states: ``runs`` (finished runs), ``cells_finished``, ``measured_half_width`` (points: min,
+    median, max over the cells' t-intervals), ``exploratory`` (why the map is one), ``questions``, ``cells``,
+    ``plan``."""
     figure = _plot(entries, out / "regimes.png")
     memory = _plot_memory(entries, out / "memory.png")
     done = sum(e["done"] for e in entries)
@@ -333,47 +294,30 @@ def render_map(
         if measured
         else None
     )
-    family = hypotheses(answers)
-    asked = sum(a["verdict"] != "not asked" for a in answers)
-    lead = "an answer here is a lead for a study on new seeds whose questions and size are fixed before its first run"
-    why = (
-        f"its {family} hypotheses ({asked} questions) are equal members of one Holm family, so the first to be "
-        f"decided needs p <= {ALPHA:g} x {LOOK_SHARES[-1]:.0%} / {family} = {ALPHA * LOOK_SHARES[-1] / family:.2g} "
-        f"even at the last look; {lead}, not a finding"
-        if family
-        else f"no question is asked (they need {LOOKS[0]} seeds a cell); {lead}"
-    )
-    exploratory = {"why": why, "ended": ended}
+    exploratory = {"why": "its questions are tested once, at the seeds every cell has, unadjusted: each answer is a "
+                          "lead for a study whose questions and size are fixed before its first run (kpo compare "
+                          "study, which can size itself from this map's report.json), not a finding"}
     batches = plan.get("batches", "?")
     settings = plan.get("settings", {})
     metric = next((e["metric"] for e in entries if e.get("metric")), "held-out accuracy")  # kpo.compare.outcome
     md = [
         "# kpo compare regimes: where does KPO help? (exploratory)",
         "",
-        f"**Exploratory**: {exploratory['why']}." + (f" {ended}" if ended else ""),
+        f"**Exploratory**: {exploratory['why']}.",
         "",
         f"{len(entries)} cells ({done} finished at their current seeds), {runs} finished runs: GRPO, GSPO, KPO at "
         "the length-matched memory and KPO with its memory fitted by maximum likelihood (auto) in every cell, the "
         "clip band without the filter in the stress cells; paired by seed, "
-        f"{batches} generation batches a run ({settings.get('engine', 'kpo')} engine), {metric}. The questions, "
-        "their tests and the sequential design were printed and written to plan.json before the runs. Each cell "
-        "links its own kpo compare report (Table 1, Figure 3, Table 2).",
+        f"{batches} generation batches a run ({settings.get('engine', 'kpo')} engine), {metric}. The questions and "
+        "their tests were printed and written to plan.json before the runs. Each cell links its own kpo compare "
+        "report (Table 1, Figure 3, Table 2).",
         "",
-        "## The questions",
+        "## The questions (leads)",
         "",
-        f"{family} hypotheses of {asked} questions, Holm at {ALPHA:g}; each p-value below is Holm step-down "
-        "adjusted over all of them after the error's split over the looks.",
+        "Each question pools its cells into one difference per seed (the seed is the unit) and is tested by the "
+        "exact sign-flip test, as a study's question is; nothing is adjusted for the map's many questions.",
         "",
         *(answer_line(a) for a in answers),
-        "",
-        "Looks: " + "; ".join(
-            ", ".join(f"{g} {n} seeds" for g, n in look["seeds"].items())
-            + " -> "
-            + ", ".join(f"{k} {v}" for k, v in look["answers"].items() if v != "not asked")
-            for look in looks
-        )
-        if looks
-        else "Looks: none yet.",
         "",
         "## The cells (descriptive: not adjusted for the map's multiplicity)",
         "",
@@ -414,12 +358,10 @@ def render_map(
             json.dumps(
                 {
                     "runs": runs,
-                    "hypotheses": family,
                     "exploratory": exploratory,
                     "cells_finished": done,
                     "measured_half_width": widths,
                     "questions": answers,
-                    "looks": looks,
                     "cells": entries,
                     "plan": plan,
                 },

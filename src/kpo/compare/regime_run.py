@@ -1,6 +1,5 @@
-"""Running ``kpo compare regimes`` (:mod:`kpo.compare.regimes`): look by look, every missing run of every cell
-trained at its group's seeds, the questions answered, and the cells of the undecided ones given the next block of
-seeds (:func:`run_regimes`); each cell's own ``kpo compare`` report and the map rewritten as cells finish."""
+"""Running ``kpo compare regimes`` (:mod:`kpo.compare.regimes`): every missing run of every cell trained at the
+map's seeds (:func:`run_regimes`); each cell's own ``kpo compare`` report and the map rewritten as cells finish."""
 
 from __future__ import annotations
 
@@ -11,18 +10,8 @@ from pathlib import Path
 from kpo._files import replacing
 from kpo.compare.engines import engine_of
 from kpo.compare.plan import CompareError, plan_runs, warm_start_dir
-from kpo.compare.questions import decide, describe, groups, groups_to_extend, next_look
 from kpo.compare.regime_plan import check_plan, estimate_regimes, format_regime_plan, read_plan
-from kpo.compare.regimes import (
-    DIFF_SD,
-    QUESTIONS,
-    Cell,
-    RegimeConfig,
-    cell_entry,
-    cell_runs,
-    outcomes,
-    read_outcome,
-)
+from kpo.compare.regimes import DIFF_SD, Cell, RegimeConfig, answers, cell_entry, cell_runs, read_outcome
 
 __all__ = ["run_regimes", "write_cell_report", "write_regime_report"]
 
@@ -43,11 +32,9 @@ def _share_warm_starts(cfg: RegimeConfig, seeds: int) -> None:
 def run_regimes(
     cfg: RegimeConfig, *, plan_only: bool = False, report_only: bool = False, pilot: Path | None = None
 ) -> Path | None:
-    """Print the plan, the questions and the rules; then, look by look, train every missing run of every cell at
-    its group's seeds (rewriting the map as each cell finishes), answer the questions, and give the cells of the
-    undecided ones the next block of seeds, until every question is decided or at the cap. Returns report.md
-    (None with ``plan_only``). ``report_only`` trains nothing: the looks are replayed up to the first one with a
-    missing run, and the map is written as it stood after the last complete one."""
+    """Print the plan, the questions and the rules; then train every missing run of every cell (rewriting the map
+    as each cell finishes) and write the map. Returns report.md (None with ``plan_only``). ``report_only`` trains
+    nothing: the map is written as it stands."""
     from kpo.compare.plan import pilot_sd
     from kpo.compare.run import holding
 
@@ -75,7 +62,7 @@ def _run_locked(cfg: RegimeConfig, out: Path, on_disk: dict | None, est: dict, r
 
     errors = _torn_files(cfg)
     for cell in cfg.cells if not errors else ():
-        cell_cfg = cfg.cell_config(cell, cfg.max_seeds)
+        cell_cfg = cfg.cell_config(cell, cfg.seeds)
         errors += _stale_run_errors(cell_cfg, plan_runs(cell_cfg), Path(cell_cfg.out))
     if errors:
         raise CompareError(errors)
@@ -83,59 +70,34 @@ def _run_locked(cfg: RegimeConfig, out: Path, on_disk: dict | None, est: dict, r
         out.mkdir(parents=True, exist_ok=True)
         with replacing(out / "plan.json") as partial:
             partial.write_text(json.dumps(est, indent=2) + "\n")
-    seeds_of = {g: cfg.seeds for g, members in groups(cfg.cells).items() if members}
-    looks: list[dict] = []
-
-    def cell_seeds(cell: Cell) -> int:
-        return seeds_of[cfg.group(cell)]
 
     def missing(cell: Cell) -> list[Job]:
-        cell_cfg = cfg.cell_config(cell, cell_seeds(cell))
+        cell_cfg = cfg.cell_config(cell, cfg.seeds)
         folder = Path(cell_cfg.out) / "runs"
-        return [
-            Job(cell_cfg, r, folder / r.name, f"{cell.name}/{r.name}")
-            for r in plan_runs(cell_cfg)
-            if not _done(cell_cfg, folder / r.name)
-        ]
+        return [Job(cell_cfg, r, folder / r.name, f"{cell.name}/{r.name}") for r in plan_runs(cell_cfg)
+                if not _done(cell_cfg, folder / r.name)]
 
     by_name = {cell.name: cell for cell in cfg.cells}
 
     def on_done(job: Job) -> list:
         cell = by_name[Path(job.cfg.out).name]
         if not missing(cell):
-            write_cell_report(cfg, cell, cell_seeds(cell))
-            write_regime_report(cfg, seeds_of, looks)
+            write_cell_report(cfg, cell)
+            write_regime_report(cfg)
         return []
 
-    while True:
-        todo = [job for cell in cfg.cells for job in missing(cell)]
-        if report_only and todo:
-            if not looks:
-                raise CompareError([f"{out}: no look has finished yet ({len(todo)} runs of the first to train)"])
-            seeds_of.update(looks[-1]["seeds"])
-            for cell in cfg.cells:
-                write_cell_report(cfg, cell, cell_seeds(cell))
-            return write_regime_report(cfg, seeds_of, looks)
-        _share_warm_starts(cfg, max(seeds_of.values()))
-        print(
-            f"kpo compare regimes: look at {', '.join(f'{g} {n}' for g, n in seeds_of.items())} seeds a cell; "
-            f"{len(todo)} runs to train; map in {out}",
-            flush=True,
-        )
+    todo = [job for cell in cfg.cells for job in missing(cell)]
+    total = sum(len(cell_runs(cfg, cell, cfg.seeds)) for cell in cfg.cells)
+    if report_only and len(todo) == total:
+        raise CompareError([f"{out}: no run has finished yet ({total} to train); run without --report to train them"])
+    if not report_only:
+        _share_warm_starts(cfg, cfg.seeds)
+        print(f"kpo compare regimes: {cfg.seeds} seeds a cell; {len(todo)} runs to train; map in {out}", flush=True)
         if todo:
             train_jobs(todo, parallel_runs(cfg.cell_config(cfg.cells[0], cfg.seeds)), on_done)
-        for cell in cfg.cells:
-            if not (out / cell.name / "report.md").exists() or todo:
-                write_cell_report(cfg, cell, cell_seeds(cell))
-        answers = decide(QUESTIONS, _data(cfg, seeds_of), cfg.cells, seeds_of)
-        looks.append({"seeds": dict(seeds_of), "answers": {a["name"]: a["verdict"] for a in answers}})
-        extend = [g for g in groups_to_extend(answers, QUESTIONS, seeds_of) if seeds_of[g] < cfg.max_seeds]
-        if not extend:
-            return write_regime_report(cfg, seeds_of, looks)
-        write_regime_report(cfg, seeds_of, looks)
-        for g in extend:
-            seeds_of[g] = next_look(seeds_of[g])
-        print(f"undecided questions: {', '.join(extend)} cells get seeds up to {seeds_of}", flush=True)
+    for cell in cfg.cells:
+        write_cell_report(cfg, cell)
+    return write_regime_report(cfg)
 
 
 def _torn_files(cfg: RegimeConfig) -> list[str]:
@@ -146,8 +108,8 @@ def _torn_files(cfg: RegimeConfig) -> list[str]:
 
     engine = engine_of(cfg)
     out = Path(cfg.out)
-    folders = [out / f"warm_start-seed{s}" for s in range(cfg.max_seeds)]
-    folders += [out / c.name / "runs" / r.name for c in cfg.cells for r in cell_runs(cfg, c, cfg.max_seeds)]
+    folders = [out / f"warm_start-seed{s}" for s in range(cfg.seeds)]
+    folders += [out / c.name / "runs" / r.name for c in cfg.cells for r in cell_runs(cfg, c, cfg.seeds)]
     errors = []
     for folder in (f for f in folders if f.is_dir()):
         fix = f"delete {folder} to redo it"
@@ -168,19 +130,14 @@ def _torn_files(cfg: RegimeConfig) -> list[str]:
     return errors
 
 
-def _data(cfg: RegimeConfig, seeds_of: dict[str, int]) -> dict:
-    """The map's outcomes as the questions read them: cell name -> arm -> per seed (accuracy, collapsed)."""
-    return {cell.name: outcomes(cfg, cell, seeds_of[cfg.group(cell)]) for cell in cfg.cells}
-
-
-def write_cell_report(cfg: RegimeConfig, cell: Cell, seeds: int) -> Path | None:
+def write_cell_report(cfg: RegimeConfig, cell: Cell) -> Path | None:
     """The cell's own ``kpo compare`` report (its Table 1, contrasts, Figure 3, Table 2) in ``OUT/CELL/``, over
     the seeds every run of it finished; None before two seeds have."""
     from kpo.compare.report import write_report
     from kpo.compare.run import _done
 
     finished = 0
-    while finished < seeds:
+    while finished < cfg.seeds:
         cell_cfg = cfg.cell_config(cell, finished + 1)
         folder = Path(cell_cfg.out) / "runs"
         if not all(_done(cell_cfg, folder / r.name) for r in plan_runs(cell_cfg) if r.seed == finished):
@@ -195,15 +152,11 @@ def write_cell_report(cfg: RegimeConfig, cell: Cell, seeds: int) -> Path | None:
     return write_report(cell_cfg, plan_runs(cell_cfg), folder)
 
 
-def write_regime_report(cfg: RegimeConfig, seeds_of: dict[str, int], looks: list[dict]) -> Path:
+def write_regime_report(cfg: RegimeConfig) -> Path:
     """The map as it stands: ``report.md``, ``report.json`` (``cells``: :func:`cell_entry` of each; ``questions``:
-    the answers of :func:`kpo.compare.questions.decide`; ``looks``), ``regimes.png`` and ``memory.png`` in
-    ``cfg.out``; returns report.md."""
+    :func:`kpo.compare.regimes.answers`), ``regimes.png`` and ``memory.png`` in ``cfg.out``; returns report.md."""
     from kpo.compare.regime_report import render_map
 
     out = Path(cfg.out)
-    plan = read_plan(out / "plan.json") or {}
-    entries = [cell_entry(cfg, cell, seeds_of[cfg.group(cell)]) for cell in cfg.cells]
-    answers = decide(QUESTIONS, _data(cfg, seeds_of), cfg.cells, seeds_of)
-    describe(QUESTIONS, answers)
-    return render_map(out, entries, answers, looks, plan)
+    entries = [cell_entry(cfg, cell, cfg.seeds) for cell in cfg.cells]
+    return render_map(out, entries, answers(cfg, cfg.seeds), read_plan(out / "plan.json") or {})

@@ -1,5 +1,5 @@
 """``kpo compare regimes``: where does KPO help? A grid of regimes (cells), the same arms paired by seed in each,
-and a few pre-registered questions pooled over cells, answered with seeds added until they are decided.
+and a few questions pooled over cells, each answered as a lead by a study's seed-level test.
 
 The paper's argument is about token ratios made noisy by train-inference mismatch, staleness and high learning
 rates, where GRPO collapses. A cell fixes one point of that space:
@@ -14,21 +14,20 @@ rates, where GRPO collapses. A cell fixes one point of that space:
 - learning rate: the map's lowest is its **stable** rate, its highest its **stress** rate.
 
 Every cell runs vanilla (GRPO), GSPO, KPO at the length-matched memory and KPO with its memory fitted to each
-mini-batch (``memory=auto``); the stress cells also run the token ratio clipped at KPO's band without the filter
-(filter or band?). The arms of a seed share its warm start, prompt stream and evaluation problems; each cell is a
-full ``kpo compare`` report of its own in ``OUT/CELL/``, and every cell's seeds share one warm start per seed
-(``OUT/warm_start-seedN`` holds its evaluation).
+optimizer step (``memory=auto``); the stress cells also run the token ratio clipped at KPO's band without the
+filter (filter or band?). The arms of a seed share its warm start, prompt stream and evaluation problems; each
+cell is a full ``kpo compare`` report of its own in ``OUT/CELL/``, and every cell's seeds share one warm start per
+seed (``OUT/warm_start-seedN`` holds its evaluation).
 
-A run **collapsed** when its final held-out accuracy is below its seed's warm start's. The claims are the
-answers to the questions in :data:`QUESTIONS` (:mod:`kpo.compare.questions`: their tests, Holm over the family,
-the error spent over looks at 4, 6 and 8 seeds); the cells' own contrasts and picks are descriptive. The rules
-and the questions are printed and written to ``plan.json`` before anything trains. The map (``report.md``,
-``report.json`` with ``cells``, ``questions`` and ``looks``, ``regimes.png``, ``memory.png``) is rewritten as
-each cell finishes, so a partial map is readable while the rest runs (a question whose look is unfinished is
-pending, and claims nothing its complete looks would not), and a rerun resumes (finished runs are reused, the looks
-replayed). plan.json is written once, before the first run: a later command with other flags stops, and
-``--report`` only reads it. The map is exploratory (its report says why): its questions are many equal members of
-one family.
+A run **collapsed** when its final held-out accuracy is below its seed's warm start's. The map is exploratory:
+its questions (:data:`QUESTIONS`) are tested once, at the map's seeds, by the test a study uses
+(:func:`kpo.compare.study.looks.test_look`: each seed's cells pooled into one difference, the exact sign-flip
+test), unadjusted: leads for a study whose plan is registered before its runs (``kpo compare study``, which can
+size itself from this map's report.json). The questions and the rules are printed and written to ``plan.json``
+before anything trains; the map (``report.md``, ``report.json`` with ``cells`` and ``questions``,
+``regimes.png``, ``memory.png``) is rewritten as each cell finishes, and a rerun resumes (finished runs are
+reused). plan.json is written once, before the first run: a later command with other flags stops, and
+``--report`` only reads it.
 
 This module holds the map's design (its settings, cells, arms, questions and rules) and what a cell of it says
 (:func:`cell_entry`); :mod:`kpo.compare.regime_plan` its plan, :mod:`kpo.compare.regime_run` the running of it,
@@ -37,12 +36,12 @@ This module holds the map's design (its settings, cells, arms, questions and rul
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kpo.compare.cell import MISMATCH, Cell, parse_cell
 from kpo.compare.checks import out_errors
 from kpo.compare.engines import engine_of
 from kpo.compare.outcome import load_outcome
@@ -55,24 +54,26 @@ from kpo.compare.plan import (
     checked_engine,
     plan_runs,
 )
-from kpo.compare.questions import LOOKS, Question, groups, rules_text
 from kpo.compare.regime_report import plural
+from kpo.compare.stats import ALPHA
+from kpo.compare.study.looks import test_look
+from kpo.compare.study.plan import collapsed
 
 __all__ = [
     "QUESTIONS",
     "REGIME_RULES",
     "Cell",
     "RegimeConfig",
+    "answers",
     "cell_entry",
     "cell_runs",
     "describe_cell",
+    "groups",
+    "map_questions",
     "outcomes",
     "read_outcome",
 ]
 
-# The sampler's mismatch levels (the module docstring; each engine maps them to its own settings:
-# kpo.compare.engines.Engine.cell_settings).
-MISMATCH = ("none", "bf16", "fp8")
 METHODS = ("vanilla", "gspo")  # the baselines; KPO at the matched and at the fitted memory are the subjects
 KPO = Run("kpo", 0, MATCHED_KWARGS).arm
 AUTO = Run(ABLATIONS["auto_memory"][0], 0, ABLATIONS["auto_memory"][1]).arm
@@ -91,29 +92,37 @@ DIFF_SD = 5.0
 # keys and values at every step) is not measured in a map: 4-step runs took about 1.3 times float32's first step.
 SAMPLER_COST = {"none": 1.0, "bf16": 1.0, "fp8": 1.3}
 
-# The questions, fixed before any run (issue 38; the KPO (auto) ones, issue 40, before any KPO (auto) run).
+SEEDS = 6  # paired seeds a cell (the committed map's): the least at which a two-sided sign-flip p reaches 0.031
+# The questions (issues 38 and 40, asked of every map since; read as leads, tested at the seed level since issue 53):
+# (key, text, outcome, a, b, group); an outcome "bf16" asks whether the bf16 cells' a - b differs from the float32
+# cells' of the same depth.
 QUESTIONS = [
-    Question("grpo_collapses", "At the stress rate, does GRPO collapse where KPO (matched) does not?",
-             "collapse", GRPO, KPO, "stress"),
-    Question("kpo_vs_grpo", "At the stable rate, is KPO (matched) worse than GRPO?", "accuracy", KPO, GRPO, "stable"),
-    Question("kpo_vs_gspo", "At the stable rate, is KPO (matched) worse than GSPO?", "accuracy", KPO, GSPO, "stable"),
-    Question("band_collapses", "Filter or band: at the stress rate, does the clip band without the filter collapse "
-             "where KPO (matched) does not?", "collapse", CLIP_BAND, KPO, "stress"),
-    Question("band_vs_kpo", "Filter or band: at the stress rate, where both survive, is the clip band worse than "
-             "KPO (matched)?", "accuracy", CLIP_BAND, KPO, "stress"),
-    Question("bf16_changes_kpo", "At the stable rate, does the bf16 mismatch change KPO (matched) - GRPO?",
-             "interaction", KPO, GRPO, "stable"),
-    Question("auto_vs_grpo", "At the stable rate, is KPO (auto) worse than GRPO?", "accuracy", AUTO, GRPO, "stable"),
-    Question("auto_vs_gspo", "At the stable rate, is KPO (auto) worse than GSPO?", "accuracy", AUTO, GSPO, "stable"),
-    Question("matched_vs_auto", "At the stable rate, is KPO (matched) worse than KPO (auto)?", "accuracy", KPO,
-             AUTO, "stable"),
-    Question("auto_collapses", "At the stress rate, does KPO (auto) collapse more often than KPO (matched)?",
-             "collapse", AUTO, KPO, "stress"),
-    Question("band_collapses_auto", "Filter or band for KPO (auto): at the stress rate, does the clip band collapse "
-             "where KPO (auto) does not?", "collapse", CLIP_BAND, AUTO, "stress"),
-    Question("band_vs_auto", "Filter or band for KPO (auto): at the stress rate, where both survive, is the clip "
-             "band worse than KPO (auto)?", "accuracy", CLIP_BAND, AUTO, "stress"),
+    ("grpo_collapses", "At the stress rate, does GRPO collapse more often than KPO (matched)?", "collapse", GRPO, KPO,
+     "stress"),
+    ("kpo_vs_grpo", "At the stable rate, does KPO (matched)'s accuracy differ from GRPO's?", "accuracy", KPO, GRPO,
+     "stable"),
+    ("kpo_vs_gspo", "At the stable rate, does KPO (matched)'s accuracy differ from GSPO's?", "accuracy", KPO, GSPO,
+     "stable"),
+    ("band_collapses", "Filter or band: at the stress rate, does the clip band without the filter collapse more often "
+     "than KPO (matched)?", "collapse", CLIP_BAND, KPO, "stress"),
+    ("band_vs_kpo", "Filter or band: at the stress rate, does the clip band's accuracy differ from KPO (matched)'s?",
+     "accuracy", CLIP_BAND, KPO, "stress"),
+    ("bf16_changes_kpo", "At the stable rate, does the bf16 mismatch change KPO (matched) - GRPO?", "bf16", KPO, GRPO,
+     "stable"),
+    ("auto_vs_grpo", "At the stable rate, does KPO (auto)'s accuracy differ from GRPO's?", "accuracy", AUTO, GRPO,
+     "stable"),
+    ("auto_vs_gspo", "At the stable rate, does KPO (auto)'s accuracy differ from GSPO's?", "accuracy", AUTO, GSPO,
+     "stable"),
+    ("matched_vs_auto", "At the stable rate, does KPO (matched)'s accuracy differ from KPO (auto)'s?", "accuracy", KPO,
+     AUTO, "stable"),
+    ("auto_collapses", "At the stress rate, does KPO (auto) collapse more often than KPO (matched)?", "collapse", AUTO,
+     KPO, "stress"),
+    ("band_collapses_auto", "Filter or band for KPO (auto): at the stress rate, does the clip band collapse more often "
+     "than KPO (auto)?", "collapse", CLIP_BAND, AUTO, "stress"),
+    ("band_vs_auto", "Filter or band for KPO (auto): at the stress rate, does the clip band's accuracy differ from KPO "
+     "(auto)'s?", "accuracy", CLIP_BAND, AUTO, "stress"),
 ]
+COLLAPSE = {"rule": "below_fraction_of_warm", "value": 1.0}  # below its seed's warm start (the study's rule format)
 
 REGIME_RULES = {
     "metric": "exact expected held-out accuracy, as kpo compare",
@@ -121,10 +130,15 @@ REGIME_RULES = {
     "gained and more); each arm's collapses with their exact (Clopper-Pearson) 95% interval",
     "arms": "every cell: GRPO, GSPO, KPO (matched), KPO (auto); the stress cells also the clip band (vanilla at "
     "KPO's 3e-4/4e-4 band, no filter)",
-    **rules_text(),
+    "questions": "pooled over the stable cells (the map's lowest learning rate) or the stress cells (its highest), "
+    "the seed as the unit: each seed's cells pooled into one a - b (collapsed runs, or mean accuracy over all pairs; "
+    "for the bf16 question, a - b in the bf16 cells less a - b in the float32 cells of the same depths), the exact "
+    "two-sided sign-flip test and a BCa bootstrap interval of the mean (a study's test, "
+    "kpo.compare.study.looks.test_look), once, at the map's seeds",
+    "multiplicity": "none: the p-values are unadjusted, each question a lead for a confirmatory study (kpo compare "
+    "study), not a finding",
     "cells (descriptive)": "per cell, each contrast: the paired t-interval where no run of the pair collapsed, "
-    "else the exact sign test and, from 6 seeds, the median's order-statistic interval; not adjusted for the "
-    "map's multiplicity: the claims are the questions'",
+    "else the exact sign test and, from 6 seeds, the median's order-statistic interval; not adjusted",
     "pick": "per cell, the set of arms no other arm beats (one-sided paired tests, Bonferroni over the arms: "
     "multiple comparisons with the best), each with its collapse bound",
     "slower or worse": "with learning curves (--curve-every), against the baseline (GRPO or GSPO) with the higher "
@@ -133,39 +147,13 @@ REGIME_RULES = {
 }
 
 
-@dataclass(frozen=True)
-class Cell:
-    """One regime: the sampler's mismatch, the off-policy depth and the learning rate."""
-
-    mismatch: str
-    depth: int
-    lr: float
-
-    @functools.cached_property
-    def name(self) -> str:
-        return f"{self.mismatch}-depth{self.depth}-lr{self.lr:g}"
-
-
-def _parse_cell(text: str) -> Cell:
-    """``none-depth4-lr0.0001`` (a cell's name) -> Cell; ValueError saying what is wrong with it otherwise (a part
-    missing, or which part is not a mismatch level, an integer depth >= 1 or a finite learning rate > 0)."""
-    mismatch, has_depth, rest = text.partition("-depth")
-    depth, has_lr, lr = rest.partition("-lr")
-    if not has_depth or not has_lr:
-        problem = f"no '-{'depth' if not has_depth else 'lr'}' part"
-    elif mismatch not in MISMATCH:
-        problem = f"mismatch {mismatch!r} is not one of {', '.join(MISMATCH)}"
-    elif not (depth.isdigit() and int(depth) >= 1):
-        problem = f"depth {depth!r} is not an integer >= 1"
-    else:
-        try:
-            rate = float(lr)
-        except ValueError:
-            rate = math.nan
-        if rate > 0 and math.isfinite(rate):
-            return Cell(mismatch, int(depth), rate)
-        problem = f"lr {lr!r} is not a finite number > 0"
-    raise ValueError(f"cell {text!r}: {problem}; write MISMATCH-depthN-lrX, e.g. none-depth4-lr0.0001")
+def groups(cells) -> dict[str, list]:
+    """{"stable": cells at the lowest learning rate, "stress": at the highest} (stress empty with one rate)."""
+    rates = sorted({c.lr for c in cells})
+    return {
+        "stable": [c for c in cells if c.lr == rates[0]],
+        "stress": [c for c in cells if len(rates) > 1 and c.lr == rates[-1]],
+    }
 
 
 @dataclass
@@ -177,8 +165,7 @@ class RegimeConfig:
     depth: tuple[int, ...] = GRID["depth"]
     lr: tuple[float, ...] = GRID["lr"]
     cells_only: tuple[str, ...] | None = None  # cell names (MISMATCH-depthN-lrX): these alone instead of the grid
-    seeds: int = LOOKS[0]  # seeds of every cell before the first look (more are added until decided)
-    max_seeds: int = LOOKS[-1]  # the cap: seeds a cell reaches at most (the last look)
+    seeds: int = SEEDS  # paired seeds of every cell
     batches: int = BATCHES  # generation batches per run, equal in every cell
     curve_every: int = 0  # generation batches between learning-curve checkpoints; 0 = none
     eval_n: int = 4
@@ -209,19 +196,8 @@ class RegimeConfig:
             errors.append(f"--mismatch {unknown}: unknown; use {', '.join(MISMATCH)}")
         if any(d < 1 for d in self.depth) or any(not (lr > 0 and math.isfinite(lr)) for lr in self.lr):
             errors.append("--depth must be integers >= 1 and --lr finite numbers > 0")
-        if self.seeds < 1 or self.max_seeds < self.seeds:
-            errors.append(
-                f"--seeds={self.seeds} --max-seeds={self.max_seeds}: give --seeds >= 1 and --max-seeds >= --seeds (the "
-                f"questions are answered at {', '.join(map(str, LOOKS))} seeds a cell: a map of fewer has its cells "
-                "only)"
-            )
-        elif self.max_seeds > self.seeds and self.max_seeds not in LOOKS:
-            # seeds are added a look at a time: a cap between looks would be passed by the next look
-            errors.append(
-                f"--max-seeds={self.max_seeds}: the cap is a look ({', '.join(map(str, LOOKS))} seeds a cell) or "
-                "--seeds itself (no look added); give one of "
-                + ", ".join(str(k) for k in (*(k for k in LOOKS if k > self.seeds), self.seeds))
-            )
+        if self.seeds < 1:
+            errors.append(f"--seeds={self.seeds}: give >= 1 (the questions need {SEEDS} for a two-sided p below 0.05)")
         for name, value, low in (("batches", self.batches, 1), ("curve-every", self.curve_every, 0)):
             if value < low:
                 errors.append(f"--{name}={value}: must be >= {low}")
@@ -232,7 +208,7 @@ class RegimeConfig:
             if not self.cells_only:
                 errors.append("--cells: no cell named; give cell names (e.g. none-depth4-lr0.0001) or omit it")
             try:
-                cells = [_parse_cell(c) for c in self.cells_only]
+                cells = [parse_cell(c) for c in self.cells_only]
             except ValueError as e:
                 errors.append(f"--cells: {e}")
             twice = sorted({c.name for c in cells if cells.count(c) > 1})
@@ -256,7 +232,7 @@ class RegimeConfig:
         first_error = {}
         for cell in self.cells:
             try:
-                self.cell_config(cell, self.max_seeds).validate()
+                self.cell_config(cell, self.seeds).validate()
             except CompareError as e:
                 for err in e.errors:
                     first_error.setdefault(err, cell.name)
@@ -326,14 +302,60 @@ def _warm(cfg: RegimeConfig, seed: int) -> float | None:
     return _expected(Path(cfg.out) / f"warm_start-seed{seed}")
 
 
-def outcomes(cfg: RegimeConfig, cell: Cell, seeds: int) -> dict[str, list[tuple[float, bool] | None]]:
-    """Per arm label, per seed: (final accuracy, collapsed) of the cell's run, None where it has not finished (or
-    its seed's warm start is not evaluated yet)."""
-    found: dict[str, list] = {}
+def _records(cfg: RegimeConfig, cell: Cell, seeds: int) -> dict[str, dict[int, dict]]:
+    """Per arm, per seed whose run and warm start are scored: {"accuracy", "warm"}, a study's record of the run."""
+    found: dict[str, dict] = {}
     for run in cell_runs(cfg, cell, seeds):
         final, warm = _expected(Path(cfg.out) / cell.name / "runs" / run.name), _warm(cfg, run.seed)
-        done = final is not None and warm is not None
-        found.setdefault(run.arm, [None] * seeds)[run.seed] = (final, final < warm) if done else None
+        found.setdefault(run.arm, {})
+        if final is not None and warm is not None:
+            found[run.arm][run.seed] = {"accuracy": final, "warm": warm}
+    return found
+
+
+def outcomes(cfg: RegimeConfig, cell: Cell, seeds: int) -> dict[str, list[tuple[float, bool] | None]]:
+    """Per arm, per seed: (final accuracy, collapsed) of the cell's run, None where it has not finished (or its
+    seed's warm start is not evaluated yet)."""
+    return {arm: [(r["accuracy"], collapsed(r["accuracy"], r["warm"], COLLAPSE)) if (r := runs.get(s)) else None
+                  for s in range(seeds)]
+            for arm, runs in _records(cfg, cell, seeds).items()}
+
+
+def map_questions(cfg: RegimeConfig) -> list[dict]:
+    """:data:`QUESTIONS` on this map's cells, as a study's questions (arms by label): a question whose group has no
+    cell (or, for bf16, no bf16 cell with a float32 one of its depth) has none."""
+    by_group = groups(cfg.cells)
+    found = []
+    for key, text, outcome, a, b, group in QUESTIONS:
+        cells, versus = by_group[group], []
+        if outcome == "bf16":
+            base = {(c.depth, c.lr): c for c in cells if c.mismatch == "none"}
+            pairs = [(c, base[c.depth, c.lr]) for c in cells if c.mismatch == "bf16" and (c.depth, c.lr) in base]
+            cells, versus = [c for c, _ in pairs], [v.name for _, v in pairs]
+        found.append({"key": key, "text": text, "outcome": "collapse" if outcome == "collapse" else "accuracy",
+                      "metric": None, "a": LABELS[a], "b": LABELS[b], "group": group,
+                      "cells": [c.name for c in cells], **({"versus": versus} if versus else {}),
+                      "alternative": "two-sided", "margin": 0.0, "role": "descriptive", "test": "sign-flip"})
+    return found
+
+
+def answers(cfg: RegimeConfig, seeds: int) -> list[dict]:
+    """Each question of :func:`map_questions` at ``seeds`` seeds: with ``look`` (its test, unadjusted) and verdict
+    "lead" once every run it reads has finished, "pending" before, "not asked" where it has no cell, "one seed: no
+    test" in a smoke map."""
+    data = {c.name: {LABELS[arm]: runs for arm, runs in _records(cfg, c, seeds).items()} for c in cfg.cells}
+    found = []
+    for q in map_questions(cfg):
+        cells = q["cells"] + q.get("versus", [])
+        done = all(s in data[c].get(q[side], {}) for c in cells for side in ("a", "b") for s in range(seeds))
+        if not cells:
+            found.append(q | {"verdict": "not asked"})
+        elif seeds < 2:
+            found.append(q | {"verdict": "one seed: no test"})
+        elif not done:
+            found.append(q | {"verdict": "pending"})
+        else:
+            found.append(q | {"verdict": "lead", "look": test_look(q, data, list(range(seeds)), COLLAPSE)})
     return found
 
 
@@ -487,8 +509,6 @@ def describe_cell(found: dict[str, list[tuple[float, bool] | None]]) -> dict:
 def _pick_note(flags: dict[str, list[bool]]) -> str | None:
     """Why the pick cannot exclude any arm, or None where it can: every pair of arms has a collapse (so the sign
     test compares them) and even a sign in every untied seed, p = 1 / 2^seeds, stays above the pick's level."""
-    from kpo.compare.stats import ALPHA
-
     arms = list(flags)
     level = ALPHA / max(len(arms) - 1, 1)
     floors = []

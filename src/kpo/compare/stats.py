@@ -1,4 +1,4 @@
-"""The statistics of ``kpo compare`` and ``kpo compare regimes``, for an outcome that is bimodal: a run either
+"""The statistics of ``kpo compare``, its regime map and its studies, for an outcome that is bimodal: a run either
 collapses (its held-out accuracy falls to about 0) or learns (50-70%). A Student-t interval over a handful of
 seeds of such a mixture says little, so collapse and accuracy are separate outcomes:
 
@@ -10,23 +10,17 @@ seeds of such a mixture says little, so collapse and accuracy are separate outco
   exact sign test, with the distribution-free interval of the median difference (order statistics of the
   per-seed differences) once there are ``MEDIAN_CI_MIN`` pairs or more; a pair where both runs collapsed is a tie
   (its difference is two collapsed runs' noise about 0, not a sign);
-- **pooled accuracy** over cells (cell a fixed effect, the seed, whose warm start every cell shares, a random
-  effect): in the map's balanced design the mixed model's inference for the pooled contrast is the t-test on
-  the seeds' mean differences over the cells (S - 1 degrees of freedom; ``tests/compare/test_stats.py`` checks
-  it against statsmodels' MixedLM), and its test of whether the cells differ is the two-way ANOVA F-test of the
-  cell effect with seeds as blocks (statsmodels OLS);
-- **multiplicity**: Holm over the family of pre-registered hypotheses, its decisions (:func:`holm`) and its
-  step-down adjusted p-values (:func:`holm_adjusted`); over the looks of the sequential design the error is split
-  unequally (weighted Bonferroni, the shares in :data:`kpo.compare.questions.LOOK_SHARES`: most of it at the last
-  look), a hypothesis's p-value at a look divided by that look's share, so that a p-value taken at any look, after
-  any data-dependent stop, stays valid;
+- **multiplicity**: Holm over a family of hypotheses, its decisions (:func:`holm`) and its step-down adjusted
+  p-values (:func:`holm_adjusted`); over the looks of a sequential design the error is split by a spending
+  function (:func:`spending`), a hypothesis's p-value at a look divided by that look's share, so that a p-value
+  taken at any look, after any data-dependent stop, stays valid;
 - **the pick**: the arms that no other arm beats significantly (paired one-sided tests against each other arm,
   Bonferroni over them: multiple comparisons with the best), each with its collapse bound; with few pairs the
   sign test cannot reach the level at all (its least one-sided p is 1 / 2^pairs), and the pick then excludes
   nothing;
 - **seeds to decide**: the seeds a 80%-power test needs, from the measured spread (statsmodels' TTestPower) or
   the measured discordance (exact binomial power);
-- **the seed as the unit** (a study's tests, :mod:`kpo.compare.study`): a seed's cells share its warm start and
+- **the seed as the unit** (a study's tests, :mod:`kpo.compare.study`, and the regime map's questions): a seed's cells share its warm start and
   prompt stream, so they are pooled into one number per seed (a collapse count difference, a mean accuracy
   difference) and tested by the sign-flip randomisation test (:func:`sign_flip_p`: exact at any number of seeds
   for counts, up to :data:`SIGN_FLIP_EXACT_MOST` seeds for real differences, random sign patterns beyond), or
@@ -60,9 +54,7 @@ __all__ = [
     "mcnemar_exact",
     "paired_accuracy",
     "pick_set",
-    "pooled_accuracy",
     "rate_interval",
-    "cells_differ",
     "seeds_for_effect",
     "shifted_sign_test",
     "sign_flip_many",
@@ -213,58 +205,6 @@ def paired_accuracy(
         return out | {"method": "t", "low": float(d[0]), "high": float(d[0]), "p": None if d[0] == 0 else 0.0}
     low, high = _t_interval(d, level)
     return out | {"method": "t", "low": low, "high": high, "p": _t_test(d, 0.0, "two-sided")}
-
-
-def pooled_accuracy(by_seed: dict[int, list[float]], margin: float = MARGIN, kind: str = "noninferiority") -> dict:
-    """A contrast pooled over cells, ``by_seed``: seed -> its paired differences in the pooled cells (fractions).
-    The unit is the seed (its warm start is shared by every cell): the t-test on the seeds' means over their cells.
-    Returns {seeds, pairs, mean, se, df, p (two-sided, difference 0), p_margin, low, high (95%)}: p_margin tests
-    the margin, "noninferiority": difference > -margin; "equivalence": |difference| < margin (TOST, the larger
-    of its two one-sided p-values)."""
-    means = np.array([sum(v) / len(v) for v in by_seed.values() if len(v)], dtype=np.float64)
-    s = means.size
-    out = {"seeds": s, "pairs": int(sum(len(v) for v in by_seed.values())), "mean": float(means.mean()) if s else None}
-    if s < 2:
-        return out | {"se": None, "df": s - 1, "p": None, "p_margin": None, "low": None, "high": None}
-    if np.all(means == means[0]):  # no spread: the seeds agree exactly, a test's statistic is infinite
-        m = float(means[0])
-        inside = abs(m) < margin if kind == "equivalence" else m > -margin
-        return out | {"se": 0.0, "df": s - 1, "p": float(m == 0), "p_margin": float(not inside), "low": m, "high": m}
-    low, high = _t_interval(means, 0.95)
-    above = _t_test(means, -margin, "greater")
-    p_margin = max(above, _t_test(means, margin, "less")) if kind == "equivalence" else above
-    return out | {
-        "se": float(means.std(ddof=1) / math.sqrt(s)),
-        "df": s - 1,
-        "p": _t_test(means, 0.0, "two-sided"),
-        "p_margin": p_margin,
-        "low": low,
-        "high": high,
-    }
-
-
-def cells_differ(rows: list[tuple[str, int, float]]) -> dict | None:
-    """Whether the pooled cells' contrasts differ: the two-way ANOVA F-test of the cell effect with seeds as
-    blocks (statsmodels OLS), on ``rows`` (cell, seed, difference); None with one cell or no residual degree of
-    freedom. Returns {F, df_cells, df_resid, p}."""
-    import pandas as pd
-    import statsmodels.formula.api as smf
-    from statsmodels.stats.anova import anova_lm
-
-    frame = pd.DataFrame(rows, columns=["cell", "seed", "d"])
-    cells, seeds = frame["cell"].nunique(), frame["seed"].nunique()
-    if cells < 2 or len(frame) - cells - seeds + 1 < 1:
-        return None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        table = anova_lm(smf.ols("d ~ C(cell) + C(seed)", frame).fit(), typ=2)
-    row = table.loc["C(cell)"]
-    return {
-        "F": float(row["F"]),
-        "df_cells": int(row["df"]),
-        "df_resid": int(table.loc["Residual", "df"]),
-        "p": float(row["PR(>F)"]),
-    }
 
 
 def holm_adjusted(pvalues: Sequence[float]) -> list[float]:

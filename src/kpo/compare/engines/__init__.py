@@ -64,7 +64,7 @@ class Engine(Protocol):
 
     # ------------------------------------------------------------------ the regime map
     def cell_settings(self, cell) -> tuple[str, ...]:
-        """A regime cell's (:class:`kpo.compare.regimes.Cell`) sampler mismatch and learning rate as the engine's
+        """A regime cell's (:class:`kpo.compare.cell.Cell`) sampler mismatch and learning rate as the engine's
         own ``--`` settings (its depth is ``--minibatches``, every engine's)."""
 
     def cell_errors(self, cfg) -> list[str]:

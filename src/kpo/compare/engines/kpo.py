@@ -32,7 +32,7 @@ COMPARE_OWNED = {
     "model": "--model",
     "dataset": "--dataset",
 }
-# The sampler of each mismatch level of the regime map (kpo.compare.regimes.MISMATCH), as kpo train flags.
+# The sampler of each mismatch level of the regime map (kpo.compare.cell.MISMATCH), as kpo train flags.
 MISMATCH_FLAGS = {
     "none": (),
     "bf16": ("--rollout-dtype", "bfloat16", "--ratio-anchor", "rollout"),

@@ -54,18 +54,22 @@ def scale_of(q: dict) -> float:
 
 def seed_values(q: dict, data: dict, seeds: list[int], rule: dict) -> np.ndarray:
     """Per seed, a's outcome minus b's over the question's cells: collapsed runs (a count), the mean final
-    accuracy, or the mean final value of its metric. ``data[cell][arm][seed]`` is the run's record."""
-    per_cell = []
-    for cell in q["cells"]:
-        a, b = (data[cell][q[side]] for side in ("a", "b"))
-        if q["outcome"] == "collapse":
-            per_cell.append([_fell(a[s], rule) - _fell(b[s], rule) for s in seeds])
-        elif q["outcome"] == "accuracy":
-            per_cell.append([a[s]["accuracy"] - b[s]["accuracy"] for s in seeds])
-        else:
-            per_cell.append([a[s]["metrics"][q["metric"]] - b[s]["metrics"][q["metric"]] for s in seeds])
-    values = np.asarray(per_cell, dtype=np.float64)
-    return values.sum(axis=0) if q["outcome"] == "collapse" else values.mean(axis=0)
+    accuracy, or the mean final value of its metric; less the same over its ``versus`` cells where it has them.
+    ``data[cell][arm][seed]`` is the run's record."""
+    def pooled(cells: list[str]) -> np.ndarray:
+        per_cell = []
+        for cell in cells:
+            a, b = (data[cell][q[side]] for side in ("a", "b"))
+            if q["outcome"] == "collapse":
+                per_cell.append([_fell(a[s], rule) - _fell(b[s], rule) for s in seeds])
+            elif q["outcome"] == "accuracy":
+                per_cell.append([a[s]["accuracy"] - b[s]["accuracy"] for s in seeds])
+            else:
+                per_cell.append([a[s]["metrics"][q["metric"]] - b[s]["metrics"][q["metric"]] for s in seeds])
+        values = np.asarray(per_cell, dtype=np.float64)
+        return values.sum(axis=0) if q["outcome"] == "collapse" else values.mean(axis=0)
+
+    return pooled(q["cells"]) - pooled(q["versus"]) if q.get("versus") else pooled(q["cells"])
 
 
 def null_centre(q: dict) -> float:
@@ -165,7 +169,7 @@ def analyze(plan: dict, data: dict, seeds: list[int], rule: dict | None = None) 
                 continue
             split, k = shares(plan, group), position[group]
             for q in [*testing, *(q for q in questions if q["group"] == group and q["role"] == "descriptive"
-                                  and _complete(data, q["cells"], [q["a"], q["b"]], seeds, n))]:
+                                  and _complete(data, q["cells"] + q.get("versus", []), [q["a"], q["b"]], seeds, n))]:
                 found = test_look({**q, "test": "anytime" if split is None else q["test"]}, data, seeds[:n], rule)
                 found["p_look"] = found["p"] if split is None else min(1.0, found["p"] * plan["alpha"] / split[k])
                 taken[q["key"]].append(found)
@@ -184,7 +188,7 @@ def analyze(plan: dict, data: dict, seeds: list[int], rule: dict | None = None) 
 def _answer(plan, q, found, p_seq, rejected, adjusted, ended, position) -> dict:
     key = q["key"]
     entry = {**{k: q[k] for k in ("text", "role", "outcome", "metric", "a", "b", "group", "cells", "alternative",
-                                    "margin", "test")},
+                                    "margin", "test")}, **({"versus": q["versus"]} if q.get("versus") else {}),
              "looks": found, "p_sequential": p_seq.get(key) if found else None,
              "p_adjusted": adjusted.get(key) if found else None, "rejected": rejected.get(key, False)}
     spent = position[q["group"]] >= len(schedule(plan, q["group"]))
@@ -214,6 +218,9 @@ def _direction(q: dict, look: dict) -> str:
         more, less = (a, b) if look["a_only"] > look["b_only"] else (b, a)
         return f"{more} collapses where {less} does not ({max(look['a_only'], look['b_only'])} pairs to " \
                f"{min(look['a_only'], look['b_only'])})"
+    if q.get("versus"):
+        return (f"{a} - {b} is {'larger' if est > 0 else 'smaller'} in {', '.join(q['cells'])} than in "
+                f"{', '.join(q['versus'])}, by {_amount(q, abs(est))}")
     if q["margin"]:
         side = "worse" if q["alternative"] == "greater" else "better"
         return f"{a} is not {side} than {b} by {_amount(q, q['margin'])} or more ({_amount(q, est, sign=True)})"

@@ -200,7 +200,7 @@ def plan_errors(raw: dict, *, version1: bool = False) -> list[str]:
     empty when the plan can be registered. Settings an engine checks (a loss's keywords, a flag) are checked at
     registration by the engine itself. ``version1``: the first study's plan, whose collapse questions were
     registered on (cell, seed) pairs."""
-    from kpo.compare.regimes import MISMATCH
+    from kpo.compare.cell import MISMATCH
     from kpo.losses import list_losses
 
     errors = [f"unknown key {k!r}: a plan has {', '.join(TOP[1:])}" for k in raw if k not in TOP + REGISTERED]
@@ -357,8 +357,8 @@ def _question_errors(i: int, q, arms: dict, groups: dict, seen_keys: set, seen_a
     where = f"questions[{i}]"
     if not isinstance(q, dict):
         return [f"{where}: a mapping (key, text, outcome, a, b, group, role, ...)"]
-    known = ("key", "text", "why", "outcome", "metric", "a", "b", "group", "cells", "alternative", "margin", "role",
-             "test", "scale")
+    known = ("key", "text", "why", "outcome", "metric", "a", "b", "group", "cells", "versus", "alternative", "margin",
+             "role", "test", "scale")
     errors = [f"{where}: unknown key {k!r}; use {', '.join(known)}" for k in q if k not in known]
     key = q.get("key")
     if not (isinstance(key, str) and _KEY.match(key)):
@@ -384,10 +384,15 @@ def _question_errors(i: int, q, arms: dict, groups: dict, seen_keys: set, seen_a
     group = q.get("group")
     if group not in groups:
         errors.append(f"{where}: group {group!r} is not one of the groups ({', '.join(groups)})")
-    elif isinstance(groups[group], dict) and "cells" in q:
+    elif isinstance(groups[group], dict):
         members = groups[group].get("cells") or []
-        if not _strings(q["cells"]) or not q["cells"] or not set(q["cells"]) <= set(members):
+        if "cells" in q and (not _strings(q["cells"]) or not q["cells"] or not set(q["cells"]) <= set(members)):
             errors.append(f"{where}: cells must be some of its group's ({', '.join(map(str, members))})")
+        mine = q.get("cells") or []
+        if "versus" in q and not (_strings(q["versus"]) and _strings(mine) and set(q["versus"]) <= set(members)
+                                  and len(q["versus"]) == len(mine) and not set(q["versus"]) & set(mine)):
+            errors.append(f"{where}: versus: as many of its group's cells as its cells, none of them (a - b in its cells "
+                          "against a - b in these: does the cells' setting change the contrast?)")
     if q.get("alternative", "two-sided") not in ALTERNATIVES:
         errors.append(f"{where}: alternative {q.get('alternative')!r} is not one of {', '.join(ALTERNATIVES)}")
     margin = q.get("margin", 0.0)
@@ -403,7 +408,7 @@ def _question_errors(i: int, q, arms: dict, groups: dict, seen_keys: set, seen_a
     if "scale" in q and not (_number(q["scale"]) and q["scale"] > 0):
         errors.append(f"{where}: scale {q['scale']!r}: a number > 0 (the difference a look at any time bets fully on)")
     ask = (q.get("outcome"), q.get("metric"), *sorted(map(str, (q.get("a"), q.get("b")))), group,
-           json.dumps(sorted(q.get("cells") or [])))
+           json.dumps(sorted(q.get("cells") or [])), json.dumps(sorted(q.get("versus") or [])))
     if ask in seen_asks:
         errors.append(f"{where}: asks what {seen_asks[ask]!r} asks (the same arms, outcome, group and cells)")
     seen_asks.setdefault(ask, key)
@@ -449,6 +454,7 @@ def normalize(raw: dict) -> dict:
             "b": q["b"],
             "group": q["group"],
             "cells": list(q.get("cells") or raw["groups"][q["group"]]["cells"]),
+            **({"versus": list(q["versus"])} if q.get("versus") else {}),
             "alternative": q.get("alternative", "two-sided"),
             "margin": float(q.get("margin", 0.0)),
             "role": q.get("role", "family"),
@@ -482,12 +488,12 @@ def from_version1(old: dict) -> dict:
     """The first study's plan.json (version 1, registered before this format) in this format, as it was
     registered: its collapse questions' test is the exact McNemar test on (cell, seed) pairs, its looks and
     spending its own, its arms and runs the same runs (:func:`run_name` gives its record keys)."""
-    from kpo.compare.regimes import _parse_cell
+    from kpo.compare.cell import parse_cell
 
     cells = {}
     for g in old["groups"].values():
         for name in g["cells"]:
-            cell = _parse_cell(name)
+            cell = parse_cell(name)
             cells[name] = {"mismatch": cell.mismatch, "depth": cell.depth, "lr": cell.lr}
     settings = old["run_settings"]
     raw = {
@@ -555,8 +561,8 @@ def run_name(plan: dict, arm: str, seed: int) -> str:
 def cell_config(plan: dict, cell: str, arm: str, runs: Path) -> CompareConfig:
     """The comparison settings that train ``arm`` in ``cell`` (its folder under ``runs``): the plan's setup, the
     cell's sampler, depth and learning rate as the engine's own settings, the cell's and the arm's flags."""
+    from kpo.compare.cell import Cell
     from kpo.compare.engines import engine_of
-    from kpo.compare.regimes import Cell
 
     setup, c = plan["setup"], plan["cells"][cell]
     steps = setup["batches"] * c["depth"]

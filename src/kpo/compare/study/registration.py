@@ -166,8 +166,8 @@ def _engine_errors(plan: dict) -> list[str]:
     """What the engine rejects in each (cell, arm)'s runs, once per problem with the first run that has it."""
     from types import SimpleNamespace
 
+    from kpo.compare.cell import Cell
     from kpo.compare.engines import engine_of
-    from kpo.compare.regimes import Cell
 
     first: dict[str, str] = {}
     for group, g in plan["groups"].items():

@@ -274,6 +274,11 @@ def look_detail(e: dict, last: dict) -> str:
         return (f"{e['a']} collapsed in {last['a_collapsed']} of {last['runs']} runs, {e['b']} in {last['b_collapsed']}"
                 f" ({last['seeds']} seeds, each seed's cells pooled)")
     ci = "" if last.get("low") is None else f" [{_pts(last['low'])}, {_pts(last['high'])}] (bootstrap)"
+    if e.get("versus"):
+        unit = " points" if e["outcome"] == "accuracy" else ""
+        shown = _pts(last["estimate"]) if e["outcome"] == "accuracy" else f"{last['estimate']:+.4g}"
+        return (f"({e['a']} - {e['b']}) in {', '.join(e['cells'])} less the same in {', '.join(e['versus'])}: "
+                f"{shown}{unit}{ci} over {last['seeds']} seeds")
     if e["outcome"] == "accuracy":
         return f"{e['a']} - {e['b']} {_pts(last['estimate'])} points{ci} over {last['seeds']} seeds, all pairs"
     return f"{e['a']} - {e['b']} {e['metric']} {last['estimate']:+.4g} over {last['seeds']} seeds"
