@@ -230,6 +230,14 @@ def test_a_second_compare_on_one_folder_is_refused_before_anything(compare_confi
 
 
 def test_seeds_beyond_the_most_a_comparison_runs_are_refused_at_once(compare_config, no_training):
-    """--max-seeds 1000000 --plan planned (and stat'ed) a million run folders; now it is one line."""
-    with pytest.raises(CompareError, match=r"--max-seeds=1000000: at most 200 seeds"):
-        compare_config(seeds=2, max_seeds=1_000_000).validate()
+    """--seeds 1000000 --plan planned (and stat'ed) a million run folders; now it is one line."""
+    with pytest.raises(CompareError, match=r"--seeds=1000000: at most 200 seeds"):
+        compare_config(seeds=1_000_000).validate()
+
+
+def test_adding_seeds_until_decided_is_a_study(capsys, no_training):
+    """`kpo compare --max-seeds` had its own looks and spending beside the study's; now it says where they are."""
+    from kpo.compare.cli import main
+
+    assert main(["--max-seeds", "12", "--plan"]) == 2
+    assert "--max-seeds 12: a comparison that adds seeds until it is decided is a study" in capsys.readouterr().err

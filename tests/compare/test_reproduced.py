@@ -97,5 +97,5 @@ def test_the_default_compares_contrasts_from_their_per_seed_differences():
         for key in ("mean", "low", "high"):
             assert found[key] == pytest.approx(c[key], rel=1e-12, abs=1e-15), (name, key)
         again[name] = {"kind": c["kind"], "seeds": c["seeds"], **found, "verdict": verdict(found["low"], found["high"])}
-    decided, _ = decide_contrasts([again], sequential=False)
+    decided = decide_contrasts(again)
     assert {n: c["verdict"] for n, c in decided.items()} == {n: c["verdict"] for n, c in report["contrasts"].items()}

@@ -19,6 +19,7 @@ from kpo.compare.plan import (
     SEEDS,
     STEPS,
     CompareConfig,
+    CompareError,
 )
 from kpo.compare.regime_run import run_regimes
 from kpo.compare.regimes import BATCHES, DIFF_SD, GRID, RegimeConfig
@@ -66,14 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"Seeds of the methods and of KPO at the matched memory (default: {SEEDS}; --quick: {QUICK['seeds']}).",
     )
-    p.add_argument(
-        "--max-seeds",
-        type=int,
-        default=None,
-        help="The cap the key arms' seeds grow to while a key contrast is undecided: a first look at --seeds, a "
-        "second at --max-seeds only if needed, the error spent over the two by O'Brien-Fleming (the ablations and "
-        "the A/A arm keep their seeds) (default: --seeds, one look).",
-    )
+    p.add_argument("--max-seeds", type=int, default=None, help=argparse.SUPPRESS)  # refused: _config says why
     p.add_argument(
         "--steps",
         type=int,
@@ -190,12 +184,15 @@ def config_from_args(argv: list[str] | None = None) -> CompareConfig:
 
 
 def _config(args) -> CompareConfig:
+    if args.max_seeds is not None:
+        raise CompareError([f"--max-seeds {args.max_seeds}: a comparison that adds seeds until it is decided is a "
+                            "study: write its plan (arms, cells, looks; docs/study.md) and run kpo compare study "
+                            "--plan FILE --register"])
     extra = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     return CompareConfig(
         out=args.out,
         methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
         seeds=args.seeds,
-        max_seeds=args.max_seeds,
         steps=args.steps,
         minibatches=args.minibatches,
         matched=not args.no_matched,

@@ -47,9 +47,6 @@ class CompareConfig:
     seeds: int | None = (
         None  # seeds of the methods and of KPO at the matched memory; None = SEEDS (quick: QUICK)
     )
-    # the cap of those seeds: a second look at max_seeds while a key contrast is undecided at seeds (looks());
-    # None = seeds, one look
-    max_seeds: int | None = None
     steps: int | None = None  # optimizer steps per run; None = STEPS (quick: QUICK)
     minibatches: int = 4  # optimizer steps per generation batch (3 of 4 off-policy in the paper)
     matched: bool = True  # KPO at the length-matched memory, every seed: the arm the claims are about
@@ -196,20 +193,6 @@ def arms(cfg: CompareConfig) -> list[Arm]:
     return out
 
 
-def looks(cfg: CompareConfig) -> tuple[int, ...]:
-    """The key arms' seeds at each look: (seeds,), or (seeds, max_seeds) when ``--max-seeds`` is above
-    ``--seeds`` (the second look is taken only while a key contrast is undecided at the first)."""
-    if cfg.max_seeds is None or cfg.max_seeds <= cfg.seeds:
-        return (cfg.seeds,)
-    return (cfg.seeds, cfg.max_seeds)
-
-
-def at_look(cfg: CompareConfig, seeds: int) -> CompareConfig:
-    """The comparison as it stands at the look at ``seeds`` seeds of the key arms: those arms (and an
-    all-seeds sweep) at ``seeds``, the ablations and the A/A arm at their own seeds."""
-    return replace(cfg, seeds=seeds)
-
-
 def sweep_runs(cfg: CompareConfig) -> dict[str, list[Run]]:
     """KPO's memory sweep: point -> its runs (``--sweep-seeds`` seeds; points that are arms reuse their runs)."""
     seeds = range(cfg.seeds if cfg.sweep_seeds is None else cfg.sweep_seeds)
@@ -321,13 +304,9 @@ def estimate(
     :func:`workers` workers, runs already ``done`` left out; from ``run_seconds`` per run, measured, else on the
     embedded setup from the constants above; None when neither applies: ``seconds_per_run`` None) and per
     contrast the expected half-width of its 95% paired interval, t_{S-1} x diff_sd / sqrt(S) in points (S
-    seeds). With two looks (``--max-seeds``) all of it is at the cap, and ``looks`` lists each look's seeds, runs
-    and share of the error (:func:`kpo.compare.stats.spending`)."""
-    from kpo.compare.stats import ALPHA, spending
+    seeds)."""
     from kpo.evaluation.metrics import t_quantile
 
-    planned = looks(cfg)
-    cfg = at_look(cfg, planned[-1])
     runs = plan_runs(cfg)
     jobs = parallel_runs(cfg)
     per_run, seconds = run_seconds, None
@@ -337,7 +316,7 @@ def estimate(
     if per_run is not None:
         warm = cfg.seeds * WARM_START_SECONDS / jobs if engine_of(cfg).embedded(cfg) and len(runs) > done else 0
         seconds = (len(runs) - done) * per_run / jobs + warm
-    found = {
+    return {
         "runs": len(runs),
         "seconds": seconds,
         "seconds_per_run": per_run,
@@ -354,12 +333,6 @@ def estimate(
             for c in contrasts(cfg)
         },
     }
-    if len(planned) > 1:
-        found["looks"] = [
-            {"look": k + 1, "seeds": n, "runs": len(plan_runs(at_look(cfg, n))), "alpha": share}
-            for k, (n, share) in enumerate(zip(planned, spending(ALPHA, planned)))
-        ]
-    return found
 
 
 def format_plan(cfg: CompareConfig, est: dict) -> str:
@@ -370,33 +343,15 @@ def format_plan(cfg: CompareConfig, est: dict) -> str:
         else "time not estimated: no run of this setup has been measured yet (the first one is; or plan with "
         "--pilot and a finished compare of this setup)"
     )
-    cap = at_look(cfg, looks(cfg)[-1])
     lines = [
-        f"plan: {'at most ' if 'looks' in est else ''}{est['runs']} runs of {cfg.steps} steps ("
-        + ", ".join(f"{a.label} x {a.seeds}" for a in arms(cap))
+        f"plan: {est['runs']} runs of {cfg.steps} steps (" + ", ".join(f"{a.label} x {a.seeds}" for a in arms(cfg))
         + f"), {time}",
-        *([format_looks(est["looks"])] if "looks" in est else []),
-        f"expected 95% half-widths (points){' at the cap' if 'looks' in est else ''}, from a paired-difference sd "
-        f"of {est['diff_sd']:.1f} points:",
+        f"expected 95% half-widths (points), from a paired-difference sd of {est['diff_sd']:.1f} points:",
     ]
     for name, c in est["contrasts"].items():
         width = "n/a (one seed)" if c["half_width"] is None else f"+-{c['half_width']:.1f}"
         lines.append(f"  {name} ({c['kind']}, {c['seeds']} seeds): {width}")
     return "\n".join(lines)
-
-
-def format_looks(planned: list[dict]) -> str:
-    """The looks of a sequential compare (:func:`estimate`'s ``looks``) and the rule that takes them, in words."""
-    from kpo.compare.stats import ALPHA
-
-    first, last = planned[0], planned[-1]
-    shares = " and ".join(f"{p['alpha']:.4f} at look {p['look']}" for p in planned)
-    return (
-        f"looks: 1 at {first['seeds']} seeds of the key arms ({first['runs']} runs), 2 at {last['seeds']} "
-        f"({last['runs']} runs in all) only while a key contrast is undecided at look 1; each key contrast's test "
-        f"spends {shares} (O'Brien-Fleming spending, Lan-DeMets; {ALPHA:g} in all); the ablations and the A/A "
-        f"arm keep their seeds and are tested once, at look 1, at {ALPHA:g}"
-    )
 
 
 def pilot_sd(report_json: Path) -> float:

@@ -2,8 +2,8 @@
 Figure 4 and Table 2 on the runs of one comparison, and a "claims" section that says plainly whether each of the
 paper's claims holds here.
 
-The rules it reads the claims by are :data:`kpo.compare.claims.CLAIM_RULES`; the paired contrasts and their
-looks are :mod:`kpo.compare.contrasts`.
+The rules it reads the claims by are :data:`kpo.compare.claims.CLAIM_RULES`; the paired contrasts are
+:mod:`kpo.compare.contrasts`.
 """
 from __future__ import annotations
 
@@ -15,15 +15,7 @@ import numpy as np
 
 from kpo._files import replacing
 from kpo.compare.claims import CLAIM_RULES, paper_claims
-from kpo.compare.contrasts import (
-    collapsed,
-    contrast,
-    contrast_table,
-    decide,
-    looked,
-    looks_section,
-    plot_contrasts,
-)
+from kpo.compare.contrasts import collapsed, contrast, contrast_table, decide, looked, plot_contrasts
 from kpo.compare.stats import collapse_count
 from kpo.diagnostics import STAT_KEYS
 from kpo.evaluation.metrics import bootstrap_avg_ci
@@ -31,7 +23,7 @@ from kpo.losses.kpo import KALMAN_LOSSES
 from kpo.train.metrics import load_metrics
 from kpo.train.plots import plot_training_dynamics
 
-__all__ = ["looks_decided", "reward_summary", "write_report"]
+__all__ = ["reward_summary", "write_report"]
 
 # Table 2 statistics less prop_up/prop_down (prop_on says how much of a response is off-policy).
 TABLE2_KEYS = tuple(k for k in STAT_KEYS if k not in ("prop_up", "prop_down"))
@@ -235,25 +227,11 @@ def _load_groups(cfg, runs, out: Path) -> tuple[dict, dict, dict[int, dict]]:
     return loaded, groups, warm_by_seed
 
 
-def looks_decided(cfg, runs, out: Path, taken: tuple[int, ...]) -> bool:
-    """Whether a sequential compare stops after its looks ``taken`` (the key arms' seeds; ``runs``: those of the
-    last, all finished): every key contrast decided (:func:`decide`)."""
-    from kpo.compare.plan import at_look, looks
-
-    _, groups, warm = _load_groups(at_look(cfg, taken[-1]), runs, Path(out))
-    return decide(looked(cfg, groups, warm, taken), len(looks(cfg)) > 1)[1]
-
-
-def write_report(cfg, runs, out: Path, taken: tuple[int, ...] | None = None) -> Path:
-    """Write ``report.md``, ``report.json`` and the figures into ``out``; returns the markdown path. ``taken``:
-    the key arms' seeds at each look taken (``--max-seeds``; ``runs`` are those of the last), None for one
-    look at ``cfg.seeds``."""
-    from kpo.compare.plan import Run, arms, at_look, looks, subject, sweep_runs
+def write_report(cfg, runs, out: Path) -> Path:
+    """Write ``report.md``, ``report.json`` and the figures into ``out``; returns the markdown path."""
+    from kpo.compare.plan import Run, arms, subject, sweep_runs
 
     out = Path(out)
-    scheduled = looks(cfg)
-    taken = taken or scheduled[:1]
-    full, cfg = cfg, at_look(cfg, taken[-1])
     loaded, groups, warm_by_seed = _load_groups(cfg, runs, out)
     plan = arms(cfg)
     labels = [a.label for a in plan]
@@ -262,10 +240,7 @@ def write_report(cfg, runs, out: Path, taken: tuple[int, ...] | None = None) -> 
     method, kwargs = subject(cfg)
     subject_label = Run(method, 0, kwargs).arm
     baselines = [a.label for a in plan if a.role == "key" and a.method not in KALMAN_LOSSES]
-    results, stopped = decide(looked(full, groups, warm_by_seed, taken), len(scheduled) > 1)
-    looks_md, looks_json = (
-        looks_section(results, scheduled, taken, stopped) if len(scheduled) > 1 else ([], None)
-    )
+    results = decide(looked(cfg, groups, warm_by_seed))
     if len(warm) == cfg.seeds:
         for a in plan:
             if a.role == "key":
@@ -299,10 +274,6 @@ def write_report(cfg, runs, out: Path, taken: tuple[int, ...] | None = None) -> 
         if exact
         else first["outcome"]["metric"]
     )
-    interval_text, interval_column = "95% Student-t interval", "95% paired interval"
-    if looks_json:  # a key contrast's interval is at the level of the look it was last read at
-        interval_text = "paired intervals at 95%, a key contrast's at 1 - alpha_k of its last look (Looks, below)"
-        interval_column = "paired interval"
     md = [
         "# kpo compare report",
         "",
@@ -317,18 +288,17 @@ def write_report(cfg, runs, out: Path, taken: tuple[int, ...] | None = None) -> 
         "",
         *claims,
         "",
-        f"## Paired contrasts ({metric}; {interval_text}{'' if looks_json else ' over seed pairs'})",
+        f"## Paired contrasts ({metric}; 95% Student-t interval over seed pairs)",
         "",
         "Planned half-widths are what `kpo compare` printed before the runs (`plan.json`, from a paired-difference "
         f"sd of {planned.get('diff_sd', float('nan')):.1f} points); per-seed sd is what this compare measured "
         "(pass this report.json as `--pilot` to plan the next one with it).",
         "",
-        contrast_table(results, planned.get("contrasts", {}), interval_column)
+        contrast_table(results, planned.get("contrasts", {}))
         if results
         else "No contrast: one arm only.",
         "",
         *([f"![paired contrasts]({fig_contrasts.name})", ""] if fig_contrasts else []),
-        *looks_md,
         f"## Figure 3 analog: training dynamics ({CLAIM_RULES['smooth']}-step trailing means; mean over seeds, "
         "band = min-max)",
         "",
@@ -382,7 +352,6 @@ def write_report(cfg, runs, out: Path, taken: tuple[int, ...] | None = None) -> 
                     "table2": table2,
                     "sweep": sweep,
                     "claims": claims,
-                    **({"looks": looks_json} if looks_json else {}),
                 },
                 indent=2,
                 default=float,

@@ -36,18 +36,16 @@ from kpo.compare.plan import (
     CompareConfig,
     CompareError,
     Run,
-    at_look,
     estimate,
     format_plan,
     held_out_problems,
-    looks,
     measured_run_seconds,
     parallel_runs,
     pilot_sd,
     plan_runs,
     warm_start_dir,
 )
-from kpo.compare.report import looks_decided, write_report
+from kpo.compare.report import write_report
 
 
 class RunsFailed(RuntimeError):
@@ -432,9 +430,9 @@ def train_jobs(jobs: list[Job], workers: int | None, on_done: OnDone | None = No
         raise RunsFailed("kpo compare: runs failed:\n  " + "\n  ".join(failures))
 
 
-def _design(plan: dict) -> tuple[int, dict[str, int], list | None]:
-    """What a plan fixes: its number of runs, the seeds of each contrast and its looks (None: one)."""
-    return plan["runs"], {name: c["seeds"] for name, c in plan["contrasts"].items()}, plan.get("looks")
+def _design(plan: dict) -> tuple[int, dict[str, int]]:
+    """What a plan fixes: its number of runs and the seeds of each contrast."""
+    return plan["runs"], {name: c["seeds"] for name, c in plan["contrasts"].items()}
 
 
 def _write_plan(path: Path, est: dict) -> None:
@@ -450,17 +448,13 @@ def run_compare(cfg: CompareConfig, *, pilot: Path | None = None, plan_only: boo
     """Print the plan (runs, time, expected half-widths: from ``pilot``, a finished compare's report.json, or the
     stored prior), then run every missing run and write the report; returns the report's path (None with
     ``plan_only``, which stops after the plan). The plan is also written to ``plan.json`` before anything trains.
-    With ``--max-seeds`` the runs go look by look (:func:`kpo.compare.plan.looks`): after a look whose runs have
-    all finished, the next is trained only while a key contrast is undecided (a rerun replays the looks from the
-    finished runs, which it reuses).
 
     Raises :class:`CompareError` before anything trains when a setting is invalid or a done run in ``cfg.out``
     was made with other settings.
     """
     cfg.validate()
     out = Path(cfg.out)
-    scheduled = looks(cfg)
-    runs = plan_runs(at_look(cfg, scheduled[-1]))
+    runs = plan_runs(cfg)
     stale = _stale_run_errors(cfg, runs, out)
     if stale:
         raise CompareError(stale)
@@ -478,27 +472,10 @@ def run_compare(cfg: CompareConfig, *, pilot: Path | None = None, plan_only: boo
     if plan_only:
         return None
     with holding(out, "kpo compare"):
-        return _run_compare_locked(cfg, out, scheduled, est)
-
-
-def _run_compare_locked(cfg: CompareConfig, out: Path, scheduled: tuple[int, ...], est: dict) -> Path:
-    with replacing(out / "compare.json") as partial:
-        partial.write_text(json.dumps(asdict(cfg), indent=2) + "\n")
-    _write_plan(out / "plan.json", est)
-    taken = []
-    for k, seeds in enumerate(scheduled, start=1):
-        runs = plan_runs(at_look(cfg, seeds))
-        todo = [r for r in runs if not _done(cfg, out / "runs" / r.name)]
-        look = f"look {k} at {seeds} seeds of the key arms: " if len(scheduled) > 1 else ""
-        done = len(runs) - len(todo)
-        print(f"kpo compare: {look}{len(runs)} runs, {done} already done; report in {out}", flush=True)
+        with replacing(out / "compare.json") as partial:
+            partial.write_text(json.dumps(asdict(cfg), indent=2) + "\n")
+        _write_plan(out / "plan.json", est)
+        print(f"kpo compare: {len(runs)} runs, {len(runs) - len(todo)} already done; report in {out}", flush=True)
         if todo:
             train_jobs([Job(cfg, r, out / "runs" / r.name, r.name) for r in todo], parallel_runs(cfg))
-        taken.append(seeds)
-        if k == len(scheduled):
-            break
-        if looks_decided(cfg, runs, out, tuple(taken)):
-            print(f"kpo compare: every key contrast decided at look {k}; no more seeds", flush=True)
-            break
-        print(f"kpo compare: a key contrast is undecided at look {k}; look {k + 1} adds seeds", flush=True)
-    return write_report(cfg, runs, out, tuple(taken))
+        return write_report(cfg, runs, out)
