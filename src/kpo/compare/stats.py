@@ -314,13 +314,6 @@ def spending(alpha: float, looks: tuple[int, ...]) -> list[float]:
 
 
 # ------------------------------------------------------------------ the seed as the unit: sign-flip tests
-def _tails(null_sums: np.ndarray, observed: float) -> tuple[float, float]:
-    """P(S <= s) and P(S >= s) over equally likely null sums, values within scipy's tolerance (100 eps relative) of
-    the observed sum counted as equal to it."""
-    gamma = abs(np.finfo(np.float64).eps * 100 * observed)
-    return float(np.mean(null_sums <= observed + gamma)), float(np.mean(null_sums >= observed - gamma))
-
-
 def _integer_tails(values: np.ndarray, observed: float) -> tuple[float, float]:
     """Exact P(S <= s), P(S >= s) for S = sum of +-values, values integers: the null law by convolution."""
     values = values.astype(np.int64)
