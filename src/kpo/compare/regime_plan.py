@@ -156,5 +156,6 @@ def check_plan(path: Path, on_disk: dict, est: dict) -> None:
             return f"{PLAN_DESIGN.get(k, '--' + k.replace('_', '-'))}: plan {was[k]}, flags {now[k]}"
 
         named = "; ".join(differs(k) for k in differ)
-        raise CompareError([f"{path} fixes another design than these flags ({named}): give the plan's flags, or a "
-                            "new --out for a new map"])
+        fix = ("this kpo cannot continue or rewrite it, so it stays as it was written; give a new --out for a new map"
+               if "rules" in differ else "give the plan's flags, or a new --out for a new map")
+        raise CompareError([f"{path} fixes another design than these flags ({named}): {fix}"])
