@@ -34,6 +34,7 @@ from pathlib import Path
 
 import yaml
 
+from kpo.compare.cell import MISMATCH, Cell, parse_cell
 from kpo.compare.plan import CompareConfig, CompareError, Run
 from kpo.compare.stats import MOST_SEEDS
 
@@ -200,7 +201,6 @@ def plan_errors(raw: dict, *, version1: bool = False) -> list[str]:
     empty when the plan can be registered. Settings an engine checks (a loss's keywords, a flag) are checked at
     registration by the engine itself. ``version1``: the first study's plan, whose collapse questions were
     registered on (cell, seed) pairs."""
-    from kpo.compare.cell import MISMATCH
     from kpo.losses import list_losses
 
     errors = [f"unknown key {k!r}: a plan has {', '.join(TOP[1:])}" for k in raw if k not in TOP + REGISTERED]
@@ -488,8 +488,6 @@ def from_version1(old: dict) -> dict:
     """The first study's plan.json (version 1, registered before this format) in this format, as it was
     registered: its collapse questions' test is the exact McNemar test on (cell, seed) pairs, its looks and
     spending its own, its arms and runs the same runs (:func:`run_name` gives its record keys)."""
-    from kpo.compare.cell import parse_cell
-
     cells = {}
     for g in old["groups"].values():
         for name in g["cells"]:
@@ -561,7 +559,6 @@ def run_name(plan: dict, arm: str, seed: int) -> str:
 def cell_config(plan: dict, cell: str, arm: str, runs: Path) -> CompareConfig:
     """The comparison settings that train ``arm`` in ``cell`` (its folder under ``runs``): the plan's setup, the
     cell's sampler, depth and learning rate as the engine's own settings, the cell's and the arm's flags."""
-    from kpo.compare.cell import Cell
     from kpo.compare.engines import engine_of
 
     setup, c = plan["setup"], plan["cells"][cell]

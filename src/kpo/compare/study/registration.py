@@ -20,6 +20,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from kpo.compare.cell import Cell
 from kpo.compare.plan import CompareError
 from kpo.compare.study.looks import schedule
 from kpo.compare.study.plan import PLAN_FILE, cell_config, group_arms, plan_from, run_of
@@ -166,7 +167,6 @@ def _engine_errors(plan: dict) -> list[str]:
     """What the engine rejects in each (cell, arm)'s runs, once per problem with the first run that has it."""
     from types import SimpleNamespace
 
-    from kpo.compare.cell import Cell
     from kpo.compare.engines import engine_of
 
     first: dict[str, str] = {}
