@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from kpo.compare import CompareConfig, CompareError
 from kpo.compare.cell import parse_cell
 from kpo.compare.cli import config_from_args, main
-from kpo.compare.regimes import RegimeConfig
+from kpo.compare.regimes.design import RegimeConfig
 
 
 def _model(folder: Path, weights: str = "whole") -> Path:

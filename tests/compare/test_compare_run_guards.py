@@ -21,8 +21,8 @@ from kpo.compare.engines.kpo import KpoEngine
 from kpo.compare.engines.verl_metrics import merge_rows, metrics_rows
 from kpo.compare.guards import LOCK_FILE, lock_run, unlock_run
 from kpo.compare.plan import CompareConfig, CompareError, Run, plan_runs
-from kpo.compare.regime_report import memory_labels
-from kpo.compare.regimes import Cell, RegimeConfig, _arm_stats
+from kpo.compare.regimes.design import Cell, RegimeConfig, _arm_stats
+from kpo.compare.regimes.report import memory_labels
 from kpo.compare.run import Job, _execute, disk_bytes, train_jobs
 from kpo.filter.memory import matched_memory
 

@@ -17,8 +17,8 @@ import kpo.compare.run
 from kpo.compare import CompareConfig, CompareError, run_compare
 from kpo.compare.contract import STEP_ROWS
 from kpo.compare.engines import engine_names, engine_of
-from kpo.compare.regime_run import run_regimes
-from kpo.compare.regimes import RegimeConfig
+from kpo.compare.regimes.design import RegimeConfig
+from kpo.compare.regimes.run import run_regimes
 
 PROBLEMS = 2
 

@@ -13,9 +13,7 @@ import pytest
 from kpo.compare.cli import main
 from kpo.compare.engines.kpo import train_argv
 from kpo.compare.plan import CompareError
-from kpo.compare.regime_plan import estimate_regimes
-from kpo.compare.regime_run import run_regimes
-from kpo.compare.regimes import (
+from kpo.compare.regimes.design import (
     AUTO,
     CLIP_BAND,
     GRPO,
@@ -28,6 +26,8 @@ from kpo.compare.regimes import (
     cell_entry,
     cell_runs,
 )
+from kpo.compare.regimes.plan import estimate_regimes
+from kpo.compare.regimes.run import run_regimes
 from kpo.train.flags import parse_args
 
 PROBLEMS = 4
@@ -89,7 +89,7 @@ def test_the_plan_prints_runs_questions_and_rules_and_trains_nothing(tmp_path, c
 
 def test_a_one_seed_map_is_planned_and_reported_without_intervals(tmp_path):
     """A smoke map of one seed a cell: no planned half-width, and the report still renders."""
-    from kpo.compare.regime_report import render_map
+    from kpo.compare.regimes.report import render_map
 
     cfg = RegimeConfig(out=str(tmp_path), cells_only=("none-depth4-lr0.0001",), seeds=1).validate()
     plan = estimate_regimes(cfg)
@@ -201,7 +201,7 @@ def test_the_map_trains_its_seeds_and_answers_its_questions_as_leads(tmp_path, m
             on_done(job)
 
     monkeypatch.setattr("kpo.compare.run.train_jobs", fake_train)
-    monkeypatch.setattr("kpo.compare.regime_run.write_cell_report", lambda *a: None)
+    monkeypatch.setattr("kpo.compare.regimes.run.write_cell_report", lambda *a: None)
     _warm_starts(cfg, 6)
     report = run_regimes(cfg)
     found = json.loads((report.parent / "report.json").read_text())
@@ -293,7 +293,7 @@ def test_report_with_other_flags_says_which_and_keeps_the_plan(built_map, capsys
 
 
 def test_report_rewrites_the_map_and_never_the_plan(built_map, capsys, no_training, monkeypatch):
-    monkeypatch.setattr("kpo.compare.regime_run.write_cell_report", lambda *a: None)
+    monkeypatch.setattr("kpo.compare.regimes.run.write_cell_report", lambda *a: None)
     plan = (built_map / "plan.json").read_bytes()
     assert main(["regimes", "--out", str(built_map), *FLAGS, "--report"]) == 0
     assert (built_map / "plan.json").read_bytes() == plan
@@ -345,7 +345,7 @@ def _committed_cell(name: str) -> dict:
 def test_both_collapsed_is_a_tie_in_the_committed_map():
     """bf16-depth16-lr5e-4: KPO (auto) - GRPO, six pairs of collapsed runs (largest difference 0.06 points): sign
     p = 0.031 on main, no sign here."""
-    from kpo.compare.regimes import describe_cell
+    from kpo.compare.regimes.design import describe_cell
 
     found = describe_cell(_committed_cell("bf16-depth16-lr0.0005"))
     auto = found["contrasts"]["KPO (auto) - GRPO"]
@@ -354,7 +354,7 @@ def test_both_collapsed_is_a_tie_in_the_committed_map():
 
 
 def test_the_pick_says_when_it_cannot_exclude_an_arm():
-    from kpo.compare.regimes import describe_cell
+    from kpo.compare.regimes.design import describe_cell
 
     stress = describe_cell(_committed_cell("none-depth4-lr0.0005"))
     assert len(stress["pick"]) == 5

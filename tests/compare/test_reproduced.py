@@ -18,7 +18,7 @@ from statsmodels.stats.multitest import multipletests
 
 from kpo.compare.contrasts import decide as decide_contrasts
 from kpo.compare.contrasts import verdict
-from kpo.compare.regimes import QUESTIONS, Cell, groups
+from kpo.compare.regimes.design import QUESTIONS, Cell, groups
 from kpo.compare.stats import paired_accuracy
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"

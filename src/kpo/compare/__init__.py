@@ -30,9 +30,9 @@ by avg@n), and ``--engine verl`` trains every run with verl's ``main_ppo`` on th
 Modules: ``plan`` (settings, arms, runs, contrasts and the cost and power estimate), ``checks`` (the settings'
 checks every engine shares), ``run`` (workers, reuse of finished runs), ``engines`` (what trains a run: the
 engine protocol and registry; ``engines.kpo``: kpo train, ``engines.verl``: verl), ``outcome`` (a model's
-held-out score, the one number the decisions read), ``report`` (tables, figures and the claims), ``regimes``,
-``regime_plan``, ``regime_run`` and ``regime_report`` (the map), ``study`` (a study: plan, records, looks,
-simulation, registration, run, report), ``cli`` (the command).
+held-out score, the one number the decisions read), ``report`` (tables, figures and the claims), ``cell`` (a
+regime: mismatch, depth, learning rate), ``regimes`` (the map: design, plan, run, report), ``study`` (a study:
+plan, records, looks, simulation, registration, run, report), ``cli`` (the command).
 """
 
 from kpo.compare.plan import (

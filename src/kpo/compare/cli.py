@@ -21,8 +21,8 @@ from kpo.compare.plan import (
     CompareConfig,
     CompareError,
 )
-from kpo.compare.regime_run import run_regimes
-from kpo.compare.regimes import BATCHES, DIFF_SD, GRID, RegimeConfig
+from kpo.compare.regimes.design import BATCHES, DIFF_SD, GRID, RegimeConfig
+from kpo.compare.regimes.run import run_regimes
 from kpo.compare.run import run_compare
 from kpo.compare.setup_cli import run_reporting, setup_from_args, setup_options
 

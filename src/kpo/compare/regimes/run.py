@@ -10,8 +10,16 @@ from pathlib import Path
 from kpo._files import replacing
 from kpo.compare.engines import engine_of
 from kpo.compare.plan import CompareError, plan_runs, warm_start_dir
-from kpo.compare.regime_plan import check_plan, estimate_regimes, format_regime_plan, read_plan
-from kpo.compare.regimes import DIFF_SD, Cell, RegimeConfig, answers, cell_entry, cell_runs, read_outcome
+from kpo.compare.regimes.design import (
+    DIFF_SD,
+    Cell,
+    RegimeConfig,
+    answers,
+    cell_entry,
+    cell_runs,
+    read_outcome,
+)
+from kpo.compare.regimes.plan import check_plan, estimate_regimes, format_regime_plan, read_plan
 
 __all__ = ["run_regimes", "write_cell_report", "write_regime_report"]
 
@@ -155,7 +163,7 @@ def write_cell_report(cfg: RegimeConfig, cell: Cell) -> Path | None:
 def write_regime_report(cfg: RegimeConfig) -> Path:
     """The map as it stands: ``report.md``, ``report.json`` (``cells``: :func:`cell_entry` of each; ``questions``:
     :func:`kpo.compare.regimes.answers`), ``regimes.png`` and ``memory.png`` in ``cfg.out``; returns report.md."""
-    from kpo.compare.regime_report import render_map
+    from kpo.compare.regimes.report import render_map
 
     out = Path(cfg.out)
     entries = [cell_entry(cfg, cell, cfg.seeds) for cell in cfg.cells]

@@ -1,6 +1,7 @@
 """The plan of ``kpo compare regimes`` (:mod:`kpo.compare.regimes`), fixed before anything trains: per cell its
-runs and minutes, the expected half-widths, the questions and the rules (:func:`estimate_regimes`, printed by :func:`format_regime_plan`); and ``plan.json``,
-written once before the first run, which a later command with other flags may not change (:func:`check_plan`)."""
+runs and minutes, the expected half-widths, the questions and the rules (:func:`estimate_regimes`, printed by
+:func:`format_regime_plan`); and ``plan.json``, written once before the first run, which a later command with
+other flags may not change (:func:`check_plan`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from kpo.compare.engines import engine_of
 from kpo.compare.plan import RUN_SECONDS, SAMPLE_SECONDS, STEP_SECONDS, WARM_START_SECONDS, CompareError
-from kpo.compare.regimes import (
+from kpo.compare.regimes.design import (
     AUTO,
     DIFF_SD,
     GRPO,
