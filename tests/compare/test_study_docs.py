@@ -116,3 +116,31 @@ def test_the_second_study_is_stated_as_its_plan_and_calibration_say():
     assert f"the matching band is {calibration['scale']:.3f} of KPO's width" in page
     low, high = calibration["clip_ratio_low"], calibration["clip_ratio_high"]
     assert f"(clip_ratio_low {low:.2e}, clip_ratio_high {high:.2e})" in page
+
+
+def test_the_second_study_states_each_question_as_its_report_does():
+    """Each tested question of the filter-or-band study at the look that decided it (else its last): the estimate,
+    interval and seeds, the p at that look and the adjusted p, in the plan's order; how many are decided, the runs,
+    what an undecided one would need, and each arm's collapses over both cells."""
+    page = " ".join(PAGE.read_text().split())
+    report = json.loads((ROOT / "docs/results/filter-or-band/report.json").read_text())
+    at = page.index("## Filter or band (the second study")
+    assert (f"The study has ended: {report['runs']} of at most {report['runs_at_most']} runs" in page) == report["ended"]
+    tested = {k: q for k, q in report["questions"].items() if q["role"] != "descriptive"}
+    decided = sum(q["rejected"] for q in tested.values())
+    assert f"{decided} of the {len(tested)} tested questions are decided" in page
+    for key, q in tested.items():
+        look = next(x for x in q["looks"] if x["seeds"] == q["decided_at_seeds"]) if q["rejected"] else q["looks"][-1]
+        pieces = [f"{_pts(look['estimate'])} points [{_pts(look['low'])}, {_pts(look['high'])}] over {look['seeds']} "
+                  "seeds", f"p = {_p(look['p'])} at this look", f"adjusted p {_p(q['p_adjusted'])}"]
+        if q["verdict"] == "undecided":
+            pieces.append(q["seeds_needed_words"].split(" for ")[0].replace(" per cell", " a cell"))
+        for piece in pieces:
+            found = page.find(piece, at)
+            assert found >= 0, f"docs/results/README.md: {key}: {piece!r} not found after the question before it"
+            at = found + len(piece)
+    cells = report["descriptive"]["stress"]["cells"].values()
+    plan = json.loads((ROOT / "docs/results/filter-or-band/plan.json").read_text())
+    for arm in plan["arms"]:
+        k, n = (sum(c[arm]["collapse"][x] for c in cells if arm in c) for x in ("k", "n"))
+        assert f"{arm} {k} of {n}" in page
