@@ -25,6 +25,7 @@ from kpo.compare.regimes.report import plural
 from kpo.compare.stats import ALPHA
 from kpo.compare.study.looks import test_look
 from kpo.compare.study.plan import collapsed
+from kpo.compare.study.simulate import map_rows
 
 __all__ = [
     "QUESTIONS",
@@ -269,23 +270,15 @@ def _warm(cfg: RegimeConfig, seed: int) -> float | None:
     return _expected(Path(cfg.out) / f"warm_start-seed{seed}")
 
 
-def _records(cfg: RegimeConfig, cell: Cell, seeds: int) -> dict[str, dict[int, dict]]:
-    """Per arm, per seed whose run and warm start are scored: {"accuracy", "warm"}, a study's record of the run."""
-    found: dict[str, dict] = {}
-    for run in cell_runs(cfg, cell, seeds):
-        final, warm = _expected(Path(cfg.out) / cell.name / "runs" / run.name), _warm(cfg, run.seed)
-        found.setdefault(run.arm, {})
-        if final is not None and warm is not None:
-            found[run.arm][run.seed] = {"accuracy": final, "warm": warm}
-    return found
-
-
 def outcomes(cfg: RegimeConfig, cell: Cell, seeds: int) -> dict[str, list[tuple[float, bool] | None]]:
     """Per arm, per seed: (final accuracy, collapsed) of the cell's run, None where it has not finished (or its
     seed's warm start is not evaluated yet)."""
-    return {arm: [(r["accuracy"], collapsed(r["accuracy"], r["warm"], COLLAPSE)) if (r := runs.get(s)) else None
-                  for s in range(seeds)]
-            for arm, runs in _records(cfg, cell, seeds).items()}
+    found: dict[str, list] = {}
+    for run in cell_runs(cfg, cell, seeds):
+        final, warm = _expected(Path(cfg.out) / cell.name / "runs" / run.name), _warm(cfg, run.seed)
+        done = final is not None and warm is not None
+        found.setdefault(run.arm, [None] * seeds)[run.seed] = (final, collapsed(final, warm, COLLAPSE)) if done else None
+    return found
 
 
 def map_questions(cfg: RegimeConfig) -> list[dict]:
@@ -306,11 +299,14 @@ def map_questions(cfg: RegimeConfig) -> list[dict]:
     return found
 
 
-def answers(cfg: RegimeConfig, seeds: int) -> list[dict]:
-    """Each question of :func:`map_questions` at ``seeds`` seeds: with ``look`` (its test, unadjusted) and verdict
-    "lead" once every run it reads has finished, "pending" before, "not asked" where it has no cell, "one seed: no
-    test" in a smoke map."""
-    data = {c.name: {LABELS[arm]: runs for arm, runs in _records(cfg, c, seeds).items()} for c in cfg.cells}
+def answers(cfg: RegimeConfig, entries: list[dict]) -> list[dict]:
+    """Each question of :func:`map_questions` on the map's cells (``entries``: :func:`cell_entry` of each, at the
+    map's seeds): with ``look`` (its test, unadjusted) and verdict "lead" once every run it reads has finished,
+    "pending" before, "not asked" where it has no cell, "one seed: no test" in a smoke map."""
+    data: dict = {e["cell"]: {} for e in entries}
+    for cell, arm, seed, record in map_rows(entries):
+        data[cell].setdefault(arm, {})[seed] = record
+    seeds = cfg.seeds
     found = []
     for q in map_questions(cfg):
         cells = q["cells"] + q.get("versus", [])

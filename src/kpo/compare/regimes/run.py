@@ -167,4 +167,4 @@ def write_regime_report(cfg: RegimeConfig) -> Path:
 
     out = Path(cfg.out)
     entries = [cell_entry(cfg, cell, cfg.seeds) for cell in cfg.cells]
-    return render_map(out, entries, answers(cfg, cfg.seeds), read_plan(out / "plan.json") or {})
+    return render_map(out, entries, answers(cfg, entries), read_plan(out / "plan.json") or {})

@@ -28,7 +28,7 @@ from kpo.compare.stats import anytime_p, e_values, rate_interval, sign_flip_many
 from kpo.compare.study.looks import gate_and_holm, null_centre, scale_of, schedule, seed_values, shares
 from kpo.compare.study.plan import read_data_file
 
-__all__ = ["load_pilot", "simulate", "sizing_inputs"]
+__all__ = ["load_pilot", "map_rows", "simulate", "sizing_inputs"]
 
 SCALES = {"measured": 1.0, "a third smaller": 2 / 3}
 
@@ -41,12 +41,8 @@ def load_pilot(pilot: dict) -> dict:
     found = read_data_file(path, "the pilot's records")
     if found is None:
         raise CompareError([f"sizing.pilot.records {path}: no such file; give a study's runs.json or a regime map's report.json"])
-    rows = []  # (cell, arm, seed, record)
     if isinstance(found, dict) and isinstance(found.get("cells"), list):  # a regime map's report
-        for cell in found["cells"]:
-            for arm in cell["arms"].values():
-                rows += [(cell["cell"], arm["label"], s, {"accuracy": acc, "warm": w, "metrics": {}})
-                         for s, (acc, w) in enumerate(zip(arm["accuracy"], cell["warm_start"])) if acc is not None]
+        rows = list(map_rows(found["cells"]))
     elif isinstance(found, dict) and all(isinstance(r, dict) and {"cell", "arm", "seed", "accuracy", "warm"} <= set(r)
                                          for r in found.values()):
         rows = [(r["cell"], r["arm"], r["seed"], {"accuracy": r["accuracy"], "warm": r["warm"],
@@ -59,6 +55,16 @@ def load_pilot(pilot: dict) -> dict:
         if cells(cell) is not None and arms(arm) is not None:
             data.setdefault(cells(cell), {}).setdefault(arms(arm), {})[seed] = record
     return data
+
+
+def map_rows(cells: list[dict]):
+    """(cell, arm label, seed, record) of every scored run of a regime map's cells (its report.json's ``cells``:
+    each arm's per-seed accuracy, None unfinished, beside the seeds' warm starts), as a study records it."""
+    for cell in cells:
+        for arm in cell["arms"].values():
+            for s, (acc, warm) in enumerate(zip(arm["accuracy"], cell["warm_start"])):
+                if acc is not None:
+                    yield cell["cell"], arm["label"], s, {"accuracy": acc, "warm": warm, "metrics": {}}
 
 
 def _renaming(plan_to_pilot: dict):
