@@ -6,14 +6,14 @@ real cluster: tests/integrations/test_verl_compare.py."""
 from __future__ import annotations
 
 import sys
-import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
 
-from kpo.compare.engines import verl_cluster
+from kpo.compare.engines import verl_cluster, verl_job
 from kpo.compare.engines.verl_job import LEASE_LOST, run
 from kpo.compare.plan import CompareConfig
 
@@ -31,25 +31,27 @@ def test_a_job_stops_its_command_once_the_lease_goes_unrenewed(tmp_path, capsys)
     assert "stopped renewing its lease" in capsys.readouterr().out
 
 
-def test_a_renewed_lease_lets_the_command_finish_with_its_status(tmp_path):
-    lease = tmp_path / "ray-lease"
+def test_a_renewed_lease_lets_the_command_finish_with_its_status(tmp_path, monkeypatch):
+    # The job's clock is the test's: each poll's sleep advances it 2 s and renews the lease, so the command outlives
+    # the 2 s stale limit many times over however slowly this machine runs (a renewer thread on a loaded machine
+    # could miss a poll and stop it, which is the lease working, not failing).
+    lease, go = tmp_path / "ray-lease", tmp_path / "go"
     lease.write_text("0\n")
-    done = threading.Event()
+    clock = {"now": 0.0, "polls": 0}
 
-    def renew():
-        k = 0
-        while not done.is_set():
-            k += 1
-            lease.write_text(f"{k}\n")
-            time.sleep(0.5)
+    def sleep(seconds):
+        clock["now"] += seconds
+        clock["polls"] += 1
+        lease.write_text(f"{clock['polls']}\n")
+        if clock["now"] > 10.0:  # five times the stale limit: the command may end now
+            go.touch()
+        time.sleep(0.05)
 
-    renewer = threading.Thread(target=renew)
-    renewer.start()
-    try:
-        assert run(lease, 2.0, [sys.executable, "-c", "import sys, time; time.sleep(6); sys.exit(7)"]) == 7
-    finally:
-        done.set()
-        renewer.join()
+    monkeypatch.setattr(verl_job, "time", SimpleNamespace(monotonic=lambda: clock["now"], sleep=sleep))
+    command = [sys.executable, "-c", f"import os, sys, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+               "sys.exit(7)"]  # fmt: skip
+    assert verl_job.run(lease, 2.0, command) == 7
+    assert clock["now"] > 10.0
 
 
 def test_a_lease_the_node_cannot_see_stops_the_job_at_once(tmp_path, capsys):
