@@ -19,13 +19,14 @@ import contextlib
 import ctypes
 import errno
 import functools
+import json
 import os
 import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["NO_SPACE", "complete_part", "file_fault", "flush_to_disk", "replacing", "writing"]
+__all__ = ["NO_SPACE", "complete_part", "file_fault", "flush_to_disk", "replacing", "write_json", "writing"]
 
 NO_SPACE = 74  # sysexits.h EX_IOERR: the command could not write for want of space
 # errno -> (what happened, what to do, exit status)
@@ -177,3 +178,9 @@ def complete_part(data: bytes) -> bytes:
     """``data`` of an append-only log up to its last newline: without the torn line a kill or a full disk leaves
     at the end."""
     return data[: data.rfind(b"\n") + 1]
+
+
+def write_json(path: str | os.PathLike, value, **options) -> None:
+    """``json.dumps(value, **options)`` and a newline in ``path``, written whole or not at all (:func:`replacing`)."""
+    with replacing(Path(path)) as partial:
+        partial.write_text(json.dumps(value, **options) + "\n")

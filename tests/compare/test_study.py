@@ -16,12 +16,12 @@ import pytest
 import yaml
 from tests.compare.conftest import TOY_TASK
 
+from kpo._files import write_json
 from kpo.compare.guards import lock_run, unlock_run
 from kpo.compare.plan import CompareError
 from kpo.compare.stats import ALPHA
 from kpo.compare.study.looks import analyze, gate_and_holm
 from kpo.compare.study.plan import load_plan, normalize, run_name
-from kpo.compare.study.records import write_json
 from kpo.compare.study.registration import confirmatory, plan_history
 from kpo.compare.study.report import batch_of_collapse, probability_of_improvement
 from kpo.compare.study.run import Study, _admit, _jobs, run_study

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kpo.compare.cell import Cell
 from kpo.compare.defaults import (
     AA_SEEDS,
     ABLATION_SEEDS,
@@ -221,6 +222,17 @@ def held_out_problems(cfg: CompareConfig, limit: int | None) -> int:
     from kpo.testbed.task import load_split
 
     return len(load_split("test", n=limit, task=engine_of(cfg).embedded_task(cfg)))
+
+
+def cell_compare(cell: Cell, batches: int, out: Path, train_args: tuple = (), **fields) -> CompareConfig:
+    """A cell of a map or a study (its sampler, depth and learning rate) as a ``kpo compare`` in ``out``: ``batches``
+    generation batches of ``cell.depth`` optimizer steps, 16 ratio dumps a run whatever the depth (steps 5k at depth
+    4 are off-policy for k not = 1 mod 4), the engine's own settings of the cell first in its flags, then
+    ``train_args``; ``fields``: the rest of its CompareConfig (arms, seeds, the user's setup)."""
+    steps = batches * cell.depth
+    cfg = CompareConfig(out=str(out), steps=steps, minibatches=cell.depth, dump_every=max(1, steps // 16), **fields)
+    cfg.train_args = (*engine_of(cfg).cell_settings(cell), *train_args)
+    return cfg
 
 
 def warm_start_dir(out: Path, seed: int) -> Path:

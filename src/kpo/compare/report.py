@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kpo._files import replacing
+from kpo._files import replacing, write_json
 from kpo.compare.claims import CLAIM_RULES, paper_claims
 from kpo.compare.contrasts import collapsed, contrast, contrast_table, decide, looked, plot_contrasts
 from kpo.compare.stats import collapse_count
@@ -343,19 +343,6 @@ def write_report(cfg, runs, out: Path) -> Path:
     path = out / "report.md"
     with replacing(path) as partial:
         partial.write_text("\n".join(md))
-    with replacing(out / "report.json") as partial:  # --pilot reads it
-        partial.write_text(
-            json.dumps(
-                {
-                    "table1": table1,
-                    "contrasts": results,
-                    "table2": table2,
-                    "sweep": sweep,
-                    "claims": claims,
-                },
-                indent=2,
-                default=float,
-            )
-            + "\n"
-        )
+    found = {"table1": table1, "contrasts": results, "table2": table2, "sweep": sweep, "claims": claims}
+    write_json(out / "report.json", found, indent=2, default=float)  # --pilot reads it
     return path

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
-from kpo._files import replacing
+from kpo._files import replacing, write_json
 from kpo._progress import progress_bar
 from kpo.compare.contract import size_text
 from kpo.compare.engines import engine_of
@@ -117,8 +117,7 @@ def _execute_locked(cfg: CompareConfig, run: Run, out: Path, resume: bool) -> di
             _evaluate_curve(cfg, out)
         written = disk_bytes(out)
         engine.prune(cfg, out)
-        with replacing(out / TIMING_FILE) as partial:  # what the next plan of this setup reads
-            partial.write_text(json.dumps({"seconds": time.time() - start}) + "\n")
+        write_json(out / TIMING_FILE, {"seconds": time.time() - start})  # what the next plan of this setup reads
     except BaseException as e:
         _interrupted = isinstance(e, KeyboardInterrupt)
         sys.stdout.flush()
@@ -187,8 +186,7 @@ def _evaluate_exact(cfg: CompareConfig, model: Path, output: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model)
     stats = expected_on_rows(net, tokenizer, rows)
     stats["ids"] = [r["id"] for r in rows]
-    with replacing(output) as partial:  # a run counts as done once this file is there: whole or absent
-        partial.write_text(json.dumps(stats) + "\n")
+    write_json(output, stats)  # a run counts as done once this file is there: whole or absent
 
 
 def _evaluate_curve(cfg: CompareConfig, out: Path) -> None:
@@ -205,8 +203,7 @@ def _evaluate_curve(cfg: CompareConfig, out: Path) -> None:
             _evaluate(cfg, model, folder / EVAL_FILE)
         found = load_outcome(folder)
         curve[str(step)] = {"mean": found["mean"], "per_problem": found["per_problem"]}
-    with replacing(out / CURVE_FILE) as partial:
-        partial.write_text(json.dumps({"every": cfg.curve_every, "steps": curve}) + "\n")
+    write_json(out / CURVE_FILE, {"every": cfg.curve_every, "steps": curve})
 
 
 def _done(cfg: CompareConfig, out: Path) -> bool:
@@ -440,8 +437,7 @@ def _write_plan(path: Path, est: dict) -> None:
     before the runs, so a resumed or re-reported compare keeps them (a changed design gets a new plan)."""
     if path.exists() and _design(json.loads(path.read_text())) == _design(est):
         return
-    with replacing(path) as partial:
-        partial.write_text(json.dumps(est, indent=2) + "\n")
+    write_json(path, est, indent=2)
 
 
 def run_compare(cfg: CompareConfig, *, pilot: Path | None = None, plan_only: bool = False) -> Path | None:
@@ -472,8 +468,7 @@ def run_compare(cfg: CompareConfig, *, pilot: Path | None = None, plan_only: boo
     if plan_only:
         return None
     with holding(out, "kpo compare"):
-        with replacing(out / "compare.json") as partial:
-            partial.write_text(json.dumps(asdict(cfg), indent=2) + "\n")
+        write_json(out / "compare.json", asdict(cfg), indent=2)
         _write_plan(out / "plan.json", est)
         print(f"kpo compare: {len(runs)} runs, {len(runs) - len(todo)} already done; report in {out}", flush=True)
         if todo:

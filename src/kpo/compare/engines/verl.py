@@ -55,7 +55,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from kpo._files import replacing
+from kpo._files import replacing, write_json
 from kpo.compare.contract import BATCH_ROWS, keep_errors
 from kpo.compare.engines.verl_child import run_child
 from kpo.compare.engines.verl_cluster import (
@@ -425,8 +425,8 @@ class VerlEngine:
             _prune_older(out)
         done = _checkpointed_step(out) * self._steps_per_batch(cfg) if resume else 0
         overrides = self.overrides(cfg, run, out, start_step=done)
-        with replacing(out / RUN_FILE) as partial:  # what a rerun compares (and resumes with)
-            partial.write_text(json.dumps({"verl_config": _yaml(cfg), "overrides": overrides}, indent=1) + "\n")
+        # what a rerun compares (and resumes with)
+        write_json(out / RUN_FILE, {"verl_config": _yaml(cfg), "overrides": overrides}, indent=1)
         from omegaconf import OmegaConf
 
         with replacing(out / "config.yaml") as partial:

@@ -38,6 +38,7 @@ import time
 import uuid
 from pathlib import Path
 
+from kpo._files import write_json
 from kpo.compare.engines.verl_config import select
 
 __all__ = [
@@ -327,14 +328,12 @@ class RunJob:
         lease, in runtime environment ``env``; its submission id (the first of this run's the cluster does not
         know), recorded before it is submitted (a kill between the two leaves an id the cluster does not know,
         which a rerun's :meth:`last` reports as gone)."""
-        from kpo._files import replacing
 
         ids = self.ids()
         attempt = len(ids)
         while self.status(job := submission_id(self.out, attempt)) is not None:
             attempt += 1  # an id of an earlier attempt whose record is gone (the run folder was cleared)
-        with replacing(self.out / JOBS_FILE) as partial:
-            partial.write_text(json.dumps([*ids, job]) + "\n")
+        write_json(self.out / JOBS_FILE, [*ids, job])
         self.renew()
         entrypoint = [PYTHON, "-m", "kpo.compare.engines.verl_job", "run", "--lease", str(self.out / LEASE_FILE),
                       "--stale", f"{lease_seconds():g}", "--", *command]  # fmt: skip

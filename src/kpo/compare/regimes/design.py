@@ -18,6 +18,7 @@ from kpo.compare.plan import (
     CompareConfig,
     CompareError,
     Run,
+    cell_compare,
     checked_engine,
     plan_runs,
 )
@@ -217,33 +218,14 @@ class RegimeConfig:
     def cell_config(self, cell: Cell, seeds: int) -> CompareConfig:
         """The cell as a ``kpo compare`` at ``seeds`` seeds: GRPO, GSPO, KPO (matched) and, as its ablations, KPO
         (auto) and (stress cells) the clip band, every seed."""
-        steps = self.batches * cell.depth
-        return CompareConfig(
-            out=str(Path(self.out) / cell.name),
-            methods=METHODS,
-            seeds=seeds,
-            steps=steps,
-            minibatches=cell.depth,
-            matched=True,
-            ablations=True,
-            ablation_arms=("auto_memory", "clip_band") if self.stress(cell) else ("auto_memory",),
-            ablation_seeds=seeds,
-            aa_seeds=0,
-            eval_n=self.eval_n,
-            eval_limit=self.eval_limit,
-            # 16 ratio dumps a run whatever the depth (steps 5k at depth 4: off-policy for k not = 1 mod 4)
-            dump_every=max(1, steps // 16),
-            jobs=self.jobs,
-            train_args=(*engine_of(self).cell_settings(cell), *self.train_args),
+        setup = ("eval_n", "eval_limit", "jobs", "engine", "model", "dataset", "eval_data", "verl_config", "keep",
+                 "ray_address", "ray_runtime_env")
+        return cell_compare(
+            cell, self.batches, Path(self.out) / cell.name, self.train_args, methods=METHODS, seeds=seeds,
+            matched=True, ablations=True, ablation_seeds=seeds, aa_seeds=0,
             curve_every=self.curve_every * cell.depth,
-            engine=self.engine,
-            model=self.model,
-            dataset=self.dataset,
-            eval_data=self.eval_data,
-            verl_config=self.verl_config,
-            keep=self.keep,
-            ray_address=self.ray_address,
-            ray_runtime_env=self.ray_runtime_env,
+            ablation_arms=("auto_memory", "clip_band") if self.stress(cell) else ("auto_memory",),
+            **{k: getattr(self, k) for k in setup},
         )
 
 
@@ -332,7 +314,7 @@ def _arm_stats(cfg: RegimeConfig, cell: Cell, runs: list[Run], response_tokens: 
     off-policy figures are None unless every step is on-policy (depth 1), and the memory is each batch's mean
     (a row's ``batch`` where it has one: a verl batch is --minibatches x ppo_epochs steps). ``response_tokens``:
     the runs' response budget, which the memory figure's matched memory is of."""
-    from kpo.compare.engines import BATCH_ROWS, engine_of
+    from kpo.compare.engines import BATCH_ROWS
     from kpo.protocol import on_policy_step
     from kpo.train.metrics import load_metrics
 
@@ -400,7 +382,6 @@ def cell_entry(cfg: RegimeConfig, cell: Cell, seeds: int) -> dict:
     """A cell of the map at ``seeds`` seeds: its settings, the warm starts, each arm's per-seed accuracy and
     collapses (count and exact bound) and what its runs logged, with :func:`describe_cell`'s contrasts, pick and
     filter or band."""
-    from kpo.compare.engines import engine_of
     from kpo.compare.stats import collapse_count
 
     runs = cell_runs(cfg, cell, seeds)

@@ -6,11 +6,10 @@ the cells :func:`kpo.compare.regimes.cell_entry` describes and the questions of
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
-from kpo._files import replacing
+from kpo._files import replacing, write_json
 from kpo.compare.stats import MARGIN
 from kpo.compare.study.report import look_detail
 
@@ -353,20 +352,7 @@ def render_map(out: Path, entries: list[dict], answers: list[dict], plan: dict) 
     ]
     with replacing(out / "report.md") as partial:
         partial.write_text("\n".join(md))
-    with replacing(out / "report.json") as partial:
-        partial.write_text(
-            json.dumps(
-                {
-                    "runs": runs,
-                    "exploratory": exploratory,
-                    "cells_finished": done,
-                    "measured_half_width": widths,
-                    "questions": answers,
-                    "cells": entries,
-                    "plan": plan,
-                },
-                indent=2,
-            )
-            + "\n"
-        )
+    found = {"runs": runs, "exploratory": exploratory, "cells_finished": done, "measured_half_width": widths,
+             "questions": answers, "cells": entries, "plan": plan}
+    write_json(out / "report.json", found, indent=2)
     return out / "report.md"

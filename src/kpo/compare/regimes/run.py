@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from kpo._files import replacing
+from kpo._files import write_json
 from kpo.compare.engines import engine_of
 from kpo.compare.plan import CompareError, plan_runs, warm_start_dir
 from kpo.compare.regimes.design import (
@@ -76,8 +76,7 @@ def _run_locked(cfg: RegimeConfig, out: Path, on_disk: dict | None, est: dict, r
         raise CompareError(errors)
     if on_disk is None:
         out.mkdir(parents=True, exist_ok=True)
-        with replacing(out / "plan.json") as partial:
-            partial.write_text(json.dumps(est, indent=2) + "\n")
+        write_json(out / "plan.json", est, indent=2)
 
     def missing(cell: Cell) -> list[Job]:
         cell_cfg = cfg.cell_config(cell, cfg.seeds)
@@ -155,8 +154,7 @@ def write_cell_report(cfg: RegimeConfig, cell: Cell) -> Path | None:
         return None
     cell_cfg = cfg.cell_config(cell, finished)
     folder = Path(cell_cfg.out)
-    with replacing(folder / "compare.json") as partial:
-        partial.write_text(json.dumps(asdict(cell_cfg), indent=2) + "\n")
+    write_json(folder / "compare.json", asdict(cell_cfg), indent=2)
     return write_report(cell_cfg, plan_runs(cell_cfg), folder)
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 
 from kpo.compare.cell import MISMATCH, Cell, parse_cell
-from kpo.compare.plan import CompareConfig, CompareError, Run
+from kpo.compare.plan import CompareConfig, CompareError, Run, cell_compare
 from kpo.compare.stats import MOST_SEEDS
 
 __all__ = [
@@ -559,29 +559,11 @@ def run_name(plan: dict, arm: str, seed: int) -> str:
 def cell_config(plan: dict, cell: str, arm: str, runs: Path) -> CompareConfig:
     """The comparison settings that train ``arm`` in ``cell`` (its folder under ``runs``): the plan's setup, the
     cell's sampler, depth and learning rate as the engine's own settings, the cell's and the arm's flags."""
-    from kpo.compare.engines import engine_of
-
     setup, c = plan["setup"], plan["cells"][cell]
-    steps = setup["batches"] * c["depth"]
-    cfg = CompareConfig(
-        out=str(Path(runs) / cell),
-        methods=(plan["arms"][arm]["loss"],),
-        seeds=1,
-        steps=steps,
-        minibatches=c["depth"],
-        matched=False,
-        ablations=False,
-        aa_seeds=0,
-        eval_n=setup["eval_n"],
-        eval_limit=setup["eval_limit"],
-        dump_every=max(1, steps // 16),  # 16 ratio dumps a run whatever its depth, as the regime map's
-        engine=setup["engine"],
-        model=setup["model"],
-        dataset=setup["dataset"],
-        eval_data=tuple(setup["eval_data"]),
-        verl_config=setup["verl_config"],
-        keep=setup["keep"],
+    shared = {k: setup[k] for k in ("eval_n", "eval_limit", "engine", "model", "dataset", "verl_config", "keep")}
+    return cell_compare(
+        Cell(c["mismatch"], c["depth"], c["lr"]), setup["batches"], Path(runs) / cell,
+        (*c["train_args"], *setup["train_args"], *plan["arms"][arm]["train_args"]),
+        methods=(plan["arms"][arm]["loss"],), seeds=1, matched=False, ablations=False, aa_seeds=0,
+        eval_data=tuple(setup["eval_data"]), **shared,
     )
-    settings = engine_of(cfg).cell_settings(Cell(c["mismatch"], c["depth"], c["lr"]))
-    cfg.train_args = (*settings, *c["train_args"], *setup["train_args"], *plan["arms"][arm]["train_args"])
-    return cfg

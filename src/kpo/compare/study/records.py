@@ -10,23 +10,15 @@ dropped. runs.json: ``{"CELL/RUN": {"cell", "arm", "seed", "accuracy", "warm", "
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
-from kpo._files import replacing
 from kpo.compare.plan import CompareError
 from kpo.compare.study.plan import group_arms, read_data_file, run_name
 
-__all__ = ["RECORDS", "SEEDS", "read_records", "read_seeds", "records_errors", "seeds_errors", "write_json"]
+__all__ = ["RECORDS", "SEEDS", "read_records", "read_seeds", "records_errors", "seeds_errors"]
 
 SEEDS, RECORDS = "seeds.json", "runs.json"
-
-
-def write_json(path: Path, value) -> None:
-    """``path`` written whole or not at all."""
-    with replacing(path) as partial:
-        partial.write_text(json.dumps(value, indent=2) + "\n")
 
 
 def _seed(x) -> bool:

@@ -194,8 +194,8 @@ def register(source: Path, folder: Path, *, setup: dict | None = None, sims: int
     and write ``folder/plan.json`` once; returns the plan. CompareError listing every problem, nothing written,
     where the plan is not valid, the engine rejects a run, a run repeats a committed result, or the folder holds a
     plan already."""
+    from kpo._files import write_json
     from kpo.compare.study.plan import normalize, plan_errors, read_plan_file
-    from kpo.compare.study.records import write_json
     from kpo.compare.study.simulate import simulate, sizing_inputs
 
     path = Path(folder) / PLAN_FILE
@@ -238,5 +238,5 @@ def register(source: Path, folder: Path, *, setup: dict | None = None, sims: int
     plan["registered"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     plan["source"] = Path(source).name
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, plan)
+    write_json(path, plan, indent=2)
     return plan

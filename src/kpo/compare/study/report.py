@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kpo._files import replacing
+from kpo._files import replacing, write_json
 from kpo.compare.study.looks import analyze, gate_and_holm, shares, test_look
 from kpo.compare.study.plan import collapsed, group_arms, rule_text
 
@@ -249,8 +249,7 @@ def write_study_report(study, answer: dict, history: dict) -> Path:
         "descriptive": _descriptive(plan, records),
     }
     folder = study.folder
-    with replacing(folder / "report.json") as partial:
-        partial.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(folder / "report.json", report, indent=2)
     figures = plot_study(report, plan, folder)
     with replacing(folder / "report.md") as partial:
         partial.write_text(_markdown(report, plan, figures))

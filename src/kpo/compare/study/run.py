@@ -16,11 +16,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kpo._files import write_json
 from kpo.compare.plan import CompareError, warm_start_dir
 from kpo.compare.run import Job, holding
 from kpo.compare.study.looks import analyze, schedule
 from kpo.compare.study.plan import PLAN_FILE, cell_config, group_arms, load_plan, run_name, run_of
-from kpo.compare.study.records import RECORDS, SEEDS, read_records, read_seeds, write_json
+from kpo.compare.study.records import RECORDS, SEEDS, read_records, read_seeds
 
 __all__ = ["Study", "run_study"]
 
@@ -122,7 +123,7 @@ def _record(study: Study, job: Job, cell: str, arm: str) -> dict:
 def _save_record(study: Study, record: dict) -> None:
     records = study.records()
     records[f"{record['cell']}/{run_name(study.plan, record['arm'], record['seed'])}"] = record
-    write_json(study.folder / RECORDS, dict(sorted(records.items())))
+    write_json(study.folder / RECORDS, dict(sorted(records.items())), indent=2)
 
 
 def _every_run(study: Study):
@@ -177,7 +178,7 @@ def _admit(study: Study, wanted: int, build=None) -> list[int]:
                 seeds["dropped"].append({"seed": s, "reason": failure})
                 print(f"kpo compare study: seed {s} dropped: {failure}", flush=True)
         seeds["admitted"].sort()
-        write_json(study.folder / SEEDS, seeds)
+        write_json(study.folder / SEEDS, seeds, indent=2)
     return seeds["admitted"]
 
 
