@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from kpo.compare.claims import CLAIM_RULES
-from kpo.compare.stats import centre, holm, mcnemar_exact, paired_accuracy
+from kpo.compare.stats import ALPHA, centre, holm_adjusted, mcnemar_exact, paired_accuracy
 from kpo.evaluation.metrics import paired_diff_ci
 
 __all__ = [
@@ -94,7 +94,7 @@ def decide(found: dict) -> dict:
     procedure, better / worse only where Holm rejects, equivalent where the interval lies inside the margin, else
     undecided; each of them gets ``holm_rejected``."""
     family = [name for name, c in found.items() if c["kind"] in ("key", "ablation") and c["p"] is not None]
-    for name, rejected in zip(family, holm([found[name]["p"] for name in family])):
+    for name, rejected in zip(family, (a <= ALPHA for a in holm_adjusted([found[name]["p"] for name in family]))):
         c = found[name]
         if rejected:
             c["verdict"] = "better" if centre(c) > 0 else "worse"

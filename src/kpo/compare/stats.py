@@ -10,7 +10,7 @@ seeds of such a mixture says little, so collapse and accuracy are separate outco
   exact sign test, with the distribution-free interval of the median difference (order statistics of the
   per-seed differences) once there are ``MEDIAN_CI_MIN`` pairs or more; a pair where both runs collapsed is a tie
   (its difference is two collapsed runs' noise about 0, not a sign);
-- **multiplicity**: Holm over a family of hypotheses, its decisions (:func:`holm`) and its step-down adjusted
+- **multiplicity**: Holm over a family of hypotheses, by its step-down adjusted
   p-values (:func:`holm_adjusted`); over the looks of a sequential design the error is split by a spending
   function (:func:`spending`), a hypothesis's p-value at a look divided by that look's share, so that a p-value
   taken at any look, after any data-dependent stop, stays valid;
@@ -49,7 +49,6 @@ __all__ = [
     "collapse_count",
     "discordance_seeds",
     "e_values",
-    "holm",
     "holm_adjusted",
     "mcnemar_exact",
     "paired_accuracy",
@@ -210,27 +209,14 @@ def paired_accuracy(
 def holm_adjusted(pvalues: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values: the i-th smallest p-value times (m - i), made non-decreasing along the
     order and capped at 1; a hypothesis is rejected at family-wise level alpha where its adjusted p-value is at
-    most alpha. The values of statsmodels' ``multipletests(method="holm")[1]`` (a test checks it), without its
-    per-call ``gc.collect()`` (:func:`holm`)."""
+    most alpha. The values of statsmodels' ``multipletests(method="holm")[1]`` (a test checks them and its
+    decisions), without its per-call ``gc.collect()``, which costs more than the rest of a design's statistics and
+    makes simulating designs slow."""
     p = np.asarray(pvalues, dtype=np.float64)
     order = np.argsort(p, kind="stable")
     adjusted = np.empty(p.size)
     adjusted[order] = np.minimum(1.0, np.maximum.accumulate(p[order] * np.arange(p.size, 0, -1)))
     return adjusted.tolist()
-
-
-def holm(pvalues: Sequence[float], alpha: float = ALPHA) -> list[bool]:
-    """Which hypotheses Holm's step-down procedure rejects at family-wise level ``alpha``: the i-th smallest
-    p-value is compared with alpha / (m - i), and the procedure stops at the first that fails. The same
-    decisions as statsmodels' ``multipletests(method="holm")`` (a test checks it), without its per-call
-    ``gc.collect()``, which costs more than the rest of a map's statistics and makes simulating designs slow."""
-    p = np.asarray(pvalues, dtype=np.float64)
-    order = np.argsort(p, kind="stable")
-    passes = p[order] <= alpha / np.arange(p.size, 0, -1)
-    first_fail = int(np.argmin(passes)) if not passes.all() else p.size
-    reject = np.zeros(p.size, dtype=bool)
-    reject[order[:first_fail]] = True
-    return reject.tolist()
 
 
 def pick_set(per_arm: dict[str, list[float]], collapsed: dict[str, list[bool]], alpha: float = ALPHA) -> list[str]:
@@ -356,13 +342,14 @@ def _random_tails(values: np.ndarray, observed: float, resamples: int, rng) -> t
     return (less + 1) / (resamples + 1), (greater + 1) / (resamples + 1)
 
 
-def _p_of(tails: tuple[float, float], alternative: str) -> float:
+def _p_of(tails: tuple, alternative: str):
+    """The p-value of ``alternative`` from the (less, greater) tails (floats, or arrays of them)."""
     less, greater = tails
     if alternative == "greater":
         return greater
     if alternative == "less":
         return less
-    return min(1.0, 2.0 * min(less, greater))
+    return np.minimum(1.0, 2.0 * np.minimum(less, greater))
 
 
 def _is_integer(values: np.ndarray) -> bool:
@@ -391,7 +378,7 @@ def sign_flip_p(d: Sequence[float], alternative: str = "two-sided", shift: float
         tails = _meet_in_the_middle_tails(values, observed)
     else:
         tails = _random_tails(values, observed, SIGN_FLIP_RESAMPLES, np.random.default_rng(0))
-    return _p_of(tails, alternative)
+    return float(_p_of(tails, alternative))
 
 
 def sign_flip_many(d: np.ndarray, alternative: str = "two-sided", resamples: int = 2000, rng=None) -> np.ndarray:
@@ -424,12 +411,7 @@ def sign_flip_many(d: np.ndarray, alternative: str = "two-sided", resamples: int
         count = sums.shape[0]
         less = (np.sum(sums <= observed + gamma, axis=0) + adjustment) / (count + adjustment)
         greater = (np.sum(sums >= observed - gamma, axis=0) + adjustment) / (count + adjustment)
-        if alternative == "greater":
-            out[lo : lo + 128] = greater
-        elif alternative == "less":
-            out[lo : lo + 128] = less
-        else:
-            out[lo : lo + 128] = np.minimum(1.0, 2.0 * np.minimum(less, greater))
+        out[lo : lo + 128] = _p_of((less, greater), alternative)
     return out
 
 
