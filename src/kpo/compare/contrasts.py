@@ -18,14 +18,8 @@ __all__ = [
     "decide",
     "looked",
     "plot_contrasts",
-    "scores",
     "verdict",
 ]
-
-
-def scores(entry: dict) -> tuple[list[float], float]:
-    """(per-problem scores, out of) of the claims' metric: the model's outcome (kpo.compare.outcome), out of 1."""
-    return entry["outcome"]["per_problem"], 1.0
 
 
 def verdict(low: float | None, high: float | None) -> str:
@@ -46,25 +40,23 @@ def collapsed(entry: dict, warm: dict | None) -> bool | None:
     """Whether a run ended below its seed's warm start (None: the warm start is not evaluated)."""
     if warm is None:
         return None
-    return float(np.mean(scores(entry)[0])) < float(np.mean(scores(warm)[0]))
+    return float(np.mean(entry["outcome"]["per_problem"])) < float(np.mean(warm["outcome"]["per_problem"]))
 
 
-def contrast(
-    a: list[dict], b: list[dict], warm: dict[int, dict], level: float = CLAIM_RULES["ci_level"]
-) -> dict:
+def contrast(a: list[dict], b: list[dict], warm: dict[int, dict]) -> dict:
     """The paired difference of arms ``a`` and ``b`` (entries by seed) over the seeds both have, by
     :func:`kpo.compare.stats.paired_accuracy` (t where no run of a pair collapsed, else the sign test; one seed:
-    the t-interval over problems), its interval at ``level``, with the McNemar test of their collapses (``warm``:
-    seed -> its warm start's evaluation). Fractions; ``sd`` in points."""
-    seeds = min(len(a), len(b))
-    sa, sb = [scores(e) for e in a[:seeds]], [scores(e) for e in b[:seeds]]
-    n = sa[0][1]
-    per_seed = [float(np.mean(np.subtract(x, y)) / n) for (x, _), (y, _) in zip(sa, sb)]
+    the t-interval over problems), its interval at the claims' level, with the McNemar test of their collapses
+    (``warm``: seed -> its warm start's evaluation). Fractions (each problem's outcome is out of 1); ``sd`` in
+    points."""
+    level, seeds = CLAIM_RULES["ci_level"], min(len(a), len(b))
+    sa, sb = [[e["outcome"]["per_problem"] for e in arm[:seeds]] for arm in (a, b)]
+    per_seed = [float(np.mean(np.subtract(x, y))) for x, y in zip(sa, sb)]
     fell_a = [collapsed(e, warm.get(s)) for s, e in enumerate(a[:seeds])]
     fell_b = [collapsed(e, warm.get(s)) for s, e in enumerate(b[:seeds])]
     known = None not in fell_a + fell_b
     if seeds == 1:
-        mean, low, high = paired_diff_ci([sa[0][0]], [sb[0][0]], n, level=level)
+        mean, low, high = paired_diff_ci([sa[0]], [sb[0]], 1.0, level=level)
         found = {"method": "t over problems", "mean": mean, "median": mean, "low": low, "high": high, "p": None}
     else:
         pairs = [x or y for x, y in zip(fell_a, fell_b)] if known else None
@@ -104,11 +96,11 @@ def decide(found: dict) -> dict:
     return found
 
 
-def contrast_table(results: dict, predicted: dict, interval: str = "95% paired interval") -> str:
-    """One row per contrast: points, test, interval (its column titled ``interval``), p, measured and predicted
-    half-width, collapses, verdict."""
+def contrast_table(results: dict, predicted: dict) -> str:
+    """One row per contrast: points, test, its 95% paired interval, p, measured and predicted half-width,
+    collapses, verdict."""
     lines = [
-        f"| contrast | kind | seeds | difference (points) | test | {interval} | p | half-width | planned "
+        "| contrast | kind | seeds | difference (points) | test | 95% paired interval | p | half-width | planned "
         "half-width | per-seed sd | collapsed a only / b only | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
