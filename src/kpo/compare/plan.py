@@ -240,6 +240,24 @@ def warm_start_dir(out: Path, seed: int) -> Path:
     return out / "runs" / f"{WARM_START}-seed{seed}"
 
 
+def shared_start_dir(root: Path, seed: int) -> Path:
+    """The warm start of seed ``seed`` that every cell of a map or study under ``root`` shares."""
+    return root / f"{WARM_START}-seed{seed}"
+
+
+def share_warm_starts(root: Path, cells, seeds) -> None:
+    """Every cell's warm-start folder of each of ``seeds`` is a link to :func:`shared_start_dir`: one model a seed,
+    built and evaluated once for all the cells (``root/CELL``) of a map or study."""
+    for seed in seeds:
+        target = shared_start_dir(root, seed)
+        target.mkdir(parents=True, exist_ok=True)
+        for cell in cells:
+            link = warm_start_dir(root / cell, seed)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if not link.is_symlink():
+                link.symlink_to(Path("..", "..", target.name))
+
+
 # The plan's cost model, measured on this project's 2-core CPU machine with kpo compare's 2 workers of one
 # torch thread each (so each figure includes the other worker's load), at 6613ad4 (kpo's decoder for rollouts
 # and evaluation): one optimizer step of one run (two 40-step runs side by side: 0.97 s; 1.33 s on TRL's

@@ -21,6 +21,7 @@ from kpo.compare.plan import (
     cell_compare,
     checked_engine,
     plan_runs,
+    shared_start_dir,
 )
 from kpo.compare.regimes.report import plural
 from kpo.compare.stats import ALPHA
@@ -249,7 +250,7 @@ def _expected(folder: Path) -> float | None:
 
 
 def _warm(cfg: RegimeConfig, seed: int) -> float | None:
-    return _expected(Path(cfg.out) / f"warm_start-seed{seed}")
+    return _expected(shared_start_dir(Path(cfg.out), seed))
 
 
 def outcomes(cfg: RegimeConfig, cell: Cell, seeds: int) -> dict[str, list[tuple[float, bool] | None]]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kpo._files import write_json
 from kpo.compare.engines import engine_of
-from kpo.compare.plan import CompareError, plan_runs, warm_start_dir
+from kpo.compare.plan import CompareError, plan_runs, share_warm_starts, shared_start_dir
 from kpo.compare.regimes.design import (
     DIFF_SD,
     Cell,
@@ -22,19 +22,6 @@ from kpo.compare.regimes.design import (
 from kpo.compare.regimes.plan import check_plan, estimate_regimes, format_regime_plan, read_plan
 
 __all__ = ["run_regimes", "write_cell_report", "write_regime_report"]
-
-
-def _share_warm_starts(cfg: RegimeConfig, seeds: int) -> None:
-    """Every cell's warm-start folder of a seed is a link to the map's one (they are one model, evaluated once)."""
-    out = Path(cfg.out)
-    for cell in cfg.cells:
-        for seed in range(seeds):
-            link = warm_start_dir(out / cell.name, seed)
-            link.parent.mkdir(parents=True, exist_ok=True)
-            target = out / f"warm_start-seed{seed}"
-            target.mkdir(parents=True, exist_ok=True)
-            if not link.is_symlink():
-                link.symlink_to(Path("..", "..", target.name))
 
 
 def run_regimes(
@@ -98,7 +85,7 @@ def _run_locked(cfg: RegimeConfig, out: Path, on_disk: dict | None, est: dict, r
     if report_only and len(todo) == total:
         raise CompareError([f"{out}: no run has finished yet ({total} to train); run without --report to train them"])
     if not report_only:
-        _share_warm_starts(cfg, cfg.seeds)
+        share_warm_starts(out, [cell.name for cell in cfg.cells], range(cfg.seeds))
         print(f"kpo compare regimes: {cfg.seeds} seeds a cell; {len(todo)} runs to train; map in {out}", flush=True)
         if todo:
             train_jobs(todo, parallel_runs(cfg.cell_config(cfg.cells[0], cfg.seeds)), on_done)
@@ -115,7 +102,7 @@ def _torn_files(cfg: RegimeConfig) -> list[str]:
 
     engine = engine_of(cfg)
     out = Path(cfg.out)
-    folders = [out / f"warm_start-seed{s}" for s in range(cfg.seeds)]
+    folders = [shared_start_dir(out, s) for s in range(cfg.seeds)]
     folders += [out / c.name / "runs" / r.name for c in cfg.cells for r in cell_runs(cfg, c, cfg.seeds)]
     errors = []
     for folder in (f for f in folders if f.is_dir()):

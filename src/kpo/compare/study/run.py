@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kpo._files import write_json
-from kpo.compare.plan import CompareError, warm_start_dir
+from kpo.compare.plan import CompareError, share_warm_starts, shared_start_dir
 from kpo.compare.run import Job, holding
 from kpo.compare.study.looks import analyze, schedule
 from kpo.compare.study.plan import PLAN_FILE, cell_config, group_arms, load_plan, run_name, run_of
@@ -168,12 +168,11 @@ def _admit(study: Study, wanted: int, build=None) -> list[int]:
                 candidates.append(seed)
             seed += 1
         print(f"kpo compare study: start models of seeds {candidates} (built once, checked, evaluated)", flush=True)
-        for s in candidates:
-            _link_warm_start(study, s)
+        share_warm_starts(study.runs, study.plan["cells"], candidates)
         for s, failure in zip(candidates, build(cfg, candidates)):
             if failure is None:
                 seeds["admitted"].append(s)
-                seeds["warm"][str(s)] = load_outcome(study.runs / f"warm_start-seed{s}")["mean"]
+                seeds["warm"][str(s)] = load_outcome(shared_start_dir(study.runs, s))["mean"]
             else:
                 seeds["dropped"].append({"seed": s, "reason": failure})
                 print(f"kpo compare study: seed {s} dropped: {failure}", flush=True)
@@ -211,17 +210,6 @@ def _build_warm_start(cfg, seed: int) -> str | None:
             raise
         return str(e).split(". Nothing was cached")[0]
     return None
-
-
-def _link_warm_start(study: Study, seed: int) -> None:
-    """Every cell's start-model folder of ``seed`` is a link to the study's one (one model, evaluated once)."""
-    target = study.runs / f"warm_start-seed{seed}"
-    target.mkdir(parents=True, exist_ok=True)
-    for cell in study.plan["cells"]:
-        link = warm_start_dir(study.runs / cell, seed)
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if not link.is_symlink():
-            link.symlink_to(Path("..", "..", target.name))
 
 
 # ------------------------------------------------------------------ the study
@@ -292,8 +280,8 @@ def _run_locked(study: Study, report_only: bool, allow_uncommitted: bool) -> Pat
             raise CompareError([f"kpo compare study: the next looks ({looks}) need runs that were trained but not "
                                 f"recorded; see their logs under {study.runs}"])
         last = (looks, len(study.records()))
-        for seed in admitted:  # on a machine without the runs folder, admitted seeds' warm starts are rebuilt there
-            _link_warm_start(study, seed)
+        # on a machine without the runs folder, admitted seeds' warm starts are rebuilt there
+        share_warm_starts(study.runs, plan["cells"], admitted)
         if todo:
             meta = {id(j): (c, a) for c, a, j in todo}
 
