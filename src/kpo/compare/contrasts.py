@@ -22,8 +22,9 @@ __all__ = [
 ]
 
 
-def verdict(low: float | None, high: float | None) -> str:
-    """A contrast's verdict from its interval alone (fractions): better / worse / equivalent / undecided."""
+def verdict(low: float | None, high: float | None, within: str = "equivalent") -> str:
+    """A contrast's verdict from its interval alone (fractions): better / worse / ``within`` (the interval inside
+    the +-margin) / undecided."""
     margin = CLAIM_RULES["margin"]
     if low is None or high is None:
         return "undecided"
@@ -32,7 +33,7 @@ def verdict(low: float | None, high: float | None) -> str:
     if high < 0:
         return "worse"
     if -margin <= low and high <= margin:
-        return "equivalent"
+        return within
     return "undecided"
 
 

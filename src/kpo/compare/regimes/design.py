@@ -486,6 +486,7 @@ def _filter_or_band(test: dict, subject: str) -> str:
 def _curve(cfg: RegimeConfig, cell: Cell, runs: list[Run]) -> dict:
     """The cell's learning curves (curve.json of its runs): each arm's mean held-out accuracy at every checkpoint,
     KPO's paired contrast with GRPO and GSPO there, and the "slower or worse" verdict (:data:`REGIME_RULES`)."""
+    from kpo.compare.contrasts import verdict
     from kpo.compare.plan import CURVE_FILE
     from kpo.compare.stats import paired_accuracy
 
@@ -507,7 +508,7 @@ def _curve(cfg: RegimeConfig, cell: Cell, runs: list[Run]) -> dict:
             fell = [x < w or y < w for x, y, w in zip(a, b, warm)]
             both = [x < w and y < w for x, y, w in zip(a, b, warm)]
             found_i = paired_accuracy([x - y for x, y in zip(a, b)], fell, both=both)
-            points.append(found_i | {"verdict": _interval_verdict(found_i)})
+            points.append(found_i | {"verdict": verdict(found_i["low"], found_i["high"], "within +-5 points")})
         contrasts[contrast_name(KPO, arm)] = points
     best = max((GRPO, GSPO), key=lambda arm: means[arm][-1])
     line = contrasts[contrast_name(KPO, best)]
@@ -527,19 +528,3 @@ def _curve(cfg: RegimeConfig, cell: Cell, runs: list[Run]) -> dict:
         "pace": pace,
     }
 
-
-def _interval_verdict(c: dict) -> str:
-    """A descriptive contrast's word from its 95% interval: worse / better / within +-5 points / undecided (no
-    interval: undecided)."""
-    from kpo.compare.stats import MARGIN
-
-    low, high = c.get("low"), c.get("high")
-    if low is None or high is None:
-        return "undecided"
-    if high < 0:
-        return "worse"
-    if low > 0:
-        return "better"
-    if -MARGIN <= low and high <= MARGIN:
-        return "within +-5 points"
-    return "undecided"
