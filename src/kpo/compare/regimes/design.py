@@ -25,7 +25,7 @@ from kpo.compare.plan import (
 )
 from kpo.compare.regimes.report import plural
 from kpo.compare.stats import ALPHA
-from kpo.compare.study.looks import test_look
+from kpo.compare.study.looks import nest, test_look
 from kpo.compare.study.plan import collapsed
 from kpo.compare.study.simulate import map_rows
 
@@ -286,9 +286,7 @@ def answers(cfg: RegimeConfig, entries: list[dict]) -> list[dict]:
     """Each question of :func:`map_questions` on the map's cells (``entries``: :func:`cell_entry` of each, at the
     map's seeds): with ``look`` (its test, unadjusted) and verdict "lead" once every run it reads has finished,
     "pending" before, "not asked" where it has no cell, "one seed: no test" in a smoke map."""
-    data: dict = {e["cell"]: {} for e in entries}
-    for cell, arm, seed, record in map_rows(entries):
-        data[cell].setdefault(arm, {})[seed] = record
+    data = {e["cell"]: {} for e in entries} | nest(map_rows(entries))
     seeds = cfg.seeds
     found = []
     for q in map_questions(cfg):

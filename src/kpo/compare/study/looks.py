@@ -27,13 +27,28 @@ import numpy as np
 from kpo.compare.stats import anytime_p, e_values, holm_adjusted, mcnemar_exact, sign_flip_p, spending
 from kpo.compare.study.plan import collapsed, group_arms
 
-__all__ = ["analyze", "gate_and_holm", "schedule", "seed_values", "shares"]
+__all__ = ["analyze", "gate_and_holm", "look_p", "nest", "schedule", "seed_values", "shares"]
+
+
+def nest(rows) -> dict:
+    """{cell: {arm: {seed: record}}}, the analysis's data, from (cell, arm, seed, record) rows."""
+    data: dict = {}
+    for cell, arm, seed, record in rows:
+        data.setdefault(cell, {}).setdefault(arm, {})[seed] = record
+    return data
 
 
 def schedule(plan: dict, group: str) -> list[int]:
     """Seeds at each look of ``group``: its looks, or every seed count up to max_seeds (looks at any time)."""
     g = plan["groups"][group]
     return list(range(1, g["max_seeds"] + 1)) if g["looks"] == "anytime" else list(g["looks"])
+
+
+def look_p(p: float, plan: dict, group: str, k: int) -> float:
+    """A test's p-value at look ``k`` of ``group`` on the scale of the plan's alpha: divided by that look's share of
+    alpha (group-sequential looks), as it is for anytime looks (already valid at any look)."""
+    split = shares(plan, group)
+    return p if split is None else min(1.0, p * plan["alpha"] / split[k])
 
 
 def shares(plan: dict, group: str) -> list[float] | None:
@@ -171,7 +186,7 @@ def analyze(plan: dict, data: dict, seeds: list[int], rule: dict | None = None) 
             for q in [*testing, *(q for q in questions if q["group"] == group and q["role"] == "descriptive"
                                   and _complete(data, q["cells"] + q.get("versus", []), [q["a"], q["b"]], seeds, n))]:
                 found = test_look({**q, "test": "anytime" if split is None else q["test"]}, data, seeds[:n], rule)
-                found["p_look"] = found["p"] if split is None else min(1.0, found["p"] * plan["alpha"] / split[k])
+                found["p_look"] = look_p(found["p"], plan, group, k)
                 taken[q["key"]].append(found)
                 if q["role"] != "descriptive":
                     p_seq[q["key"]] = min(p_seq[q["key"]], found["p_look"])

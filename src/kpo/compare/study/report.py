@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from kpo._files import replacing, write_json
-from kpo.compare.study.looks import analyze, gate_and_holm, shares, test_look
+from kpo.compare.study.looks import analyze, gate_and_holm, look_p, shares, test_look
 from kpo.compare.study.plan import collapsed, group_arms, rule_text
 
 __all__ = ["batch_of_collapse", "probability_of_improvement", "write_study_report"]
@@ -194,8 +194,7 @@ def _without_repeats(plan: dict, data: dict, seeds: list[int], answers: dict, re
         for look in answers[q["key"]]["looks"]:
             kept = [s for s in seeds[: look["seeds"]] if s not in gone]
             found = test_look({**q, "test": "anytime" if split is None else q["test"]}, data, kept, plan["collapse"])
-            k = len(ps)
-            ps.append(found["p"] if split is None else min(1.0, found["p"] * plan["alpha"] / split[k]))
+            ps.append(look_p(found["p"], plan, q["group"], len(ps)))
         rejected, adjusted = gate_and_holm({**p_seq, q["key"]: min(ps)}, plan)
         out[q["key"]] = {"seeds_left_out": gone, "seeds": len(kept), "p_sequential": min(ps),
                          "p_adjusted": adjusted[q["key"]], "rejected": rejected[q["key"]]}

@@ -19,7 +19,7 @@ from pathlib import Path
 from kpo._files import write_json
 from kpo.compare.plan import CompareError, share_warm_starts, shared_start_dir
 from kpo.compare.run import Job, holding
-from kpo.compare.study.looks import analyze, schedule
+from kpo.compare.study.looks import analyze, nest, schedule
 from kpo.compare.study.plan import PLAN_FILE, cell_config, group_arms, load_plan, run_name, run_of
 from kpo.compare.study.records import RECORDS, SEEDS, read_records, read_seeds
 
@@ -53,10 +53,7 @@ class Study:
 
     def data(self) -> dict:
         """The records as the analysis reads them: cell -> arm -> seed -> record."""
-        out: dict = {}
-        for r in self.records().values():
-            out.setdefault(r["cell"], {}).setdefault(r["arm"], {})[r["seed"]] = r
-        return out
+        return nest((r["cell"], r["arm"], r["seed"], r) for r in self.records().values())
 
     def job(self, cell: str, arm: str, seed: int) -> Job:
         cfg = cell_config(self.plan, cell, arm, self.runs)

@@ -25,7 +25,7 @@ import numpy as np
 
 from kpo.compare.plan import CompareError
 from kpo.compare.stats import anytime_p, e_values, rate_interval, sign_flip_many
-from kpo.compare.study.looks import gate_and_holm, null_centre, scale_of, schedule, seed_values, shares
+from kpo.compare.study.looks import gate_and_holm, nest, null_centre, scale_of, schedule, seed_values, shares
 from kpo.compare.study.plan import read_data_file
 
 __all__ = ["load_pilot", "map_rows", "simulate", "sizing_inputs"]
@@ -50,11 +50,7 @@ def load_pilot(pilot: dict) -> dict:
     else:
         raise CompareError([f"sizing.pilot.records {path}: neither a study's runs.json nor a regime map's report.json"])
     cells, arms = _renaming(pilot.get("cells", {})), _renaming(pilot.get("arms", {}))
-    data: dict = {}
-    for cell, arm, seed, record in rows:
-        if cells(cell) is not None and arms(arm) is not None:
-            data.setdefault(cells(cell), {}).setdefault(arms(arm), {})[seed] = record
-    return data
+    return nest((cells(c), arms(a), s, r) for c, a, s, r in rows if cells(c) is not None and arms(a) is not None)
 
 
 def map_rows(cells: list[dict]):
