@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kpo._files import replacing
 from kpo.compare.claims import CLAIM_RULES
 from kpo.compare.stats import ALPHA, centre, holm_adjusted, mcnemar_exact, paired_accuracy
 from kpo.evaluation.metrics import paired_diff_ci
@@ -18,6 +19,8 @@ __all__ = [
     "decide",
     "looked",
     "plot_contrasts",
+    "pyplot",
+    "save_figure",
     "verdict",
 ]
 
@@ -121,14 +124,31 @@ def contrast_table(results: dict, predicted: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_contrasts(results: dict, path: Path) -> Path:
-    """A forest plot of the contrasts between arms (not those against the warm start, tens of points away): each
-    one's paired interval, its per-seed differences as dots, the +-margin band."""
+def pyplot():
+    """matplotlib's pyplot on the Agg backend: figures go to files, never to a display."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Lay out ``fig`` (tightly, unless it has a layout of its own), write it to ``path`` whole (a PNG) and close
+    it."""
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
+    with replacing(path) as partial:
+        fig.savefig(partial, dpi=110, bbox_inches="tight", format="png")
+    pyplot().close(fig)
+    return path
+
+
+def plot_contrasts(results: dict, path: Path) -> Path:
+    """A forest plot of the contrasts between arms (not those against the warm start, tens of points away): each
+    one's paired interval, its per-seed differences as dots, the +-margin band."""
+    plt = pyplot()
     names = [name for name, c in results.items() if c["kind"] != "warm"]
     fig, ax = plt.subplots(figsize=(12, 0.55 * len(names) + 1.6))
     margin = 100 * CLAIM_RULES["margin"]
@@ -162,7 +182,4 @@ def plot_contrasts(results: dict, path: Path) -> Path:
         "blue: KPO against the baselines; green: the ablations; red: A/A (the noise floor)", fontsize=9
     )
     ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -10,6 +10,7 @@ import statistics
 from pathlib import Path
 
 from kpo._files import replacing, write_json
+from kpo.compare.contrasts import pyplot, save_figure
 from kpo.compare.stats import MARGIN
 from kpo.compare.study.report import look_detail
 
@@ -99,10 +100,7 @@ def _table(out: Path, entries: list[dict]) -> str:
 def _plot(entries: list[dict], path: Path) -> Path:
     """Each cell a row, each contrast a panel: every seed's paired difference (points; hollow where a run of the
     pair collapsed) and the cell's estimate with its 95% interval where it has one."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = len(entries)
     fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 0.55 * rows + 1.8), sharey=True)
@@ -137,7 +135,7 @@ def _plot(entries: list[dict], path: Path) -> Path:
         "claims are the questions'",
         fontsize=9,
     )
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def memory_labels(memory: dict) -> tuple[str, str, float | None]:
@@ -169,10 +167,7 @@ def _plot_memory(entries: list[dict], path: Path) -> Path | None:
     }
     if not lines:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
     for i, (cell, memory) in enumerate(lines.items()):
@@ -192,7 +187,7 @@ def _plot_memory(entries: list[dict], path: Path) -> Path | None:
         bottom.axhline(matched, color="0.5", ls=":", lw=1)
         bottom.text(1, matched, f" matched memory ({matched:.4g})", fontsize=7, va="bottom", color="0.4")
     bottom.set_xlabel("generation batch")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _curves_section(out: Path, entries: list[dict]) -> list[str]:
@@ -228,10 +223,7 @@ def _curves_section(out: Path, entries: list[dict]) -> list[str]:
 def _plot_curves(entries: list[dict], path: Path) -> Path:
     """One panel per cell: every seed's learning curve (thin) and each arm's mean (thick) against generation
     batches, the map's length (20) marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(entries), figsize=(5.5 * len(entries), 4), squeeze=False)
     for ax, e in zip(axes[0], entries, strict=True):
@@ -246,18 +238,7 @@ def _plot_curves(entries: list[dict], path: Path) -> Path:
         ax.set_xlabel("generation batches (dotted: the map's length)")
         ax.set_ylabel("held-out accuracy (%)")
         ax.legend(fontsize=8)
-    return _save(fig, path)
-
-
-def _save(fig, path: Path) -> Path:
-    """Lay out ``fig``, write it to ``path`` whole (a PNG) and close it."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    with replacing(path) as partial:
-        fig.savefig(partial, dpi=110, format="png")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _planned(plan: dict) -> str:

@@ -8,26 +8,15 @@ from pathlib import Path
 
 import numpy as np
 
-from kpo._files import replacing
+from kpo.compare.contrasts import pyplot, save_figure
 from kpo.compare.study.plan import group_arms, rule_text
 
 __all__ = ["plot_study"]
 
 
-def _save(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    with replacing(path) as partial:
-        fig.savefig(partial, dpi=110, bbox_inches="tight", format="png")
-    plt.close(fig)
-
-
 def plot_study(report: dict, plan: dict, folder: Path) -> list[str]:
     """Draw the figures that have data into ``folder``; returns their file names."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     drawn = []
     groups = report["descriptive"]
@@ -52,7 +41,7 @@ def plot_study(report: dict, plan: dict, folder: Path) -> list[str]:
         ax.set_title(c, fontsize=9)
     axes[0][0].set_ylabel("collapsed runs (exact 95% interval)")
     fig.suptitle(f"collapse: {rule_text(plan['collapse'])}", fontsize=10)
-    _save(fig, folder / "collapse.png")
+    save_figure(fig, folder / "collapse.png")
     drawn.append("collapse.png")
 
     # paired time to collapse: per cell, each seed's arms joined, a survivor drawn above the last batch
@@ -82,7 +71,7 @@ def plot_study(report: dict, plan: dict, folder: Path) -> list[str]:
         axes[0][0].set_ylabel("generation batch of collapse")
         fig.suptitle("when runs collapsed, each seed's arms joined (training reward below half its first batch's)",
                      fontsize=10)
-        _save(fig, folder / "time_to_collapse.png")
+        save_figure(fig, folder / "time_to_collapse.png")
         drawn.append("time_to_collapse.png")
 
     # final accuracy: every run and the interquartile mean per group; performance profiles
@@ -107,6 +96,6 @@ def plot_study(report: dict, plan: dict, folder: Path) -> list[str]:
         prof.set_ylabel("share of runs above tau")
         prof.set_title(f"{g} cells: performance profiles", fontsize=9)
         prof.legend(fontsize=7)
-    _save(fig, folder / "accuracy.png")
+    save_figure(fig, folder / "accuracy.png")
     drawn.append("accuracy.png")
     return drawn
