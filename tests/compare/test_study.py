@@ -335,6 +335,24 @@ def test_a_seed_whose_warm_start_fails_is_dropped_and_the_next_takes_its_place(t
     assert _admit(study, 3, build) == [8, 10, 11] and len(built) == 2  # admitted seeds are kept
 
 
+def test_a_torn_evaluation_is_refused_in_one_line(tmp_path):
+    """A warm start's expected.json cut short (a disk fault, a hand) gave a JSONDecodeError traceback; its shape
+    broken, a KeyError one."""
+    study = _study(tmp_path)
+
+    def build(cfg, candidates, text='{"mean": 0.2, "per_pro'):
+        for s in candidates:
+            (study.runs / f"warm_start-seed{s}" / "expected.json").write_text(text)
+        return [None for _ in candidates]
+
+    with pytest.raises(CompareError) as e:
+        _admit(study, 1, build)
+    (line,) = e.value.errors
+    assert "warm_start-seed8/expected.json: not readable as JSON" in line and line.endswith("warm_start-seed8 to redo it")
+    with pytest.raises(CompareError, match=r"expected.json or eval.json is not a finished evaluation \(KeyError"):
+        _admit(study, 1, lambda cfg, candidates: build(cfg, candidates, '{"mean": 0.2}'))
+
+
 def test_recorded_runs_are_never_trained_again(tmp_path):
     study = _study(tmp_path)
     seeds = list(range(8, 22))

@@ -20,8 +20,9 @@ import json
 from pathlib import Path
 
 from kpo.compare.engines import engine_of
+from kpo.compare.plan import CompareError
 
-__all__ = ["EVAL_FILE", "EXPECTED_FILE", "exact_applies", "load_outcome", "outcome_file"]
+__all__ = ["EVAL_FILE", "EXPECTED_FILE", "exact_applies", "load_outcome", "outcome_file", "read_evaluation"]
 
 EXPECTED_FILE = "expected.json"  # the exact expected accuracy (the embedded running task only)
 EVAL_FILE = "eval.json"  # kpo eval's results: avg@n / pass@k per benchmark, correct counts per problem
@@ -44,17 +45,36 @@ def outcome_file(cfg) -> str:
     return EXPECTED_FILE if exact_applies(cfg) else EVAL_FILE
 
 
+def read_evaluation(path: Path) -> dict:
+    """The JSON of an evaluation file; CompareError (one line, the fix) where a stop or a hand left it unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CompareError([f"{path}: not readable as JSON ({e}); delete {path.parent} to redo it"]) from None
+
+
 def load_outcome(folder: Path) -> dict | None:
-    """The outcome of the model evaluated in ``folder``, None when it has not been scored.
+    """The outcome of the model evaluated in ``folder``, None when it has not been scored; CompareError (one line)
+    where its file is torn or not a finished evaluation.
 
     Returns ``{"mean": float, "per_problem": [float] (P scores in [0, 1], the problems in evaluation order),
     "metric": str (what the numbers are), "exact": bool}``, from ``expected.json`` where it is there, else from
     ``eval.json`` (avg@n: each problem's correct count / n, the benchmarks' problems one after the other).
     """
     folder = Path(folder)
+    try:
+        return _outcome(folder)
+    except CompareError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as e:
+        raise CompareError([f"{folder}: its {EXPECTED_FILE} or {EVAL_FILE} is not a finished evaluation "
+                            f"({type(e).__name__}: {e}); delete the folder to redo it"]) from None
+
+
+def _outcome(folder: Path) -> dict | None:
     exact = folder / EXPECTED_FILE
     if exact.exists():
-        found = json.loads(exact.read_text())
+        found = read_evaluation(exact)
         return {
             "mean": float(found["mean"]),
             "per_problem": [float(p) for p in found["per_problem"]],
@@ -64,7 +84,7 @@ def load_outcome(folder: Path) -> dict | None:
     sampled = folder / EVAL_FILE
     if not sampled.exists():
         return None
-    results = json.loads(sampled.read_text())
+    results = read_evaluation(sampled)
     n = results["params"]["n"]
     per_problem = [p["correct"] / n for b in results["benchmarks"].values() for p in b["per_problem"]]
     return {

@@ -68,9 +68,9 @@ def reward_summary(rows: list[dict]) -> dict[str, float]:
 def _load_eval(folder: Path) -> dict:
     """A model's held-out evaluation in ``folder``: macro metrics, problem count, per-problem correct counts
     (``eval.json``), and its outcome (:func:`kpo.compare.outcome.load_outcome`: what the claims read)."""
-    from kpo.compare.outcome import EVAL_FILE, load_outcome
+    from kpo.compare.outcome import EVAL_FILE, load_outcome, read_evaluation
 
-    results = json.loads((folder / EVAL_FILE).read_text())
+    results = read_evaluation(folder / EVAL_FILE)
     return {
         "eval": results["macro"],
         "n": results["params"]["n"],

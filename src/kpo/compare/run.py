@@ -28,7 +28,14 @@ from kpo._progress import progress_bar
 from kpo.compare.contract import size_text
 from kpo.compare.engines import engine_of
 from kpo.compare.guards import busy, busy_line, die_with_parent, lock_holder, lock_run, unlock_run
-from kpo.compare.outcome import EVAL_FILE, EXPECTED_FILE, exact_applies, load_outcome, outcome_file
+from kpo.compare.outcome import (
+    EVAL_FILE,
+    EXPECTED_FILE,
+    exact_applies,
+    load_outcome,
+    outcome_file,
+    read_evaluation,
+)
 from kpo.compare.plan import (
     CURVE_FILE,
     DIFF_SD,
@@ -216,7 +223,7 @@ def _done(cfg: CompareConfig, out: Path) -> bool:
 def _changed_settings(cfg: CompareConfig, run: Run, out: Path, problems: int) -> list[str]:
     """``"field: was -> now"`` for every setting of a done run that differs from what this compare would use."""
     changed = engine_of(cfg).changed(cfg, run, out)
-    results = json.loads((out / EVAL_FILE).read_text())
+    results = read_evaluation(out / EVAL_FILE)
     evaluated = sum(b["problems"] for b in results["benchmarks"].values())
     if results["params"]["n"] != cfg.eval_n:
         changed.append(f"eval_n: {results['params']['n']} -> {cfg.eval_n}")

@@ -41,7 +41,6 @@ __all__ = [
     "groups",
     "map_questions",
     "outcomes",
-    "read_outcome",
 ]
 
 METHODS = ("vanilla", "gspo")  # the baselines; KPO at the matched and at the fitted memory are the subjects
@@ -234,18 +233,9 @@ def cell_runs(cfg: RegimeConfig, cell: Cell, seeds: int) -> list[Run]:
     return plan_runs(cfg.cell_config(cell, seeds))
 
 # ------------------------------------------------------------------ outcomes
-def read_outcome(folder: Path) -> dict | None:
-    """:func:`kpo.compare.outcome.load_outcome` of ``folder``; CompareError (one line) where its file is torn."""
-    try:
-        return load_outcome(folder)
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, ZeroDivisionError) as e:
-        raise CompareError([f"{folder}: its expected.json or eval.json is not a finished evaluation "
-                            f"({type(e).__name__}: {e}); delete the folder to redo it"]) from None
-
-
 def _expected(folder: Path) -> float | None:
     """The mean outcome of the model in ``folder`` (kpo.compare.outcome), None when it is not scored yet."""
-    found = read_outcome(folder)
+    found = load_outcome(folder)
     return None if found is None else found["mean"]
 
 
@@ -412,7 +402,7 @@ def cell_entry(cfg: RegimeConfig, cell: Cell, seeds: int) -> dict:
         "done": len(finished) == seeds,
         **describe_cell(found),
     }
-    scored = [read_outcome(Path(cfg.out) / cell.name / "runs" / r.name) for r in runs]
+    scored = [load_outcome(Path(cfg.out) / cell.name / "runs" / r.name) for r in runs]
     entry["metric"] = next((o["metric"] for o in scored if o is not None), None)  # what "accuracy" is
     if cfg.curve_every and entry["done"]:
         entry["curve"] = _curve(cfg, cell, runs)

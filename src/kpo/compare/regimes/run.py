@@ -3,7 +3,6 @@ map's seeds (:func:`run_regimes`); each cell's own ``kpo compare`` report and th
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -17,7 +16,6 @@ from kpo.compare.regimes.design import (
     answers,
     cell_entry,
     cell_runs,
-    read_outcome,
 )
 from kpo.compare.regimes.plan import check_plan, estimate_regimes, format_regime_plan, read_plan
 
@@ -96,9 +94,9 @@ def _run_locked(cfg: RegimeConfig, out: Path, on_disk: dict | None, est: dict, r
 
 def _torn_files(cfg: RegimeConfig) -> list[str]:
     """One line per file of the map's models (runs up to the cap, warm starts) that a stop mid-write left torn:
-    an evaluation that is not JSON (or not a finished one), a file the engine reads back
-    (:meth:`kpo.compare.engines.Engine.torn_files`)."""
-    from kpo.compare.outcome import EVAL_FILE, EXPECTED_FILE
+    an evaluation that is not JSON (or not a finished one, :func:`kpo.compare.outcome.load_outcome`), a file the
+    engine reads back (:meth:`kpo.compare.engines.Engine.torn_files`)."""
+    from kpo.compare.outcome import EVAL_FILE, load_outcome, read_evaluation
 
     engine = engine_of(cfg)
     out = Path(cfg.out)
@@ -106,21 +104,14 @@ def _torn_files(cfg: RegimeConfig) -> list[str]:
     folders += [out / c.name / "runs" / r.name for c in cfg.cells for r in cell_runs(cfg, c, cfg.seeds)]
     errors = []
     for folder in (f for f in folders if f.is_dir()):
-        fix = f"delete {folder} to redo it"
-        torn = []
-        for name in (EVAL_FILE, EXPECTED_FILE):
-            try:
-                if (folder / name).exists():
-                    json.loads((folder / name).read_text())
-            except (OSError, UnicodeDecodeError, ValueError) as e:
-                torn.append(f"{folder / name}: not readable as JSON ({e}); {fix}")
-        try:
-            if not torn:
-                read_outcome(folder)
+        try:  # eval.json too where expected.json is the outcome: a cell's compare report reads both
+            load_outcome(folder)
+            if (folder / EVAL_FILE).exists():
+                read_evaluation(folder / EVAL_FILE)
         except CompareError as e:
-            torn = e.errors
-        torn += [" ".join(f"{why}; {fix}".split()) for why in engine.torn_files(folder)]  # YAML's spans lines
-        errors += torn
+            errors += e.errors
+        # YAML's errors span lines
+        errors += [" ".join(f"{why}; delete {folder} to redo it".split()) for why in engine.torn_files(folder)]
     return errors
 
 
