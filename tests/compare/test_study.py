@@ -441,6 +441,21 @@ def test_the_first_study_keeps_its_decisions_and_shows_the_seed_as_the_unit():
     assert without["p_adjusted"] == pytest.approx(0.015625) and without["rejected"]
 
 
+@pytest.mark.parametrize("name", ["study", "filter-or-band"])
+def test_a_committed_study_s_answers_are_recomputed_from_its_records(name, tmp_path):
+    """The committed report.json of each study, its answers recomputed by this kpo's analysis from the study's own
+    plan.json, seeds.json and runs.json (no run folder): every look's estimate, interval and p, every sequential
+    and adjusted p and every decision, to the last digit. (An independent recomputation of the second study with
+    scipy and statsmodels alone, outside the suite, matched its 202 numbers too: the closing note of issue 55.)"""
+    folder = ROOT / "docs/results" / name
+    study = Study(folder, tmp_path / "runs")
+    found = analyze(study.plan, study.data(), study.seeds()["admitted"])["questions"]
+    committed = json.loads((folder / "report.json").read_text())["questions"]
+    assert set(found) == set(committed)
+    for key, answer in found.items():
+        assert {k: v for k, v in committed[key].items() if k in answer} == answer, key
+
+
 def test_a_plan_repeating_committed_runs_is_refused_at_registration(tmp_path):
     """A plan whose seeds the default compare (seeds 0-11) and the first study (its stable cell, seeds 8-19),
     committed before it, already ran with the same settings: refused, with the seed to start above."""
