@@ -258,6 +258,9 @@ def test_a_question_the_pilot_has_not_run_needs_its_effect_stated(plan):
     plan["sizing"]["pilot"]["records"] = str(FIRST_STUDY / "plan.json")  # a plan is not records
     with pytest.raises(CompareError, match="neither a study's runs.json nor a regime map's report.json"):
         sizing_inputs(plan)
+    plan["sizing"]["pilot"]["records"] = "docs/results/no-such-study/runs.json"  # relative: read from the cwd
+    with pytest.raises(CompareError, match=r"no such file \(a relative path is read from the current folder, /"):
+        sizing_inputs(plan)
 
 
 # ------------------------------------------------------------------ registration

@@ -40,7 +40,9 @@ def load_pilot(pilot: dict) -> dict:
     path = Path(pilot["records"])
     found = read_data_file(path, "the pilot's records")
     if found is None:
-        raise CompareError([f"sizing.pilot.records {path}: no such file; give a study's runs.json or a regime map's report.json"])
+        where = "" if path.is_absolute() else f" (a relative path is read from the current folder, {Path.cwd()})"
+        raise CompareError([f"sizing.pilot.records {path}: no such file{where}; give a study's runs.json or a regime "
+                            "map's report.json"])
     if isinstance(found, dict) and isinstance(found.get("cells"), list):  # a regime map's report
         rows = list(map_rows(found["cells"]))
     elif isinstance(found, dict) and all(isinstance(r, dict) and {"cell", "arm", "seed", "accuracy", "warm"} <= set(r)
