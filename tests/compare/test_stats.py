@@ -33,22 +33,13 @@ def test_mcnemar_counts_discordant_pairs_and_matches_statsmodels():
         assert stats.mcnemar_exact(x, y)["p"] == pytest.approx(expected, rel=1e-12)
 
 
-def test_t_and_sign_tests_match_scipy():
-    from scipy.stats import binomtest, ttest_1samp
-
-    rng = np.random.default_rng(1)
-    for _ in range(30):
-        x = rng.normal(0.02, 0.05, rng.integers(3, 12))
-        for alternative in ("two-sided", "greater", "less"):
-            assert stats._t_test(x, -0.01, alternative) == pytest.approx(
-                ttest_1samp(x, -0.01, alternative=alternative).pvalue, rel=1e-10
-            )
-            k, n = int(np.sum(x > 0)), x.size
-            assert stats.shifted_sign_test(x, 0.0, alternative) == pytest.approx(
-                binomtest(k, n, alternative=alternative).pvalue, rel=1e-10
-            )
-        ci = ttest_1samp(x, 0.0).confidence_interval(0.95)
-        assert stats._t_interval(x, 0.95) == pytest.approx((ci.low, ci.high), rel=1e-10)
+def test_the_sign_test_is_scipys_binomial_test_of_the_signs():
+    # 6 differences, 5 above 0 and one at 0 (dropped): two-sided p = 2 x P(Bin(5, 1/2) >= 5) = 2 / 32 = 0.0625
+    assert stats.shifted_sign_test([0.1, 0.2, 0.0, 0.3, 0.05, 0.4], 0.0, "two-sided") == pytest.approx(0.0625)
+    assert stats.shifted_sign_test([0.1, 0.2, 0.0, 0.3, 0.05, 0.4], 0.0, "greater") == pytest.approx(1 / 32)
+    # shifted by 0.15: 2 above (0.2, 0.3, 0.4 -> 3 above), 3 below: one-sided "less" p = P(Bin(6, 1/2) <= 3) = 42/64
+    assert stats.shifted_sign_test([0.1, 0.2, 0.0, 0.3, 0.05, 0.4], 0.15, "less") == pytest.approx(42 / 64)
+    assert stats.shifted_sign_test([0.0, 0.0], 0.0, "two-sided") == 1.0
 
 
 def test_holm_adjusted_p_values_are_statsmodels_and_agree_with_the_decisions():

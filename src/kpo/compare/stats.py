@@ -97,57 +97,26 @@ def collapse_count(flags: Sequence[bool]) -> dict:
 def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> dict:
     """Exact McNemar test of two arms' collapses over paired units (seeds, or cell-seed pairs pooled over cells):
     {a_only, b_only, pairs, p} with a_only the pairs where only ``a`` collapsed; p two-sided, the binomial test of
-    a_only among the discordant pairs (statsmodels' ``mcnemar(exact=True)``, on scipy's binomial CDF: a test
-    checks they agree), 1.0 without a discordant pair."""
+    a_only among the discordant pairs (scipy's ``binomtest``; statsmodels' ``mcnemar(exact=True)`` agrees, a test
+    checks it), 1.0 without a discordant pair."""
+    from scipy.stats import binomtest
+
     a, b = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
     if a.shape != b.shape:
         raise ValueError(f"mcnemar_exact: {a.size} and {b.size} flags; give one flag per pair on both sides")
     a_only, b_only = int(np.sum(a & ~b)), int(np.sum(~a & b))
-    return {"a_only": a_only, "b_only": b_only, "pairs": int(a.size), "p": _binomial_two_sided(a_only, a_only + b_only)}
-
-
-def _binomial_two_sided(k: int, n: int) -> float:
-    """Two-sided p of k successes in n fair coin flips (twice the smaller tail, at most 1; 1 when n = 0)."""
-    from scipy.special import bdtr
-
-    return 1.0 if n == 0 else float(min(1.0, 2.0 * bdtr(min(k, n - k), n, 0.5)))
+    p = binomtest(a_only, a_only + b_only).pvalue if a_only + b_only else 1.0
+    return {"a_only": a_only, "b_only": b_only, "pairs": int(a.size), "p": float(p)}
 
 
 def shifted_sign_test(d: Sequence[float], shift: float, alternative: str) -> float:
     """Exact sign test of the median of ``d`` against ``shift`` (pairs equal to it dropped): the p-value of
-    ``alternative`` "two-sided", "greater" (median > shift) or "less" (scipy's binomial; a test checks it against
-    ``scipy.stats.binomtest``)."""
-    from scipy.special import bdtr, bdtrc
+    ``alternative`` "two-sided", "greater" (median > shift) or "less" (scipy's ``binomtest``)."""
+    from scipy.stats import binomtest
 
     d = np.asarray(d, dtype=np.float64) - shift
     above, n = int(np.sum(d > 0)), int(np.sum(d != 0))
-    if n == 0:
-        return 1.0
-    if alternative == "two-sided":
-        return _binomial_two_sided(above, n)
-    # P(X >= above) for "greater", P(X <= above) for "less"
-    return float(bdtrc(above - 1, n, 0.5) if alternative == "greater" else bdtr(above, n, 0.5))
-
-
-def _t_test(x: np.ndarray, mu: float, alternative: str) -> float:
-    """One-sample Student t-test of mean(x) against ``mu`` (x has 2+ values with spread): its p-value, from
-    scipy's t distribution (``scipy.special.stdtr``; a test checks it against ``scipy.stats.ttest_1samp``, which
-    costs 50 times more, too much for simulating a design thousands of times)."""
-    from scipy.special import stdtr
-
-    n = x.size
-    t = (x.mean() - mu) / (x.std(ddof=1) / math.sqrt(n))
-    if alternative == "two-sided":
-        return float(2.0 * stdtr(n - 1, -abs(t)))
-    return float(stdtr(n - 1, -t) if alternative == "greater" else stdtr(n - 1, t))
-
-
-def _t_interval(x: np.ndarray, level: float) -> tuple[float, float]:
-    """The Student t-interval of mean(x) (``scipy.special.stdtrit``, the t quantile)."""
-    from scipy.special import stdtrit
-
-    half = stdtrit(x.size - 1, (1 + level) / 2) * x.std(ddof=1) / math.sqrt(x.size)
-    return float(x.mean() - half), float(x.mean() + half)
+    return float(binomtest(above, n, alternative=alternative).pvalue) if n else 1.0
 
 
 def _median_interval(d: np.ndarray, level: float = 0.95) -> tuple[float, float] | None:
@@ -202,8 +171,11 @@ def paired_accuracy(
         return out | {"method": "t", "low": None, "high": None, "p": None}
     if np.all(d == d[0]):  # no spread: the interval is the point, and a test has nothing to say
         return out | {"method": "t", "low": float(d[0]), "high": float(d[0]), "p": None if d[0] == 0 else 0.0}
-    low, high = _t_interval(d, level)
-    return out | {"method": "t", "low": low, "high": high, "p": _t_test(d, 0.0, "two-sided")}
+    from scipy.stats import ttest_1samp
+
+    test = ttest_1samp(d, 0.0)
+    ci = test.confidence_interval(level)
+    return out | {"method": "t", "low": float(ci.low), "high": float(ci.high), "p": float(test.pvalue)}
 
 
 def holm_adjusted(pvalues: Sequence[float]) -> list[float]:
@@ -225,6 +197,8 @@ def pick_set(per_arm: dict[str, list[float]], collapsed: dict[str, list[bool]], 
     beats it in a one-sided paired test (t where no run of the pair collapsed, else the exact sign test, a seed
     where both collapsed a tie) at ``alpha`` / (arms - 1). The set holds the truly best arm with probability
     >= 1 - alpha."""
+    from scipy.stats import ttest_1samp
+
     arms = list(per_arm)
     level = alpha / max(len(arms) - 1, 1)
     keep = []
@@ -242,7 +216,7 @@ def pick_set(per_arm: dict[str, list[float]], collapsed: dict[str, list[bool]], 
             elif np.all(d == d[0]):
                 p = 0.0 if d[0] > 0 else 1.0
             else:
-                p = _t_test(d, 0.0, "greater")
+                p = ttest_1samp(d, 0.0, alternative="greater").pvalue
             beaten = beaten or p < level
         if not beaten:
             keep.append(i)
