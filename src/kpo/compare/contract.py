@@ -4,7 +4,7 @@ covers and what ``--keep`` leaves of a scored run."""
 
 from __future__ import annotations
 
-__all__ = ["BATCH_ROWS", "KEEP", "STEP_ROWS", "keep_errors", "size_text"]
+__all__ = ["BATCH_ROWS", "KEEP", "STEP_ROWS", "first_run_errors", "keep_errors", "size_text"]
 
 # What one row of a run's metrics.jsonl covers (Engine.rows): one optimizer step (the row's step), or one
 # generation batch (the row's step is the optimizer step that ends it; each metric is the mean over the batch's
@@ -29,3 +29,17 @@ def size_text(size: int) -> str:
     """``size`` bytes to read: 1.23 GB, 441 MB, 12.5 kB."""
     scale, unit = next(((s, u) for s, u in ((1e9, "GB"), (1e6, "MB")) if size >= s), (1e3, "kB"))
     return f"{size / scale:.3g} {unit}"
+
+
+def first_run_errors(runs, errors_of) -> list[str]:
+    """``run NAME: error`` for each error ``errors_of(run)`` finds in the distinct configurations of ``runs`` (a
+    method and its loss keywords: a seed never makes one invalid), once, with the first run that has it (a bad
+    ``--`` flag fails every run alike)."""
+    distinct: dict[tuple, object] = {}
+    for run in runs:
+        distinct.setdefault((run.method, run.loss_kwargs), run)
+    first: dict[str, str] = {}
+    for run in distinct.values():
+        for err in errors_of(run):
+            first.setdefault(err, run.name)
+    return [f"run {name}: {err}" for err, name in first.items()]

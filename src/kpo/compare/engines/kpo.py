@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kpo.compare.contract import STEP_ROWS, keep_errors
+from kpo.compare.contract import STEP_ROWS, first_run_errors, keep_errors
 
 __all__ = ["CELL_OWNED", "COMPARE_OWNED", "MISMATCH_FLAGS", "KpoEngine", "train_argv"]
 
@@ -233,19 +233,14 @@ def _train_config_errors(cfg, runs) -> list[str]:
     from kpo.train.config import ConfigError
     from kpo.train.flags import parse_args
 
-    # (method, loss overrides) -> its first run: a seed never makes a config invalid
-    distinct: dict[tuple, object] = {}
-    for run in runs:
-        distinct.setdefault((run.method, run.loss_kwargs), run)
-    first_run: dict[str, str] = {}  # error -> the first run with it (a bad `--` flag fails every run alike)
-    for run in distinct.values():
+    def errors_of(run) -> list[str]:
         try:
             parse_args(train_argv(cfg, run, Path(cfg.out) / "runs" / run.name)).validate()
-        except ConfigError as e:
-            for err in e.errors:
-                # kpo train's advice names its own flag; kpo compare puts every run under --out
-                first_run.setdefault(err.replace("another --output-dir", "another --out"), run.name)
-    return [f"run {name}: {err}" for err, name in first_run.items()]
+        except ConfigError as e:  # kpo train's advice names its own flag; kpo compare puts every run under --out
+            return [err.replace("another --output-dir", "another --out") for err in e.errors]
+        return []
+
+    return first_run_errors(runs, errors_of)
 
 
 def train_argv(cfg, run, out: Path) -> list[str]:

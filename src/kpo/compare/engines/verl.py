@@ -56,7 +56,7 @@ import sys
 from pathlib import Path
 
 from kpo._files import replacing, write_json
-from kpo.compare.contract import BATCH_ROWS, keep_errors
+from kpo.compare.contract import BATCH_ROWS, first_run_errors, keep_errors
 from kpo.compare.engines.verl_child import run_child
 from kpo.compare.engines.verl_cluster import (
     JOBS_FILE,
@@ -245,16 +245,9 @@ class VerlEngine:
                 errors.append(f"{key}={value}: no such file or folder; check the path")
         if errors:
             return errors
-        distinct = {}
-        for run in runs:
-            distinct.setdefault((run.method, run.loss_kwargs), run)
-        first_run: dict[str, str] = {}
-        for run in distinct.values():
-            for err in verl_check(
-                cfg.verl_config, self.overrides(cfg, run, Path(cfg.out) / "runs" / run.name)
-            ):
-                first_run.setdefault(err, run.name)
-        errors = [f"run {name}: {err}" for err, name in first_run.items()]
+        errors = first_run_errors(
+            runs, lambda run: verl_check(cfg.verl_config, self.overrides(cfg, run, Path(cfg.out) / "runs" / run.name))
+        )
         if not errors and cluster_address(cfg):
             errors = cluster_errors(cfg, composed, Path(cfg.out))
         return errors
