@@ -263,11 +263,20 @@ def share_warm_starts(root: Path, cells, seeds) -> None:
 # and evaluation): one optimizer step of one run (two 40-step runs side by side: 0.97 s; 1.33 s on TRL's
 # generate); one held-out sample (a 128-token response; two 1024-sample evaluations side by side: 9 ms; 12 ms
 # before); a run's fixed cost (start-up, the exact evaluation, writing); one seed's warm start (one 400-step SFT
-# round and its check: 236 s, two side by side).
+# round and its check: 236 s, two side by side). A generation batch costs its 4 steps' time at any depth: the
+# rollouts dominate (the first regime map measured 1.50-1.53 min a run of 20 batches at depth 16, 16 steps each).
 STEP_SECONDS = 0.97
 SAMPLE_SECONDS = 0.009
 RUN_SECONDS = 20.0
 WARM_START_SECONDS = 240.0
+
+
+def run_seconds(cfg: CompareConfig, sampler_cost: float = 1.0) -> float:
+    """One run of ``cfg`` on the embedded setup by the cost model above: its generation batches (``sampler_cost``
+    times the float32 sampler's), its held-out samples, its fixed cost."""
+    problems = held_out_problems(cfg, cfg.eval_limit)
+    batches = cfg.steps / cfg.minibatches
+    return batches * 4 * STEP_SECONDS * sampler_cost + problems * cfg.eval_n * SAMPLE_SECONDS + RUN_SECONDS
 # The prior for the plan's half-widths: the sd over seeds of a paired difference in held-out accuracy between
 # two arms, in points. The default compare at 080621e (docs/results/compare: 80 steps, warm starts in their band,
 # exact expected accuracy) measured 1.1-3.4 over its six contrasts between arms, 2.4 as their root mean square;
@@ -328,21 +337,20 @@ def parallel_runs(cfg: CompareConfig) -> int:
 
 
 def estimate(
-    cfg: CompareConfig, diff_sd: float = DIFF_SD, done: int = 0, run_seconds: float | None = None
+    cfg: CompareConfig, diff_sd: float = DIFF_SD, done: int = 0, measured: float | None = None
 ) -> dict:
     """What the comparison costs and can resolve, before anything trains: ``runs``, ``seconds`` (wall clock on
-    :func:`workers` workers, runs already ``done`` left out; from ``run_seconds`` per run, measured, else on the
-    embedded setup from the constants above; None when neither applies: ``seconds_per_run`` None) and per
+    :func:`workers` workers, runs already ``done`` left out; from ``measured`` seconds a run, else on the
+    embedded setup from :func:`run_seconds`; None when neither applies: ``seconds_per_run`` None) and per
     contrast the expected half-width of its 95% paired interval, t_{S-1} x diff_sd / sqrt(S) in points (S
     seeds)."""
     from kpo.evaluation.metrics import t_quantile
 
     runs = plan_runs(cfg)
     jobs = parallel_runs(cfg)
-    per_run, seconds = run_seconds, None
+    per_run, seconds = measured, None
     if per_run is None and engine_of(cfg).embedded(cfg):
-        problems = held_out_problems(cfg, cfg.eval_limit)
-        per_run = cfg.steps * STEP_SECONDS + problems * cfg.eval_n * SAMPLE_SECONDS + RUN_SECONDS
+        per_run = run_seconds(cfg)
     if per_run is not None:
         warm = cfg.seeds * WARM_START_SECONDS / jobs if engine_of(cfg).embedded(cfg) and len(runs) > done else 0
         seconds = (len(runs) - done) * per_run / jobs + warm

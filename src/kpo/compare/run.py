@@ -469,7 +469,7 @@ def run_compare(cfg: CompareConfig, *, pilot: Path | None = None, plan_only: boo
         cfg,
         pilot_sd(pilot) if pilot is not None else DIFF_SD,
         done=len(runs) - len(todo),
-        run_seconds=measured_run_seconds(pilots),
+        measured=measured_run_seconds(pilots),
     )
     print("\n".join([format_plan(cfg, est), *engine_of(cfg).plan_lines(cfg)]), flush=True)
     if plan_only:

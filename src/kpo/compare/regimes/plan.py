@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from kpo.compare.engines import engine_of
-from kpo.compare.plan import RUN_SECONDS, SAMPLE_SECONDS, STEP_SECONDS, WARM_START_SECONDS, CompareError
+from kpo.compare.plan import WARM_START_SECONDS, CompareError
 from kpo.compare.regimes.design import (
     AUTO,
     DIFF_SD,
@@ -33,12 +33,11 @@ def estimate_regimes(cfg: RegimeConfig, diff_sd: float = DIFF_SD, pilot: Path | 
     the embedded setup's constants, else measured on the map's finished runs or ``pilot``'s, else not estimated:
     None) and the expected half-width of a cell's contrast, t_{S-1} x diff_sd / sqrt(S) points; the questions and
     the rules."""
-    from kpo.compare.plan import held_out_problems, measured_run_seconds, parallel_runs
+    from kpo.compare.plan import measured_run_seconds, parallel_runs, run_seconds
     from kpo.evaluation.metrics import t_quantile
 
     first_cfg = cfg.cell_config(cfg.cells[0], cfg.seeds)
     jobs = parallel_runs(first_cfg)
-    problems = held_out_problems(first_cfg, cfg.eval_limit)
     half = t_quantile(0.975, cfg.seeds - 1) * diff_sd / cfg.seeds**0.5 if cfg.seeds > 1 else None
     folders = [Path(cfg.out) / cell.name / "runs" / r.name for cell in cfg.cells for r in cell_runs(cfg, cell, cfg.seeds)]
     folders += [] if pilot is None else sorted(Path(pilot).parent.glob("*/runs/*"))
@@ -46,14 +45,7 @@ def estimate_regimes(cfg: RegimeConfig, diff_sd: float = DIFF_SD, pilot: Path | 
     embedded = engine_of(first_cfg).embedded(first_cfg)
     cells = []
     for cell in cfg.cells:
-        if embedded:
-            per_run = (
-                cfg.batches * cell.depth * STEP_SECONDS * 4 / cell.depth * SAMPLER_COST[cell.mismatch]
-                + problems * cfg.eval_n * SAMPLE_SECONDS
-                + RUN_SECONDS
-            )
-        else:
-            per_run = measured
+        per_run = run_seconds(cfg.cell_config(cell, cfg.seeds), SAMPLER_COST[cell.mismatch]) if embedded else measured
         runs = len(cell_runs(cfg, cell, cfg.seeds))
         cells.append({"cell": cell.name, "group": cfg.group(cell), "runs": runs,
                       "minutes": None if per_run is None else runs * per_run / jobs / 60, "half_width": half})
