@@ -277,6 +277,8 @@ def run_seconds(cfg: CompareConfig, sampler_cost: float = 1.0) -> float:
     problems = held_out_problems(cfg, cfg.eval_limit)
     batches = cfg.steps / cfg.minibatches
     return batches * 4 * STEP_SECONDS * sampler_cost + problems * cfg.eval_n * SAMPLE_SECONDS + RUN_SECONDS
+
+
 # The prior for the plan's half-widths: the sd over seeds of a paired difference in held-out accuracy between
 # two arms, in points. The default compare at 080621e (docs/results/compare: 80 steps, warm starts in their band,
 # exact expected accuracy) measured 1.1-3.4 over its six contrasts between arms, 2.4 as their root mean square;
