@@ -241,7 +241,7 @@ def test_a_cell_in_a_wrong_form_says_what_is_wrong_with_it(cell, problem):
 
 def test_the_regime_map_keeps_of_each_run_what_keep_says(tmp_path, monkeypatch):
     """`kpo compare regimes` had no --keep: every cell kept the default (a map's hundreds of runs on a cluster)."""
-    from kpo.compare import cli
+    from kpo.compare.regimes import cli
 
     seen = {}
 

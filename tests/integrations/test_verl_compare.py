@@ -20,6 +20,7 @@ About 1.5 minutes per main_ppo run on 2 shared cores, two at a time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -113,6 +114,17 @@ def _checkpoints(run: Path) -> list[Path]:
     return sorted((run / "checkpoints").glob("global_step_*/actor"))
 
 
+def _bytes(folder: Path) -> int:
+    """The bytes of the files under ``folder`` still there as it is read: verl removes an older checkpoint while a
+    newer one is written, so a folder or file may go mid-walk (what is gone no longer takes space)."""
+    total = 0
+    for root, _, files in os.walk(folder):  # os.walk skips a folder removed before it is listed
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.stat(os.path.join(root, name)).st_size
+    return total
+
+
 def _watched(argv: list[str], env: dict, cwd: Path, log: Path, runs: Path, until=None) -> dict:
     """Run kpo compare, looking at its runs' checkpoints every half second, until it ends or ``until()`` holds
     (then SIGKILL it): {"code", "most" (run -> the most checkpoints seen at once), "bytes" (the most bytes of
@@ -127,7 +139,7 @@ def _watched(argv: list[str], env: dict, cwd: Path, log: Path, runs: Path, until
             for run in runs.glob("*-seed0"):
                 held = _checkpoints(run)
                 most[run.name] = max(most.get(run.name, 0), len(held))
-                peak = max(peak, sum(f.stat().st_size for c in held for f in c.rglob("*") if f.is_file()))
+                peak = max(peak, sum(_bytes(c) for c in held))
             if until is not None and until():
                 os.kill(proc.pid, signal.SIGKILL)  # kpo compare alone: its workers die with it
                 break
