@@ -22,7 +22,7 @@ from kpo.compare.plan import (
     CompareError,
 )
 from kpo.compare.run import run_compare
-from kpo.compare.setup_cli import run_reporting, setup_from_args, setup_options
+from kpo.compare.setup_cli import run_reporting, setup_from_args, setup_options, train_args_from
 
 
 def _sweep_memory(text: str) -> tuple[str, ...]:
@@ -186,7 +186,6 @@ def _config(args) -> CompareConfig:
         raise CompareError([f"--max-seeds {args.max_seeds}: a comparison that adds seeds until it is decided is a "
                             "study: write its plan (arms, cells, looks; docs/study.md) and run kpo compare study "
                             "--plan FILE --register"])
-    extra = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     return CompareConfig(
         out=args.out,
         methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
@@ -204,7 +203,7 @@ def _config(args) -> CompareConfig:
         eval_limit=args.eval_limit,
         dump_every=args.dump_every,
         jobs=args.jobs,
-        train_args=tuple(extra),
+        train_args=train_args_from(args),
         quick=args.quick,
         **setup_from_args(args),
     )

@@ -12,7 +12,7 @@ from kpo.compare.engines import KEEP, engine_names
 from kpo.compare.plan import CompareConfig, CompareError
 from kpo.compare.run import RunsFailed
 
-__all__ = ["exit_status", "run_reporting", "setup_from_args", "setup_options"]
+__all__ = ["exit_status", "run_reporting", "setup_from_args", "setup_options", "train_args_from"]
 
 
 def setup_options(p: argparse.ArgumentParser) -> None:
@@ -72,6 +72,12 @@ def setup_options(p: argparse.ArgumentParser) -> None:
         "`ray job submit --runtime-env` takes (default: the current directory as its working_dir, --out left "
         "out); kpo adds each run's environment variables.",
     )
+
+
+def train_args_from(args) -> tuple[str, ...]:
+    """The engine's words after ``--`` (argparse's REMAINDER keeps the ``--`` itself)."""
+    words = args.train_args
+    return tuple(words[1:] if words[:1] == ["--"] else words)
 
 
 def setup_from_args(args) -> dict:

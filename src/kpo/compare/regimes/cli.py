@@ -9,7 +9,7 @@ from pathlib import Path
 from kpo.compare.cell import MISMATCH
 from kpo.compare.regimes.design import BATCHES, DIFF_SD, GRID, RegimeConfig
 from kpo.compare.regimes.run import run_regimes
-from kpo.compare.setup_cli import run_reporting, setup_from_args, setup_options
+from kpo.compare.setup_cli import run_reporting, setup_from_args, setup_options, train_args_from
 
 __all__ = ["build_parser", "main"]
 
@@ -111,7 +111,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    extra = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
     cfg = RegimeConfig(
         out=args.out,
         mismatch=args.mismatch,
@@ -124,7 +123,7 @@ def main(argv: list[str]) -> int:
         eval_n=args.eval_n,
         eval_limit=args.eval_limit,
         jobs=args.jobs,
-        train_args=tuple(extra),
+        train_args=train_args_from(args),
         **setup_from_args(args),
     )
     report, status = run_reporting(

@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 from kpo.compare.plan import CompareError
-from kpo.compare.setup_cli import exit_status, run_reporting, setup_from_args, setup_options
+from kpo.compare.setup_cli import exit_status, run_reporting, setup_from_args, setup_options, train_args_from
 from kpo.compare.study.run import Study, run_study
 
 
@@ -46,7 +46,7 @@ def _given_setup(args) -> dict:
     given = {k: v for k, v in setup_from_args(args).items() if v not in (None, ()) and k not in CLUSTER}
     if "eval_data" in given:
         given["eval_data"] = list(given["eval_data"])
-    extra = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
+    extra = train_args_from(args)
     return given | ({"train_args": list(extra)} if extra else {})
 
 
