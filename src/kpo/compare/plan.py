@@ -271,10 +271,9 @@ RUN_SECONDS = 20.0
 WARM_START_SECONDS = 240.0
 
 
-def run_seconds(cfg: CompareConfig, sampler_cost: float = 1.0) -> float:
+def run_seconds(cfg: CompareConfig, problems: int, sampler_cost: float = 1.0) -> float:
     """One run of ``cfg`` on the embedded setup by the cost model above: its generation batches (``sampler_cost``
-    times the float32 sampler's), its held-out samples, its fixed cost."""
-    problems = held_out_problems(cfg, cfg.eval_limit)
+    times the float32 sampler's), its samples of the ``problems`` held-out problems, its fixed cost."""
     batches = cfg.steps / cfg.minibatches
     return batches * 4 * STEP_SECONDS * sampler_cost + problems * cfg.eval_n * SAMPLE_SECONDS + RUN_SECONDS
 
@@ -352,7 +351,7 @@ def estimate(
     jobs = parallel_runs(cfg)
     per_run, seconds = measured, None
     if per_run is None and engine_of(cfg).embedded(cfg):
-        per_run = run_seconds(cfg)
+        per_run = run_seconds(cfg, held_out_problems(cfg, cfg.eval_limit))
     if per_run is not None:
         warm = cfg.seeds * WARM_START_SECONDS / jobs if engine_of(cfg).embedded(cfg) and len(runs) > done else 0
         seconds = (len(runs) - done) * per_run / jobs + warm

@@ -33,11 +33,12 @@ def estimate_regimes(cfg: RegimeConfig, diff_sd: float = DIFF_SD, pilot: Path | 
     the embedded setup's constants, else measured on the map's finished runs or ``pilot``'s, else not estimated:
     None) and the expected half-width of a cell's contrast, t_{S-1} x diff_sd / sqrt(S) points; the questions and
     the rules."""
-    from kpo.compare.plan import measured_run_seconds, parallel_runs, run_seconds
+    from kpo.compare.plan import held_out_problems, measured_run_seconds, parallel_runs, run_seconds
     from kpo.evaluation.metrics import t_quantile
 
     first_cfg = cfg.cell_config(cfg.cells[0], cfg.seeds)
     jobs = parallel_runs(first_cfg)
+    problems = held_out_problems(first_cfg, cfg.eval_limit)  # the same in every cell: read once
     half = t_quantile(0.975, cfg.seeds - 1) * diff_sd / cfg.seeds**0.5 if cfg.seeds > 1 else None
     folders = [Path(cfg.out) / cell.name / "runs" / r.name for cell in cfg.cells for r in cell_runs(cfg, cell, cfg.seeds)]
     folders += [] if pilot is None else sorted(Path(pilot).parent.glob("*/runs/*"))
@@ -45,7 +46,8 @@ def estimate_regimes(cfg: RegimeConfig, diff_sd: float = DIFF_SD, pilot: Path | 
     embedded = engine_of(first_cfg).embedded(first_cfg)
     cells = []
     for cell in cfg.cells:
-        per_run = run_seconds(cfg.cell_config(cell, cfg.seeds), SAMPLER_COST[cell.mismatch]) if embedded else measured
+        per_run = (run_seconds(cfg.cell_config(cell, cfg.seeds), problems, SAMPLER_COST[cell.mismatch]) if embedded
+                   else measured)
         runs = len(cell_runs(cfg, cell, cfg.seeds))
         cells.append({"cell": cell.name, "group": cfg.group(cell), "runs": runs,
                       "minutes": None if per_run is None else runs * per_run / jobs / 60, "half_width": half})
