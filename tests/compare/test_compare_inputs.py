@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from kpo.compare import CompareConfig, CompareError
 from kpo.compare.cell import parse_cell
 from kpo.compare.cli import config_from_args, main
-from kpo.compare.regimes.design import RegimeConfig
+from kpo.compare.regimes import RegimeConfig
 
 
 def _model(folder: Path, weights: str = "whole") -> Path:
@@ -241,7 +241,8 @@ def test_a_cell_in_a_wrong_form_says_what_is_wrong_with_it(cell, problem):
 
 def test_the_regime_map_keeps_of_each_run_what_keep_says(tmp_path, monkeypatch):
     """`kpo compare regimes` had no --keep: every cell kept the default (a map's hundreds of runs on a cluster)."""
-    from kpo.compare.regimes import cli
+    from kpo.compare.regimes import cli, map_plan
+    from kpo.compare.study.plan import cell_config
 
     seen = {}
 
@@ -251,6 +252,6 @@ def test_the_regime_map_keeps_of_each_run_what_keep_says(tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "run_regimes", fake_run)
     argv = ["regimes", "--out", str(tmp_path / "map"), "--cells", "none-depth4-lr0.0001,bf16-depth4-lr0.0005"]
     assert main([*argv, "--keep", "none"]) == 0
-    cfg = seen["cfg"].validate()
-    assert [cfg.cell_config(cell, 4).keep for cell in cfg.cells] == ["none", "none"]
+    plan = map_plan(seen["cfg"].validate())
+    assert [cell_config(plan, cell, "GRPO", tmp_path).keep for cell in plan["cells"]] == ["none", "none"]
     assert main(argv) == 0 and seen["cfg"].keep == CompareConfig.keep == "hf"

@@ -4,7 +4,6 @@ compare, --keep and the disk a run takes."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -21,10 +20,7 @@ from kpo.compare.engines.kpo import KpoEngine
 from kpo.compare.engines.verl_metrics import merge_rows, metrics_rows
 from kpo.compare.guards import LOCK_FILE, lock_run, unlock_run
 from kpo.compare.plan import CompareConfig, CompareError, Run, plan_runs
-from kpo.compare.regimes.design import Cell, RegimeConfig, _arm_stats
-from kpo.compare.regimes.report import memory_labels
 from kpo.compare.run import Job, _execute, disk_bytes, train_jobs
-from kpo.filter.memory import matched_memory
 
 
 def _train_row(step: int, **data) -> dict:
@@ -53,47 +49,6 @@ def test_a_validation_row_never_replaces_a_training_row():
 def test_the_engines_declare_what_a_metrics_row_covers():
     assert KpoEngine.rows == "optimizer step"
     assert engine_of(CompareConfig(engine="verl")).rows == "generation batch"
-
-
-def _scored(folder: Path, rows: list[dict]) -> None:
-    folder.mkdir(parents=True)
-    (folder / "expected.json").write_text(json.dumps({"mean": 0.5, "per_problem": [0.5]}))
-    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def test_verl_batch_rows_are_neither_on_nor_off_policy_and_map_the_fitted_memory(tmp_path):
-    """verl's row of a batch averages its on-policy and off-policy steps: the arm's clip fraction is theirs
-    together, the split is unknown (not the average labelled off-policy), and the plugin's actor/kpo/* memory is
-    each batch's."""
-    cell = Cell("none", 2, 1e-3)
-    run = Run("kpo", 0, (("memory", "auto"),))
-    verl_rows = [
-        _train_row(b, **{"actor/pg_clipfrac": 0.1 * b, "actor/kpo/memory_tokens": 10.0 * b, "actor/kpo/q": 0.01})
-        for b in (1, 2)
-    ]
-    # ppo_epochs=2: a batch is depth x 2 = 4 optimizer steps, and rows are at steps 4 and 8 (the batch index was
-    # step / depth: 2 and 4, off by ppo_epochs)
-    _scored(tmp_path / cell.name / "runs" / run.name, metrics_rows(merge_rows(verl_rows), cell.depth * 2))
-    stats = _arm_stats(RegimeConfig(out=str(tmp_path), engine="verl"), cell, [run], 12)
-    assert stats["clip_frac"] == pytest.approx(0.15)
-    assert stats["on_policy_clip_frac"] is None and stats["off_policy_clip_frac"] is None
-    by_batch = stats["memory_tokens"]["by_batch"]
-    assert {b: v["median_below_bound"] for b, v in by_batch.items()} == {1: 10.0, 2: 20.0}
-    # the figure says what a verl row is (a batch's mean, not an off-policy step) and the runs' own budget (the
-    # figure said 128 tokens and a matched memory of 31.25 whatever the runs')
-    share, title, matched = memory_labels(stats["memory_tokens"])
-    assert share.startswith("% of generation batches whose mean") and "off-policy steps" not in share
-    assert "responses: up to 12 tokens" in title and matched == matched_memory(12)
-
-
-def test_kpo_step_rows_keep_the_on_and_off_policy_split(tmp_path):
-    cell = Cell("none", 2, 1e-3)
-    run = Run("vanilla", 0)
-    rows = [{"step": s, "clip_frac": 0.0 if s % 2 else 0.4} for s in range(1, 5)]
-    _scored(tmp_path / cell.name / "runs" / run.name, rows)
-    stats = _arm_stats(RegimeConfig(out=str(tmp_path)), cell, [run])
-    assert (stats["on_policy_clip_frac"], stats["off_policy_clip_frac"]) == (0.0, pytest.approx(0.4))
-    assert stats["clip_frac"] == pytest.approx(0.2)
 
 
 # ------------------------------------------------------------------ no two processes write one run

@@ -17,8 +17,8 @@ import kpo.compare.run
 from kpo.compare import CompareConfig, CompareError, run_compare
 from kpo.compare.contract import STEP_ROWS
 from kpo.compare.engines import engine_names, engine_of
-from kpo.compare.regimes.design import RegimeConfig
-from kpo.compare.regimes.run import run_regimes
+from kpo.compare.regimes import RegimeConfig, map_plan, run_regimes
+from kpo.compare.study.plan import cell_config
 
 PROBLEMS = 2
 
@@ -177,13 +177,15 @@ def test_a_registered_engine_runs_a_one_cell_map(fake_engine, tmp_path):
         batches=2, eval_n=2, eval_data=(str(fake_engine),),
     )  # fmt: skip
     report = run_regimes(cfg)
-    [cell] = json.loads((report.parent / "report.json").read_text())["cells"]
-    assert cell["done"] and cell["steps"] == 4
-    assert {arm["label"]: arm["accuracy"] for arm in cell["arms"].values()} == {
+    found = json.loads((report.parent / "report.json").read_text())
+    assert found["ended"] and found["runs"] == 4
+    arms = found["descriptive"]["stable"]["cells"]["none-depth2-lr0.0001"]
+    assert {arm: a["accuracy"] for arm, a in arms.items()} == {
         "GRPO": [0.5], "GSPO": [0.5], "KPO (matched)": [1.0], "KPO (auto)": [1.0],
     }  # fmt: skip
-    # the cell's settings are the engine's own words
-    assert cfg.cell_config(cfg.cells[0], 1).train_args == ("sampler=none", "lr=0.0001")
+    # the cell's settings are the engine's own words, its steps its batches x its depth
+    cell = cell_config(map_plan(cfg), "none-depth2-lr0.0001", "GRPO", tmp_path)
+    assert cell.train_args == ("sampler=none", "lr=0.0001") and cell.steps == 4
 
 
 def test_an_unknown_engine_is_one_line_naming_the_known_ones(tmp_path):

@@ -19,10 +19,9 @@ and its evaluations is done and is not rerun, so an interrupted compare resumes 
 with other settings (its ``config.yaml`` or ``eval.json`` differs from what this compare would use) is an error,
 never silently reused.
 
-``kpo compare regimes`` (:mod:`kpo.compare.regimes`) runs a grid of such comparisons, one per regime of
-train-inference mismatch, off-policy depth and learning rate, into one map of where KPO may help (its questions
-leads, tested as a study's are); ``kpo compare study`` (:mod:`kpo.compare.study`) runs a plan of the user's own to
-its answer.
+``kpo compare study`` (:mod:`kpo.compare.study`) runs a plan of the user's own to its answer; ``kpo compare
+regimes`` (:mod:`kpo.compare.regimes`) makes such a plan from a grid of regimes of train-inference mismatch,
+off-policy depth and learning rate, and runs it: a map of where KPO may help.
 
 ``--model``/``--dataset``/``--eval-data`` run it on a user's model, training data and held-out benchmarks (scored
 by avg@n), and ``--engine verl`` trains every run with verl's ``main_ppo`` on the user's verl configuration.
@@ -31,7 +30,7 @@ Modules: ``plan`` (settings, arms, runs, contrasts and the cost and power estima
 checks every engine shares), ``run`` (workers, reuse of finished runs), ``engines`` (what trains a run: the
 engine protocol and registry; ``engines.kpo``: kpo train, ``engines.verl``: verl), ``outcome`` (a model's
 held-out score, the one number the decisions read), ``report`` (tables, figures and the claims), ``cell`` (a
-regime: mismatch, depth, learning rate), ``regimes`` (the map: design, plan, run, report), ``study`` (a study:
+regime: mismatch, depth, learning rate), ``regimes`` (the map: a study's plan from a grid), ``study`` (a study:
 plan, records, looks, simulation, registration, run, report), ``cli`` (the command).
 """
 

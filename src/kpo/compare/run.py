@@ -379,8 +379,8 @@ def _await_runs(
     return failures, broken
 
 
-# Called in the main process as each job finishes; returns the jobs that its result calls for (none, for kpo
-# compare regimes, which rewrites its map there as each cell finishes).
+# Called in the main process as each job finishes; returns the jobs that its result calls for (none, for a study,
+# which records the run there).
 OnDone = Callable[[Job], list[Job]]
 
 

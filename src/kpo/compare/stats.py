@@ -14,13 +14,9 @@ seeds of such a mixture says little, so collapse and accuracy are separate outco
   p-values (:func:`holm_adjusted`); over the looks of a sequential design the error is split by a spending
   function (:func:`spending`), a hypothesis's p-value at a look divided by that look's share, so that a p-value
   taken at any look, after any data-dependent stop, stays valid;
-- **the pick**: the arms that no other arm beats significantly (paired one-sided tests against each other arm,
-  Bonferroni over them: multiple comparisons with the best), each with its collapse bound; with few pairs the
-  sign test cannot reach the level at all (its least one-sided p is 1 / 2^pairs), and the pick then excludes
-  nothing;
 - **seeds to decide**: the seeds a 80%-power test needs, from the measured spread (statsmodels' TTestPower) or
   the measured discordance (exact binomial power);
-- **the seed as the unit** (a study's tests, :mod:`kpo.compare.study`, and the regime map's questions): a seed's cells share its warm start and
+- **the seed as the unit** (a study's tests, :mod:`kpo.compare.study`, a regime map's too): a seed's cells share its warm start and
   prompt stream, so they are pooled into one number per seed (a collapse count difference, a mean accuracy
   difference) and tested by the sign-flip randomisation test (:func:`sign_flip_p`: exact at any number of seeds
   for counts, up to :data:`SIGN_FLIP_EXACT_MOST` seeds for real differences, random sign patterns beyond), or
@@ -52,7 +48,6 @@ __all__ = [
     "holm_adjusted",
     "mcnemar_exact",
     "paired_accuracy",
-    "pick_set",
     "rate_interval",
     "seeds_for_effect",
     "shifted_sign_test",
@@ -191,38 +186,6 @@ def holm_adjusted(pvalues: Sequence[float]) -> list[float]:
     return adjusted.tolist()
 
 
-def pick_set(per_arm: dict[str, list[float]], collapsed: dict[str, list[bool]], alpha: float = ALPHA) -> list[str]:
-    """Multiple comparisons with the best, per cell: the arms that no other arm beats significantly. Arms are
-    paired by seed (``per_arm``: arm -> per-seed accuracy, equal lengths); arm i leaves the set when some arm j
-    beats it in a one-sided paired test (t where no run of the pair collapsed, else the exact sign test, a seed
-    where both collapsed a tie) at ``alpha`` / (arms - 1). The set holds the truly best arm with probability
-    >= 1 - alpha."""
-    from scipy.stats import ttest_1samp
-
-    arms = list(per_arm)
-    level = alpha / max(len(arms) - 1, 1)
-    keep = []
-    for i in arms:
-        beaten = False
-        for j in arms:
-            if j == i:
-                continue
-            d = np.asarray(per_arm[j], dtype=np.float64) - np.asarray(per_arm[i], dtype=np.float64)
-            if d.size < 2:
-                continue
-            if any(a or b for a, b in zip(collapsed[i], collapsed[j])):
-                tied = np.array([a and b for a, b in zip(collapsed[i], collapsed[j])], dtype=bool)
-                p = shifted_sign_test(np.where(tied, 0.0, d), 0.0, "greater")
-            elif np.all(d == d[0]):
-                p = 0.0 if d[0] > 0 else 1.0
-            else:
-                p = ttest_1samp(d, 0.0, alternative="greater").pvalue
-            beaten = beaten or p < level
-        if not beaten:
-            keep.append(i)
-    return keep
-
-
 def seeds_for_effect(sd: float | None, effect: float, alpha: float, power: float = 0.8) -> int | None:
     """Seeds a two-sided paired t-test at level ``alpha`` needs to detect ``effect`` with ``power``, when the
     seeds' differences have standard deviation ``sd`` (both fractions; statsmodels TTestPower); None when the
@@ -231,11 +194,15 @@ def seeds_for_effect(sd: float | None, effect: float, alpha: float, power: float
 
     if sd is None or not sd > 0 or effect == 0 or not math.isfinite(sd):
         return None
+    test, size = TTestPower(), abs(effect) / sd
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        n = TTestPower().solve_power(effect_size=abs(effect) / sd, alpha=alpha, power=power, alternative="two-sided")
-    n = float(np.atleast_1d(n)[0])
-    return int(math.ceil(n)) if math.isfinite(n) else None
+        n = float(np.atleast_1d(test.solve_power(effect_size=size, alpha=alpha, power=power, alternative="two-sided"))[0])
+    if math.isfinite(n):
+        return int(math.ceil(n))
+    # the solver does not converge for an effect many times its spread: the least n with the power, counted
+    return next((k for k in range(2, MOST_SEEDS + 1)
+                 if test.power(effect_size=size, nobs=k, alpha=alpha, alternative="two-sided") >= power), None)
 
 
 def discordance_seeds(

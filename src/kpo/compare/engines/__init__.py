@@ -43,8 +43,8 @@ __all__ = [
 
 
 class Engine(Protocol):
-    """One trainer behind ``kpo compare``. ``cfg`` is the :class:`kpo.compare.CompareConfig` (a
-    :class:`kpo.compare.regimes.RegimeConfig` where said), ``run`` a :class:`kpo.compare.Run`, ``out`` the run's
+    """One trainer behind ``kpo compare``. ``cfg`` is the :class:`kpo.compare.CompareConfig` (where not said),
+    ``run`` a :class:`kpo.compare.Run`, ``out`` the run's
     folder. Methods marked "worker" run in a worker process."""
 
     rows: str  # what one metrics.jsonl row covers: STEP_ROWS or BATCH_ROWS
@@ -62,13 +62,13 @@ class Engine(Protocol):
         """What the trainer would reject in the configuration of each distinct run of ``runs`` (the plan's),
         before anything trains."""
 
-    # ------------------------------------------------------------------ the regime map
+    # ------------------------------------------------------------------ a study's cells (a regime map's too)
     def cell_settings(self, cell) -> tuple[str, ...]:
         """A regime cell's (:class:`kpo.compare.cell.Cell`) sampler mismatch and learning rate as the engine's
         own ``--`` settings (its depth is ``--minibatches``, every engine's)."""
 
     def cell_errors(self, cfg) -> list[str]:
-        """``cfg`` a RegimeConfig with its cells: the cells the engine cannot run, and ``--`` settings that would
+        """``cfg`` with ``engine``, ``train_args`` and ``cells`` (Cells): the cells the engine cannot run, and ``--`` settings that would
         override what a cell sets (:meth:`cell_settings`)."""
 
     # ------------------------------------------------------------------ the plan and the scoring

@@ -4,11 +4,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from kpo.compare.cell import MISMATCH
-from kpo.compare.regimes.design import BATCHES, DIFF_SD, GRID, RegimeConfig
-from kpo.compare.regimes.run import run_regimes
+from kpo.compare.regimes.design import BATCHES, GRID, RegimeConfig, run_regimes
 from kpo.compare.setup_cli import run_reporting, setup_from_args, setup_options, train_args_from
 
 __all__ = ["build_parser", "main"]
@@ -32,11 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kpo compare regimes",
         description="Where does KPO help? A grid of regimes (train-inference mismatch x off-policy depth x "
-        "learning rate), each cell GRPO, GSPO, KPO (matched) and KPO (auto) paired by seed, the stress cells "
-        "(the highest learning rate) also KPO's clip band without the filter; questions pooled over cells, "
-        "each answered as a lead by a study's seed-level test (to decide one, register a study: kpo compare study). "
-        "Prints the plan, the questions and the rules before anything trains; finished runs are reused; the map "
-        "(report.md, report.json, regimes.png) is rewritten as each cell finishes.",
+        "learning rate); GRPO, GSPO, KPO (matched) and KPO (auto) paired by seed, the stress cells (the highest "
+        "learning rate) also KPO's clip band without the filter; questions pooled over cells, run as a study "
+        "(kpo compare study) whose plan these flags make. Prints the plan before anything trains; finished runs are "
+        "reused; the report is rewritten as runs finish.",
     )
     p.add_argument("--out", default=d.out, help="Map and run directory (default: %(default)s).")
     p.add_argument(
@@ -75,30 +72,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.batches,
         help=f"Generation batches per run, the same in every cell (default: {BATCHES}).",
     )
-    p.add_argument(
-        "--curve-every",
-        type=int,
-        default=0,
-        help="Generation batches between the checkpoints whose exact held-out accuracy makes each run's learning "
-        "curve (curve.json); 0 = none (default).",
-    )
     p.add_argument("--eval-n", type=int, default=d.eval_n, help="Samples per held-out problem (default: %(default)s).")
     p.add_argument("--eval-limit", type=int, default=None, help="Held-out problems (default: the test split).")
     p.add_argument(
         "--jobs", type=int, default=None, help="Parallel runs (default: one per CPU; --engine verl: 1)."
     )
-    p.add_argument("--plan", action="store_true", help="Print the plan and the rules, and stop.")
+    p.add_argument("--plan", action="store_true", help="Print the plan and stop.")
     p.add_argument(
         "--report",
         action="store_true",
-        help="Train nothing: rewrite the map from the finished runs (the same command without --report continues "
-        "it). Reads the map's plan.json, never writes it: give the map's own flags.",
-    )
-    p.add_argument(
-        "--pilot",
-        type=Path,
-        default=None,
-        help=f"A finished compare's report.json: plan with the sd it measured (default: {DIFF_SD} points).",
+        help="Train nothing: rewrite the map from its records (the same command without --report continues it). "
+        "Reads the map's plan.json, never writes it: give the map's own flags.",
     )
     setup_options(p)
     p.add_argument(
@@ -119,16 +103,13 @@ def main(argv: list[str]) -> int:
         cells_only=args.cells,
         seeds=args.seeds,
         batches=args.batches,
-        curve_every=args.curve_every,
         eval_n=args.eval_n,
         eval_limit=args.eval_limit,
         jobs=args.jobs,
         train_args=train_args_from(args),
         **setup_from_args(args),
     )
-    report, status = run_reporting(
-        lambda: run_regimes(cfg, plan_only=args.plan, report_only=args.report, pilot=args.pilot)
-    )
+    report, status = run_reporting(lambda: run_regimes(cfg, plan_only=args.plan, report_only=args.report))
     if report is not None:
-        print(f"report: {report}\nfigure: {report.parent / 'regimes.png'}")
+        print(f"report: {report}")
     return status

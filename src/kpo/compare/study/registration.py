@@ -25,7 +25,7 @@ from kpo.compare.plan import CompareError
 from kpo.compare.study.looks import schedule
 from kpo.compare.study.plan import PLAN_FILE, cell_config, group_arms, plan_from, run_of
 
-__all__ = ["confirmatory", "plan_hash", "plan_history", "register", "repeats"]
+__all__ = ["confirmatory", "engine_errors", "plan_hash", "plan_history", "register", "repeats", "runs_at_most"]
 
 
 def plan_hash(text: bytes) -> str:
@@ -163,7 +163,7 @@ def repeats(plan: dict, folder: Path, seeds: list[int], commit: str | None = Non
 
 
 # ------------------------------------------------------------------ registering a plan
-def _engine_errors(plan: dict) -> list[str]:
+def engine_errors(plan: dict) -> list[str]:
     """What the engine rejects in each (cell, arm)'s runs, once per problem with the first run that has it."""
     from types import SimpleNamespace
 
@@ -189,6 +189,12 @@ def _engine_errors(plan: dict) -> list[str]:
     return [f"{where}: {err}" for err, where in first.items()]
 
 
+def runs_at_most(plan: dict) -> int:
+    """The runs a study trains if every look is taken: each group's cells x its arms x its last look's seeds."""
+    return sum(len(g["cells"]) * len(group_arms(plan, name)) * schedule(plan, name)[-1]
+               for name, g in plan["groups"].items())
+
+
 def register(source: Path, folder: Path, *, setup: dict | None = None, sims: int | None = None) -> dict:
     """Check the plan the user wrote at ``source`` (with ``setup``'s settings over its own), size it by simulation,
     and write ``folder/plan.json`` once; returns the plan. CompareError listing every problem, nothing written,
@@ -210,7 +216,7 @@ def register(source: Path, folder: Path, *, setup: dict | None = None, sims: int
     if errors:
         raise CompareError([f"{source}: {e}" for e in errors])
     plan = normalize(raw)
-    errors = _engine_errors(plan)
+    errors = engine_errors(plan)
     if errors:
         raise CompareError(errors)
     # the seeds the study may take (twice its most, for dropped ones), then as many past the last repeated one
@@ -233,8 +239,7 @@ def register(source: Path, folder: Path, *, setup: dict | None = None, sims: int
     sizing = plan["sizing"]
     plan["simulation"] = {"inputs": inputs, **simulate(plan, inputs, sims=sizing.get("sims", 2000),
                                                        seed=sizing.get("seed", 0))}
-    plan["runs_at_most"] = sum(len(g["cells"]) * len(group_arms(plan, name)) * schedule(plan, name)[-1]
-                               for name, g in plan["groups"].items())
+    plan["runs_at_most"] = runs_at_most(plan)
     plan["registered"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     plan["source"] = Path(source).name
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -354,15 +354,16 @@ def _markdown(report: dict, plan: dict, figures: list[str]) -> str:
             poi = d["probability_of_improvement"].get(arm)
             beats = "-" if poi is None else f"{poi['p_reference_better']:.2f} [{poi['low']:.2f}, {poi['high']:.2f}]"
             lines.append(f"| {arm} | {_pts(v['iqm'], False)} [{_pts(v['low'], False)}, {_pts(v['high'], False)}] | {beats} |")
-    sim = plan["simulation"]
+    sim = plan.get("simulation")  # a regime map's plan is not sized
     lines += ["", "## Figures", "", *[f"![{f}]({f})" for f in figures], "", "## The plan", "",
-              "Questions in order, arms, cells, looks, spending, collapse and seeds: [plan.json](plan.json). Its "
-              "simulation:", "", "| question | power at the sizing's effects | at effects a third smaller |",
-              "|---|---|---|",
-              *[f"| {q} | {sim['power']['measured'][q]:.3f} | {sim['power']['a third smaller'][q]:.3f} |"
-                for q in sim["power"]["measured"]],
-              "", f"| null hypothesis | family-wise error (simulated) | exact 95% interval ({sim['sims']} studies) |",
-              "|---|---|---|", *_fwer_rows(sim), ""]
+              "Questions in order, arms, cells, looks, spending, collapse and seeds: [plan.json](plan.json)"
+              + (f" (written by {plan['source']}, not sized)." if sim is None else ". Its simulation:"), ""]
+    if sim is not None:
+        lines += ["| question | power at the sizing's effects | at effects a third smaller |", "|---|---|---|",
+                  *[f"| {q} | {sim['power']['measured'][q]:.3f} | {sim['power']['a third smaller'][q]:.3f} |"
+                    for q in sim["power"]["measured"]],
+                  "", f"| null hypothesis | family-wise error (simulated) | exact 95% interval ({sim['sims']} studies) |",
+                  "|---|---|---|", *_fwer_rows(sim), ""]
     return "\n".join(lines)
 
 

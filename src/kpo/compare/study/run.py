@@ -181,9 +181,9 @@ def _admit(study: Study, wanted: int, build=None) -> list[int]:
 def _build_in_pool(cfg, candidates: list[int]) -> list[str | None]:
     """Each candidate seed's start model built and evaluated in parallel worker processes, a line as each ends."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
-    from multiprocessing import get_context
 
     from kpo.compare.plan import parallel_runs
+    from kpo.compare.run import get_context  # the context of kpo compare's own workers
 
     found: dict[int, str | None] = {}
     with ProcessPoolExecutor(max_workers=min(parallel_runs(cfg), len(candidates)), mp_context=get_context("spawn")) as pool:
@@ -250,6 +250,7 @@ def run_study(study: Study, *, report_only: bool = False, allow_uncommitted: boo
 
 
 def _run_locked(study: Study, report_only: bool, allow_uncommitted: bool) -> Path:
+    from kpo.compare.plan import parallel_runs
     from kpo.compare.run import _done, train_jobs
     from kpo.compare.study.registration import plan_history
     from kpo.compare.study.report import write_study_report
@@ -286,6 +287,6 @@ def _run_locked(study: Study, report_only: bool, allow_uncommitted: bool) -> Pat
                 _save_record(study, _record(study, job, *meta[id(job)]))
                 return []
 
-            train_jobs([j for _, _, j in todo], study.jobs, on_done)
+            train_jobs([j for _, _, j in todo], parallel_runs(todo[0][2].cfg), on_done)
     answer = analyze(plan, study.data(), study.seeds()["admitted"])
     return write_study_report(study, answer, history)
