@@ -57,14 +57,6 @@ def _range_errors(cfg) -> list[str]:
         **{name: _omitted(cfg, name, unit) for name, unit in _FILLED.items()},
     }
     errors = _ablation_arm_errors(cfg) + _look_errors(cfg)
-    bad_curve = cfg.curve_every and (
-        cfg.minibatches < 1 or cfg.curve_every % cfg.minibatches or cfg.curve_every > cfg.steps
-    )
-    if cfg.curve_every < 0 or bad_curve:
-        errors.append(
-            f"--curve-every={cfg.curve_every}: must be 0 (no learning curve) or a multiple of --minibatches="
-            f"{cfg.minibatches} up to --steps={cfg.steps} (a checkpoint ends a generation batch)"
-        )
     names = (
         "seeds",
         "steps",

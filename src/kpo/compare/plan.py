@@ -27,7 +27,6 @@ from kpo.compare.defaults import (
 from kpo.compare.engines import Engine, engine_of
 
 WARM_START = "warm_start"  # the Table 1 row of the models every run starts from
-CURVE_FILE = "curve.json"  # a run's learning curve: its outcome (kpo.compare.outcome) at its checkpoints (--curve-every)
 TIMING_FILE = "timing.json"  # a finished run's wall-clock seconds, training and evaluation (for the plan)
 
 
@@ -62,9 +61,6 @@ class CompareConfig:
     dump_every: int = 5  # ratio dumps every N optimizer steps (analysis input)
     jobs: int | None = None  # parallel runs; None = CPU count
     train_args: tuple[str, ...] = ()  # extra `kpo train` flags shared by every run, e.g. ("--n-terms", "4")
-    # optimizer steps between the checkpoints whose exact held-out accuracy makes each run's learning curve
-    # (curve.json; a multiple of minibatches); 0 = none
-    curve_every: int = 0
     quick: bool = False
     engine: str = "kpo"  # what trains each run: "kpo" (kpo train), "verl" (verl's main_ppo): kpo.compare.engines
     model: str | None = None  # Hugging Face causal LM every run starts from; None = the embedded warm start

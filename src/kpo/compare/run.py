@@ -32,12 +32,10 @@ from kpo.compare.outcome import (
     EVAL_FILE,
     EXPECTED_FILE,
     exact_applies,
-    load_outcome,
     outcome_file,
     read_evaluation,
 )
 from kpo.compare.plan import (
-    CURVE_FILE,
     DIFF_SD,
     TIMING_FILE,
     CompareConfig,
@@ -120,8 +118,6 @@ def _execute_locked(cfg: CompareConfig, run: Run, out: Path, resume: bool) -> di
         results = _evaluate(cfg, final, out / EVAL_FILE)
         if exact_applies(cfg):
             _evaluate_exact(cfg, final, out / EXPECTED_FILE)
-        if cfg.curve_every:
-            _evaluate_curve(cfg, out)
         written = disk_bytes(out)
         engine.prune(cfg, out)
         write_json(out / TIMING_FILE, {"seconds": time.time() - start})  # what the next plan of this setup reads
@@ -196,28 +192,9 @@ def _evaluate_exact(cfg: CompareConfig, model: Path, output: Path) -> None:
     write_json(output, stats)  # a run counts as done once this file is there: whole or absent
 
 
-def _evaluate_curve(cfg: CompareConfig, out: Path) -> None:
-    """Write ``out/curve.json``: the outcome (:func:`kpo.compare.outcome.load_outcome`: per problem, and its mean)
-    of the run's checkpoints every ``cfg.curve_every`` optimizer steps, its learning curve."""
-    engine = engine_of(cfg)
-    curve = {}
-    for step in range(cfg.curve_every, cfg.steps + 1, cfg.curve_every):
-        model = engine.checkpoint(cfg, out, step)
-        folder = out / "curve" / f"step-{step}"
-        if exact_applies(cfg):
-            _evaluate_exact(cfg, model, folder / EXPECTED_FILE)
-        else:
-            _evaluate(cfg, model, folder / EVAL_FILE)
-        found = load_outcome(folder)
-        curve[str(step)] = {"mean": found["mean"], "per_problem": found["per_problem"]}
-    write_json(out / CURVE_FILE, {"every": cfg.curve_every, "steps": curve})
-
-
 def _done(cfg: CompareConfig, out: Path) -> bool:
-    """Whether the run in ``out`` is finished: trained, scored (its outcome file: kpo.compare.outcome), and its
-    learning curve written when ``cfg`` asks for one."""
-    names = (EVAL_FILE, outcome_file(cfg)) + ((CURVE_FILE,) if cfg.curve_every else ())
-    return engine_of(cfg).trained(cfg, out) and all((out / name).exists() for name in names)
+    """Whether the run in ``out`` is finished: trained and scored (its outcome file: kpo.compare.outcome)."""
+    return engine_of(cfg).trained(cfg, out) and all((out / name).exists() for name in (EVAL_FILE, outcome_file(cfg)))
 
 
 def _changed_settings(cfg: CompareConfig, run: Run, out: Path, problems: int) -> list[str]:

@@ -26,8 +26,8 @@ COMPARE_OWNED = {
     "dump_ratios_every": "--dump-every",
     "loss_kwargs": "nothing (each method runs its paper hyperparameters; --sweep-memory sets KPO's memory)",
     "resume": "nothing (finished runs are reused)",
-    "save_steps": "--curve-every (or nothing: an interrupt checkpoints every running run)",
-    "save_total_limit": "--curve-every",
+    "save_steps": "nothing (an interrupt checkpoints every running run)",
+    "save_total_limit": "nothing (a run keeps what --keep says)",
     "overwrite": "nothing (unfinished runs restart)",
     "model": "--model",
     "dataset": "--dataset",
@@ -269,13 +269,6 @@ def train_argv(cfg, run, out: Path) -> list[str]:
         "--max-steps",
         str(cfg.steps),
     ]
-    if cfg.curve_every:  # every curve checkpoint kept, and the final one
-        argv += [
-            "--save-steps",
-            str(cfg.curve_every),
-            "--save-total-limit",
-            str(cfg.steps // cfg.curve_every + 1),
-        ]
     for flag, value in (("--model", cfg.model), ("--dataset", cfg.dataset)):
         if value is not None:
             argv += [flag, value]

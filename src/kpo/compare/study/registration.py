@@ -18,6 +18,7 @@ import hashlib
 import json
 import subprocess
 import time
+from dataclasses import fields
 from pathlib import Path
 
 from kpo.compare.cell import Cell
@@ -117,11 +118,13 @@ def _earlier_runs(top: Path, commit: str, skip: str) -> dict[str, str]:
                     found.setdefault(fingerprint(cfg, run_of(other, r["arm"], r["seed"])), path.rsplit("/", 1)[0])
         elif path.endswith("/compare.json"):
             settings = _show(top, commit, path)
+            known = {f.name for f in fields(CompareConfig)}  # a setting kpo no longer has changed no trained model
             try:
-                cfg = CompareConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()})
+                cfg = CompareConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()
+                                       if k in known})
                 runs = plan_runs(cfg)
                 engine_of(cfg)
-            except (TypeError, ValueError):
+            except (AttributeError, TypeError, ValueError):  # not a compare's settings
                 continue
             for run in runs:
                 found.setdefault(fingerprint(cfg, run), path.rsplit("/", 1)[0])
