@@ -174,3 +174,6 @@ def test_another_design_in_the_map_s_folder_is_refused_and_its_plan_kept(tmp_pat
     assert (out / "plan.json").read_bytes() == plan
     (out / "plan.json").write_text('{"questions": [')
     assert "plan.json: the plan does not parse" in _refused(capsys, ["--out", str(out), "--report"])
+    # a map of the kpo before maps were studies: its plan (cells, seeds, batches, questions, rules) is not continued
+    shutil.copy(Path(__file__).parents[2] / "docs" / "results" / "regimes" / "plan.json", out / "plan.json")
+    assert "a map planned before maps were studies" in _refused(capsys, ["--out", str(out), "--report"])

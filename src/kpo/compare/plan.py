@@ -267,11 +267,11 @@ RUN_SECONDS = 20.0
 WARM_START_SECONDS = 240.0
 
 
-def run_seconds(cfg: CompareConfig, problems: int, sampler_cost: float = 1.0) -> float:
-    """One run of ``cfg`` on the embedded setup by the cost model above: its generation batches (``sampler_cost``
-    times the float32 sampler's), its samples of the ``problems`` held-out problems, its fixed cost."""
+def run_seconds(cfg: CompareConfig, problems: int) -> float:
+    """One run of ``cfg`` on the embedded setup by the cost model above: its generation batches, its samples of the
+    ``problems`` held-out problems, its fixed cost."""
     batches = cfg.steps / cfg.minibatches
-    return batches * 4 * STEP_SECONDS * sampler_cost + problems * cfg.eval_n * SAMPLE_SECONDS + RUN_SECONDS
+    return batches * 4 * STEP_SECONDS + problems * cfg.eval_n * SAMPLE_SECONDS + RUN_SECONDS
 
 
 # The prior for the plan's half-widths: the sd over seeds of a paired difference in held-out accuracy between

@@ -12,7 +12,7 @@ from kpo.compare.checks import out_errors
 from kpo.compare.defaults import ABLATIONS, MATCHED_KWARGS
 from kpo.compare.plan import CompareConfig, CompareError, checked_engine
 from kpo.compare.stats import ALPHA
-from kpo.compare.study.plan import REGISTERED, load_plan, normalize, plan_errors, rule_text
+from kpo.compare.study.plan import REGISTERED, load_plan, normalize, plan_errors, read_data_file, rule_text
 
 __all__ = ["ARMS", "GRID", "QUESTIONS", "RegimeConfig", "groups", "map_plan", "run_regimes"]
 
@@ -216,6 +216,9 @@ def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, report_only: bool
     print(format_map_plan(plan, path), flush=True)
     design = {k: v for k, v in plan.items() if k not in REGISTERED}
     if path.exists():
+        if isinstance(old := read_data_file(path, "the plan"), dict) and "rules" in old:
+            raise CompareError([f"{path}: a map planned before maps were studies (issue 53); this kpo does not continue "
+                                "it (its report stays as written): give a new --out for a new map"])
         on_disk = load_plan(path)
         differ = [k for k, v in design.items() if on_disk.get(k) != v]
         if differ:
