@@ -366,12 +366,10 @@ def test_compares_advice_names_its_own_flag(tmp_path, capsys, no_training):
     assert "choose another --out" in err and "--output-dir" not in err
 
 
-def test_a_pilot_reads_a_compare_or_a_regime_map(tmp_path):
+def test_a_pilot_reads_a_compare_s_contrasts_between_arms(tmp_path):
     from kpo.compare.plan import pilot_sd
 
     compare = tmp_path / "compare.json"
-    compare.write_text('{"contrasts": {"a - b": {"kind": "key", "sd": 3.0}, "a - warm": {"kind": "warm", "sd": 9.0}}}')
-    assert pilot_sd(compare) == 3.0
-    regimes = tmp_path / "regimes.json"
-    regimes.write_text('{"cells": [{"contrasts": {"KPO - GRPO": {"sd": 3.0}, "KPO - GSPO": null}}, {"contrasts": {"KPO - GRPO": {"sd": 4.0}}}]}')
-    assert pilot_sd(regimes) == pytest.approx((12.5) ** 0.5)  # the root mean square of 3 and 4
+    compare.write_text('{"contrasts": {"a - b": {"kind": "key", "sd": 3.0}, "a - c": {"kind": "ablation", "sd": 4.0}, '
+                       '"a - d": null, "a - warm": {"kind": "warm", "sd": 9.0}}}')
+    assert pilot_sd(compare) == pytest.approx((12.5) ** 0.5)  # the root mean square of 3 and 4

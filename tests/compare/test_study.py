@@ -256,7 +256,7 @@ def test_a_question_the_pilot_has_not_run_needs_its_effect_stated(plan):
     sim = simulate(plan, inputs, sims=300)
     assert sim["power"]["measured"]["filter_vs_band"] > sim["power"]["a third smaller"]["filter_vs_band"]
     plan["sizing"]["pilot"]["records"] = str(FIRST_STUDY / "plan.json")  # a plan is not records
-    with pytest.raises(CompareError, match="neither a study's runs.json nor a regime map's report.json"):
+    with pytest.raises(CompareError, match="not a study's or a map's runs.json"):
         sizing_inputs(plan)
     plan["sizing"]["pilot"]["records"] = "docs/results/no-such-study/runs.json"  # relative: read from the cwd
     with pytest.raises(CompareError, match=r"no such file \(a relative path is read from the current folder, /"):

@@ -392,13 +392,13 @@ def format_plan(cfg: CompareConfig, est: dict) -> str:
 def pilot_sd(report_json: Path) -> float:
     """The paired-difference sd (points) a finished compare measured, for the plan of the next one: the root mean
     square of the per-seed sds of its contrasts between arms (``report.json``'s ``contrasts``, not those against
-    the warm start; of a regime map's, every cell's). CompareError naming the file and what it should be when it is
+    the warm start). CompareError naming the file and what it should be when it is
     missing or not such a report."""
     import json
     import math
 
     where = f"--pilot {report_json}"
-    want = "give the report.json of a finished kpo compare or kpo compare regimes"
+    want = "give the report.json of a finished kpo compare"
     path = Path(report_json)
     try:
         data = json.loads(path.read_text())
@@ -406,17 +406,11 @@ def pilot_sd(report_json: Path) -> float:
         raise CompareError([f"{where}: {e.strerror.lower()}; {want}"]) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CompareError([f"{where}: not one JSON document ({e}); {want}"]) from None
-    if not isinstance(data, dict) or not (
-        isinstance(data.get("contrasts"), dict) or isinstance(data.get("cells"), list)
-    ):
-        raise CompareError(
-            [f"{where}: a JSON {type(data).__name__} without 'contrasts' (or a regime map's 'cells'); {want}"]
-        )
-    found = list(data.get("contrasts", {}).values())
-    found += [c for cell in data.get("cells", []) for c in ((cell or {}).get("contrasts") or {}).values()]
+    if not isinstance(data, dict) or not isinstance(data.get("contrasts"), dict):
+        raise CompareError([f"{where}: a JSON {type(data).__name__} without 'contrasts'; {want}"])
     sds = [
         c["sd"]
-        for c in found
+        for c in data["contrasts"].values()
         if isinstance(c, dict)
         and isinstance(c.get("sd"), (int, float))
         and math.isfinite(c["sd"])

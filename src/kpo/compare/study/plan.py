@@ -426,7 +426,7 @@ def _sizing_errors(sizing) -> list[str]:
     pilot = sizing.get("pilot")
     if pilot is not None and not (isinstance(pilot, dict) and isinstance(pilot.get("records"), str)
                                   and set(pilot) <= {"records", "cells", "arms"}):
-        errors.append("sizing.pilot: write {records: PATH (a study's runs.json or a regime map's report.json), "
+        errors.append("sizing.pilot: write {records: PATH (a study's or a regime map's runs.json), "
                       "cells: {plan cell: pilot cell}, arms: {plan arm: pilot arm}}")
     effects = sizing.get("effects", {})
     if not isinstance(effects, dict) or not all(isinstance(e, dict) for e in effects.values()):

@@ -28,41 +28,27 @@ from kpo.compare.stats import anytime_p, e_values, rate_interval, sign_flip_many
 from kpo.compare.study.looks import gate_and_holm, nest, null_centre, scale_of, schedule, seed_values, shares
 from kpo.compare.study.plan import read_data_file
 
-__all__ = ["load_pilot", "map_rows", "simulate", "sizing_inputs"]
+__all__ = ["load_pilot", "simulate", "sizing_inputs"]
 
 SCALES = {"measured": 1.0, "a third smaller": 2 / 3}
 
 
 def load_pilot(pilot: dict) -> dict:
     """A pilot's runs as {cell: {arm: {seed: {"accuracy", "warm", "metrics"}}}} under the plan's names (its
-    ``cells`` and ``arms`` maps: plan name -> pilot name, the same name where unmapped), from a study's runs.json
-    or a regime map's report.json."""
+    ``cells`` and ``arms`` maps: plan name -> pilot name, the same name where unmapped), from a study's or a regime
+    map's runs.json."""
     path = Path(pilot["records"])
     found = read_data_file(path, "the pilot's records")
     if found is None:
         where = "" if path.is_absolute() else f" (a relative path is read from the current folder, {Path.cwd()})"
-        raise CompareError([f"sizing.pilot.records {path}: no such file{where}; give a study's runs.json or a regime "
-                            "map's report.json"])
-    if isinstance(found, dict) and isinstance(found.get("cells"), list):  # a regime map's report
-        rows = list(map_rows(found["cells"]))
-    elif isinstance(found, dict) and all(isinstance(r, dict) and {"cell", "arm", "seed", "accuracy", "warm"} <= set(r)
-                                         for r in found.values()):
-        rows = [(r["cell"], r["arm"], r["seed"], {"accuracy": r["accuracy"], "warm": r["warm"],
-                                                  "metrics": r.get("metrics", {})}) for r in found.values()]
-    else:
-        raise CompareError([f"sizing.pilot.records {path}: neither a study's runs.json nor a regime map's report.json"])
+        raise CompareError([f"sizing.pilot.records {path}: no such file{where}; give a study's or a map's runs.json"])
+    if not (isinstance(found, dict) and all(isinstance(r, dict) and {"cell", "arm", "seed", "accuracy", "warm"} <= set(r)
+                                            for r in found.values())):
+        raise CompareError([f"sizing.pilot.records {path}: not a study's or a map's runs.json"])
+    rows = [(r["cell"], r["arm"], r["seed"], {"accuracy": r["accuracy"], "warm": r["warm"],
+                                              "metrics": r.get("metrics", {})}) for r in found.values()]
     cells, arms = _renaming(pilot.get("cells", {})), _renaming(pilot.get("arms", {}))
     return nest((cells(c), arms(a), s, r) for c, a, s, r in rows if cells(c) is not None and arms(a) is not None)
-
-
-def map_rows(cells: list[dict]):
-    """(cell, arm label, seed, record) of every scored run of a regime map's cells (its report.json's ``cells``:
-    each arm's per-seed accuracy, None unfinished, beside the seeds' warm starts), as a study records it."""
-    for cell in cells:
-        for arm in cell["arms"].values():
-            for s, (acc, warm) in enumerate(zip(arm["accuracy"], cell["warm_start"])):
-                if acc is not None:
-                    yield cell["cell"], arm["label"], s, {"accuracy": acc, "warm": warm, "metrics": {}}
 
 
 def _renaming(plan_to_pilot: dict):
