@@ -12,7 +12,16 @@ from kpo.compare.checks import out_errors
 from kpo.compare.defaults import ABLATIONS, MATCHED_KWARGS
 from kpo.compare.plan import CompareConfig, CompareError, checked_engine
 from kpo.compare.stats import ALPHA
-from kpo.compare.study.plan import REGISTERED, load_plan, normalize, plan_errors, read_data_file, rule_text
+from kpo.compare.study.plan import (
+    REGISTERED,
+    SETUP,
+    group_arms,
+    load_plan,
+    normalize,
+    plan_errors,
+    read_data_file,
+    rule_text,
+)
 
 __all__ = ["ARMS", "GRID", "QUESTIONS", "RegimeConfig", "groups", "map_plan", "run_regimes"]
 
@@ -161,12 +170,10 @@ def map_plan(cfg: RegimeConfig) -> dict:
     questions = _questions(cfg.cells)
     named = {q[side] for q in questions for side in ("a", "b")}
     by_group = {g: [c.name for c in cells] for g, cells in groups(cfg.cells).items()}
-    setup = {k: getattr(cfg, k) for k in ("engine", "model", "dataset", "verl_config", "batches", "eval_n", "eval_limit",
-                                         "keep")}
     raw = {
         "title": TITLE,
         "alpha": ALPHA,
-        "setup": setup | {"eval_data": list(cfg.eval_data), "train_args": list(cfg.train_args)},
+        "setup": {k: list(v) if isinstance(v := getattr(cfg, k), tuple) else v for k in SETUP},
         "seeds": {"first": 0},
         "collapse": COLLAPSE,
         "arms": {label: {"loss": loss, "loss_kwargs": dict(kw)} for label, (loss, kw) in ARMS.items() if label in named},
@@ -189,10 +196,8 @@ def format_map_plan(plan: dict, path: Path) -> str:
     seeds = next(iter(plan["groups"].values()))["looks"][-1]
     lines = [f"regime map: {len(plan['cells'])} cells x {seeds} seeds, at most {plan['runs_at_most']} runs of "
              f"{plan['setup']['batches']} generation batches; its plan: {path}"]
-    for group, g in plan["groups"].items():
-        arms = sorted({arm for q in plan["questions"] if q["group"] == group for arm in (q["a"], q["b"])},
-                      key=list(plan["arms"]).index)
-        lines.append(f"  {group} cells ({', '.join(arms)}): {', '.join(g['cells'])}")
+    lines += [f"  {group} cells ({', '.join(group_arms(plan, group))}): {', '.join(g['cells'])}"
+              for group, g in plan["groups"].items()]
     lines.append("questions (each seed's cells pooled, the exact sign-flip test, Holm over them at alpha "
                  f"{plan['alpha']:g}; exploratory unless plan.json is committed before the first run):")
     lines += [f"  {q['key']}: {q['text']} [{q['outcome']}, {q['group']} cells]" for q in plan["questions"]]
