@@ -74,9 +74,6 @@ class FakeEngine:
         (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         return out / "final"
 
-    def checkpoint(self, cfg, out: Path, step: int) -> Path:
-        return out / "final"
-
     def prune(self, cfg, out: Path) -> None:
         pass
 
@@ -87,9 +84,6 @@ class FakeEngine:
         return False
 
     def changed(self, cfg, run, out: Path) -> list[str]:
-        return []
-
-    def torn_files(self, out: Path) -> list[str]:
         return []
 
     def steps_done(self, cfg, out: Path) -> int:
@@ -169,6 +163,9 @@ def test_a_registered_engine_runs_a_two_arm_compare(fake_engine, tmp_path):
     # the engine's own check runs with the comparison's, before anything trains
     with pytest.raises(CompareError, match="--minibatches=4: the fake engine takes 2"):
         CompareConfig(out=str(tmp_path / "other"), engine="fake", minibatches=4, eval_data=(str(fake_engine),)).validate()
+    # and so does every engine's: --keep was checked by kpo's and verl's engines alone, never a plug-in's
+    with pytest.raises(CompareError, match="--keep nope: unknown; use hf"):
+        CompareConfig(out=str(tmp_path / "other"), engine="fake", keep="nope", eval_data=(str(fake_engine),)).validate()
 
 
 def test_a_registered_engine_runs_a_one_cell_map(fake_engine, tmp_path):

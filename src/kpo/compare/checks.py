@@ -9,6 +9,7 @@ import dataclasses
 from pathlib import Path
 
 from kpo._checks import PROBLEM_FILES, file_errors, file_in_the_way, no_tokenizer, unwritable
+from kpo.compare.contract import keep_errors
 from kpo.compare.defaults import ABLATIONS, DEFAULT_ABLATIONS
 from kpo.compare.engines import engine_of
 from kpo.compare.stats import MOST_SEEDS
@@ -19,7 +20,7 @@ __all__ = ["WEIGHT_FILES", "out_errors", "settings_errors"]
 def settings_errors(cfg) -> tuple[tuple[str, ...], list[str]]:
     """(the methods by their canonical names, every problem of the settings that the engine does not decide)."""
     methods, errors = _canonical_methods(cfg.methods)
-    errors = out_errors(cfg.out) + _range_errors(cfg) + errors + _data_errors(cfg)
+    errors = out_errors(cfg.out) + _range_errors(cfg) + errors + _data_errors(cfg) + keep_errors(cfg)
     return methods, errors
 
 

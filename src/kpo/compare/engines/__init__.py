@@ -104,9 +104,6 @@ class Engine(Protocol):
         """Worker: train ``run`` into ``out`` (``resume``: continue what an interrupt left, else afresh); returns
         its final model's folder."""
 
-    def checkpoint(self, cfg, out: Path, step: int) -> Path:
-        """The model folder of the run's checkpoint after optimizer step ``step`` (learning curves)."""
-
     def prune(self, cfg, out: Path) -> None:
         """Worker, once the run is scored: remove what ``cfg.keep`` (:data:`KEEP`) does not keep; the run stays
         done (:meth:`trained`) and is no longer resumable."""
@@ -119,10 +116,6 @@ class Engine(Protocol):
 
     def changed(self, cfg, run, out: Path) -> list[str]:
         """``"setting: was -> now"`` for each training setting of the run in ``out`` that differs from now's."""
-
-    def torn_files(self, out: Path) -> list[str]:
-        """Why each file the engine reads back from the folder ``out`` (a run's, or a warm start's) is unreadable,
-        as a stop mid-write can leave it; the caller adds the fix."""
 
     def steps_done(self, cfg, out: Path) -> int:
         """Optimizer steps the run in ``out`` has logged (the progress bar's count)."""

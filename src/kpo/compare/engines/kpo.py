@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kpo.compare.contract import STEP_ROWS, first_run_errors, keep_errors
+from kpo.compare.contract import STEP_ROWS, first_run_errors
 
 __all__ = ["CELL_OWNED", "COMPARE_OWNED", "MISMATCH_FLAGS", "KpoEngine", "train_argv"]
 
@@ -59,7 +59,7 @@ class KpoEngine:
             for flag, value in (("--ray-address", cfg.ray_address), ("--ray-runtime-env", cfg.ray_runtime_env))
             if value
         ]
-        return errors + _owned_flag_errors(cfg.train_args) + keep_errors(cfg)
+        return errors + _owned_flag_errors(cfg.train_args)
 
     def data_errors(self, cfg) -> list[str]:
         """``--dataset`` in a format kpo train reads; a ``--verl-config`` is verl's alone."""
@@ -130,9 +130,6 @@ class KpoEngine:
         run_training(parse_args(argv))
         return out / "final"
 
-    def checkpoint(self, cfg, out: Path, step: int) -> Path:
-        return out / f"checkpoint-{step}"
-
     def prune(self, cfg, out: Path) -> None:
         """``checkpoint-*`` (kpo train's, with their optimizer states: resume points and learning-curve models)
         go unless ``all``; ``final/`` goes with ``none``."""
@@ -175,18 +172,6 @@ class KpoEngine:
         # dump_ratios_every changes no trajectory, but the report analyzes the dumps at the period it records
         now["dump_ratios_every"] = cfg.dump_every
         return [f"{k}: {saved[k]!r} -> {v!r}" for k, v in now.items() if saved[k] != v]
-
-    def torn_files(self, out: Path) -> list[str]:
-        """kpo train's ``config.yaml``, where there is one, is not a kpo train configuration."""
-        from kpo.train.config import ConfigError, TrainConfig
-
-        if not (out / "config.yaml").exists():
-            return []
-        try:
-            TrainConfig.from_yaml(out / "config.yaml")
-        except ConfigError as e:
-            return ["; ".join(e.errors)]
-        return []
 
     def steps_done(self, cfg, out: Path) -> int:
         path = out / "metrics.jsonl"

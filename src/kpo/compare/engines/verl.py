@@ -56,7 +56,7 @@ import sys
 from pathlib import Path
 
 from kpo._files import replacing, write_json
-from kpo.compare.contract import BATCH_ROWS, first_run_errors, keep_errors
+from kpo.compare.contract import BATCH_ROWS, first_run_errors
 from kpo.compare.engines.verl_child import run_child
 from kpo.compare.engines.verl_cluster import (
     JOBS_FILE,
@@ -147,14 +147,11 @@ class VerlEngine:
     rows = BATCH_ROWS
 
     # ------------------------------------------------------------------ settings
-    def _user(self, cfg) -> tuple[str, ...]:
-        return tuple(cfg.train_args)
-
     def _base(self, cfg) -> tuple[str, ...]:
         """The user's overrides with --model / --dataset."""
         extra = [f"{MODEL_KEY}={_absolute(cfg.model, output=False)}"] if cfg.model is not None else []
         extra += [f"{DATA_KEY}={_absolute(cfg.dataset, output=False)}"] if cfg.dataset is not None else []
-        return (*self._user(cfg), *extra)
+        return (*tuple(cfg.train_args), *extra)
 
     def _composed(self, cfg):
         return compose(cfg.verl_config, self._base(cfg))
@@ -166,13 +163,13 @@ class VerlEngine:
         import importlib.util
 
         errors = []
-        given = {override_key(o) for o in self._user(cfg)}
+        given = {override_key(o) for o in tuple(cfg.train_args)}
         errors += [
             f"-- {key}=...: kpo compare sets it for every run; use {OWNED[key]} instead"
             for key in sorted(given & set(OWNED))
         ]
         # an owned key set inside a mapping given to one of its parents (`data={seed:3}`)
-        for override in self._user(cfg):
+        for override in tuple(cfg.train_args):
             inside = sorted(k for k in keys_set(override) if k in OWNED and k != override_key(override))
             errors += [
                 f"-- {override}: sets {key}, which kpo compare sets for every run; use {OWNED[key]} instead"
@@ -196,7 +193,7 @@ class VerlEngine:
                 "--engine verl: give the held-out benchmarks with --eval-data FILE... (kpo eval scores each run)"
             )
         errors += runtime_env_errors(cfg, ("VERL_FILE_LOGGER_PATH", "KPO_COMPARE_RUN", TENSORBOARD_ENV))
-        return errors + keep_errors(cfg)
+        return errors
 
     def data_errors(self, cfg) -> list[str]:
         """``--dataset`` as verl's training parquet; ``--verl-config`` a YAML building on verl's trainer
@@ -427,7 +424,7 @@ class VerlEngine:
         command = ["-m", "verl.trainer.main_ppo", *where, *overrides]
         sys.stdout.flush()
         if jobs is None:
-            run_child([sys.executable, *command], _run_env(out, run, _attempts(out)), out)
+            run_child([sys.executable, *command], _run_env(out, run, len(attempt_files(out))), out)
         else:
             env = runtime_env(cfg, Path(cfg.out), _run_env(out, run, len(jobs.ids())))
             job = jobs.submit([PYTHON, *command], env)
@@ -448,14 +445,14 @@ class VerlEngine:
             if jobs.follow(job) != "SUCCEEDED":
                 raise RuntimeError(f"{jobs.failure(job)} (its log is above, in this log)")
             return True
-        if status == "SUCCEEDED" and _has_weights(self.checkpoint(cfg, out, cfg.steps)):
+        if status == "SUCCEEDED" and _has_weights(self._final(cfg, out)):
             print(f"kpo compare: {run.name}: its Ray job {job} finished; reading what it wrote", flush=True)
             return True
         return False
 
     def _finish(self, cfg, out: Path) -> Path:
         """The trained run's final model, once its metrics (every attempt's rows, merged) are in metrics.jsonl."""
-        final = self.checkpoint(cfg, out, cfg.steps)
+        final = self._final(cfg, out)
         if not _has_weights(final):
             raise RuntimeError(
                 f"verl's main_ppo finished without the final checkpoint's Hugging Face weights in {final} "
@@ -477,8 +474,9 @@ class VerlEngine:
             partial.write_text("".join(json.dumps(r) + "\n" for r in metrics_rows(merged, per_batch)))
         return final
 
-    def checkpoint(self, cfg, out: Path, step: int) -> Path:
-        batch = step // self._steps_per_batch(cfg)
+    def _final(self, cfg, out: Path) -> Path:
+        """The Hugging Face folder of the run's final checkpoint."""
+        batch = cfg.steps // self._steps_per_batch(cfg)
         return out / "checkpoints" / f"global_step_{batch}" / "actor" / "huggingface"
 
     def trained(self, cfg, out: Path) -> bool:
@@ -493,7 +491,7 @@ class VerlEngine:
         if cfg.keep == "none":
             shutil.rmtree(folder)
         else:
-            _prune_to(folder, self.checkpoint(cfg, out, cfg.steps))
+            _prune_to(folder, self._final(cfg, out))
 
     def resumable(self, cfg, run, out: Path) -> bool:
         return (out / RUN_FILE).exists() and _checkpointed_step(out) > 0 and not self.changed(cfg, run, out)
@@ -517,10 +515,6 @@ class VerlEngine:
         if saved["verl_config"] != _yaml(cfg):
             changed.append(f"--verl-config {cfg.verl_config}: its text (or the file given) differs")
         return changed
-
-    def torn_files(self, out: Path) -> list[str]:
-        """Nothing: what kpo reads back of a verl run (``run.json``, ``metrics.jsonl``) is written whole or not at all."""
-        return []
 
     def steps_done(self, cfg, out: Path) -> int:
         files = attempt_files(out)
@@ -561,10 +555,6 @@ def _run_env(out: Path, run, attempt: int) -> dict[str, str]:
     if os.environ.get(TENSORBOARD_ENV):
         env[TENSORBOARD_ENV] = str(Path(_absolute(os.environ[TENSORBOARD_ENV], output=True)) / run.name)
     return env
-
-
-def _attempts(out: Path) -> int:
-    return len(attempt_files(out))
 
 
 def _absolute(path, *, output: bool) -> str:
