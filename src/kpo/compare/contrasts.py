@@ -25,8 +25,8 @@ __all__ = [
 ]
 
 
-def verdict(low: float | None, high: float | None, within: str = "equivalent") -> str:
-    """A contrast's verdict from its interval alone (fractions): better / worse / ``within`` (the interval inside
+def verdict(low: float | None, high: float | None) -> str:
+    """A contrast's verdict from its interval alone (fractions): better / worse / equivalent (the interval inside
     the +-margin) / undecided."""
     margin = CLAIM_RULES["margin"]
     if low is None or high is None:
@@ -36,7 +36,7 @@ def verdict(low: float | None, high: float | None, within: str = "equivalent") -
     if high < 0:
         return "worse"
     if -margin <= low and high <= margin:
-        return within
+        return "equivalent"
     return "undecided"
 
 

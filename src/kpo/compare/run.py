@@ -311,10 +311,10 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
 
 
 def _await_runs(
-    pool: ProcessPoolExecutor, jobs: list[Job], submit: Callable[[Job], object], on_done: OnDone | None
+    pool: ProcessPoolExecutor, jobs: list[Job], submit: Callable[[Job], object], on_done: Callable[[Job], None] | None
 ) -> tuple[list, list]:
-    """Each seed's warm start, then every job (and those ``on_done`` adds as jobs finish) through ``submit`` with
-    a progress bar of optimizer steps; returns (failure lines, jobs whose worker process died)."""
+    """Each seed's warm start, then every job through ``submit`` with a progress bar of optimizer steps, ``on_done``
+    called as each finishes; returns (failure lines, jobs whose worker process died)."""
     from concurrent.futures.process import BrokenProcessPool
 
     warm = {}  # seed -> the settings of its first job (every job of a seed starts from one warm start)
@@ -349,16 +349,9 @@ def _await_runs(
                 macro = ", ".join(f"{k} {v:.3f}" for k, v in info["macro"].items() if "@" in k)
                 disk = f"{size_text(info['disk']['written'])} written, {size_text(info['disk']['kept'])} kept"
                 bar.write(f"done {job.label} in {info['seconds'] / 60:.1f} min: {macro}; disk {disk}")
-                for new in on_done(job) if on_done is not None else ():
-                    jobs.append(new)
-                    bar.total += new.cfg.steps
-                    pending[submit(new)] = new
+                if on_done is not None:
+                    on_done(job)
     return failures, broken
-
-
-# Called in the main process as each job finishes; returns the jobs that its result calls for (none, for a study,
-# which records the run there).
-OnDone = Callable[[Job], list[Job]]
 
 
 def _worker_start(parent: int) -> None:
@@ -371,24 +364,19 @@ def _worker_start(parent: int) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def train_jobs(jobs: list[Job], workers: int | None, on_done: OnDone | None = None) -> None:
-    """Train and evaluate ``jobs`` (and those ``on_done`` adds) in parallel worker processes (``workers``; None =
-    one per CPU); :class:`RunsFailed` listing every failed run (after the others ended) when any failed, CompareError
-    before anything starts when another process writes one of them (its lock). An interrupt is passed on to the
-    workers (:func:`_stop_workers`)."""
-    jobs = list(jobs)
+def train_jobs(jobs: list[Job], workers: int, on_done: Callable[[Job], None] | None = None) -> None:
+    """Train and evaluate ``jobs`` in ``workers`` parallel worker processes, calling ``on_done(job)`` in this process
+    as each finishes; :class:`RunsFailed` listing every failed run (after the others ended) when any failed,
+    CompareError before anything starts when another process writes one of them (its lock). An interrupt is passed
+    on to the workers (:func:`_stop_workers`)."""
     locked = [why for job in jobs if (why := busy(job.folder))]
     if locked:  # before anything is written to them
         raise CompareError(locked)
     log_sizes = {}  # a run's worker adds a line to its log at start: which of the runs a dead worker stopped had begun
-    workers = workers if workers is not None else os.cpu_count() or 1
     # Workers run in process groups of their own, so a signal reaches them only through _stop_workers: once,
     # whether it was a terminal's Ctrl-C (sent to the whole foreground group) or a signal to kpo compare alone.
-    # with on_done, runs may be added as others finish: the pool is sized for them, not for the first list
-    size = workers if on_done is not None else min(workers, len(jobs))
-    pool = ProcessPoolExecutor(
-        max_workers=size, mp_context=get_context("spawn"), initializer=_worker_start, initargs=(os.getpid(),)
-    )
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context("spawn"),
+                               initializer=_worker_start, initargs=(os.getpid(),))
 
     def submit(job: Job):
         resume = engine_of(job.cfg).resumable(job.cfg, job.run, job.folder)

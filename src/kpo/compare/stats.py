@@ -38,7 +38,6 @@ import numpy as np
 
 __all__ = [
     "ALPHA",
-    "MARGIN",
     "anytime_p",
     "MOST_SEEDS",
     "centre",
@@ -57,7 +56,6 @@ __all__ = [
 ]
 
 ALPHA = 0.05  # family-wise error rate of a report's claims
-MARGIN = 0.05  # "within +-5 points": the equivalence / non-inferiority margin, a fraction
 MOST_SEEDS = 200  # the most seeds per cell a sample-size search tries before it says "more than this"
 MEDIAN_CI_MIN = 6  # pairs from which the median's distribution-free interval reaches 95% (1 - 2 / 2^6 = 0.969)
 SIGN_FLIP_EXACT_MOST = 40  # seeds up to which sign_flip_p enumerates real differences exactly (2 x 2^20 half sums)

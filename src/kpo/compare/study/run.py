@@ -283,9 +283,8 @@ def _run_locked(study: Study, report_only: bool, allow_uncommitted: bool) -> Pat
         if todo:
             meta = {id(j): (c, a) for c, a, j in todo}
 
-            def on_done(job, meta=meta) -> list:
+            def on_done(job, meta=meta) -> None:
                 _save_record(study, _record(study, job, *meta[id(job)]))
-                return []
 
             train_jobs([j for _, _, j in todo], parallel_runs(todo[0][2].cfg), on_done)
     answer = analyze(plan, study.data(), study.seeds()["admitted"])
