@@ -44,7 +44,7 @@ class FakeEngine:
     def cell_settings(self, cell) -> tuple[str, ...]:
         return (f"sampler={cell.mismatch}", f"lr={cell.lr!r}")
 
-    def cell_errors(self, cfg) -> list[str]:
+    def cell_errors(self, cell, train_args) -> list[str]:
         return []
 
     def workers(self, cfg) -> int | None:

@@ -67,9 +67,10 @@ class Engine(Protocol):
         """A regime cell's (:class:`kpo.compare.cell.Cell`) sampler mismatch and learning rate as the engine's
         own ``--`` settings (its depth is ``--minibatches``, every engine's)."""
 
-    def cell_errors(self, cfg) -> list[str]:
-        """``cfg`` with ``engine``, ``train_args`` and ``cells`` (Cells): the cells the engine cannot run, and ``--`` settings that would
-        override what a cell sets (:meth:`cell_settings`)."""
+    def cell_errors(self, cell, train_args) -> list[str]:
+        """Why the engine cannot run ``cell`` (:class:`kpo.compare.cell.Cell`) with its runs' ``--`` settings
+        ``train_args``: a mismatch it has no sampler for, a setting that would override what the cell sets
+        (:meth:`cell_settings`)."""
 
     # ------------------------------------------------------------------ the plan and the scoring
     def workers(self, cfg) -> int | None:

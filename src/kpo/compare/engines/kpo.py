@@ -81,14 +81,14 @@ class KpoEngine:
     def cell_settings(self, cell) -> tuple[str, ...]:
         return ("--learning-rate", repr(cell.lr), *MISMATCH_FLAGS[cell.mismatch])
 
-    def cell_errors(self, cfg) -> list[str]:
+    def cell_errors(self, cell, train_args) -> list[str]:
         """`--` flags that would override what a cell fixes (its learning rate, sampler, anchor, depth): every
         mismatch level is kpo train's."""
         from kpo.train.flags import build_parser
 
         try:
             parser = build_parser("kpo compare regimes -- (kpo train flags)", defaults=False)
-            given = vars(parser.parse_args(list(cfg.train_args)))
+            given = vars(parser.parse_args(list(train_args)))
         except SystemExit:  # argparse printed its own line; kpo compare's validation reports the rest
             return []
         return [

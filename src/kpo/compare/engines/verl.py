@@ -340,16 +340,15 @@ class VerlEngine:
         """The cell's sampler (:data:`CELL_SAMPLER`: its dtype and verl's bypass mode) and learning rate."""
         return (*CELL_SAMPLER[cell.mismatch], f"{CELL_LR}={cell.lr!r}")
 
-    def cell_errors(self, cfg) -> list[str]:
+    def cell_errors(self, cell, train_args) -> list[str]:
         """A cell whose mismatch verl has no sampler for (fp8), or a `--` override of what each cell sets."""
-        errors = [
-            f"--mismatch {m}: not mapped to verl; use {', '.join(CELL_SAMPLER)}"
-            for m in sorted({c.mismatch for c in cfg.cells} - set(CELL_SAMPLER))
-        ]
+        errors = []
+        if cell.mismatch not in CELL_SAMPLER:
+            errors.append(f"--mismatch {cell.mismatch}: not mapped to verl; use {', '.join(CELL_SAMPLER)}")
         owned = {override_key(o) for sampler in CELL_SAMPLER.values() for o in sampler} | {CELL_LR}
         errors += [
             f"-- {key}=...: each cell sets it (--mismatch, --lr); drop it"
-            for key in sorted({override_key(o) for o in cfg.train_args} & owned)
+            for key in sorted({override_key(o) for o in train_args} & owned)
         ]
         return errors
 

@@ -108,10 +108,7 @@ class RegimeConfig:
     keep: str = CompareConfig.keep
     ray_address: str | None = None
     ray_runtime_env: str | None = None
-    cells: list[Cell] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.cells = []
+    cells: list[Cell] = field(init=False, default_factory=list)  # the grid's, or --cells', once validated
 
     def validate(self) -> RegimeConfig:
         """Check the grid's settings before anything trains (CompareError lists them); the plan they make is checked
@@ -237,6 +234,5 @@ def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, report_only: bool
     if not path.exists():
         with holding(out, "kpo compare regimes"):
             write_json(path, plan, indent=2)
-    cluster = {"ray_address": cfg.ray_address, "ray_runtime_env": cfg.ray_runtime_env}
-    study = Study(out, out, jobs=cfg.jobs, cluster={k: v for k, v in cluster.items() if v is not None})
+    study = Study(out, out, jobs=cfg.jobs, cluster={"ray_address": cfg.ray_address, "ray_runtime_env": cfg.ray_runtime_env})
     return run_study(study, report_only=report_only, allow_uncommitted=True)

@@ -39,11 +39,9 @@ from kpo.compare.plan import CompareConfig, CompareError, Run, cell_compare
 from kpo.compare.stats import MOST_SEEDS
 
 __all__ = [
-    "ALTERNATIVES",
+    "cell_arms",
     "cell_config",
-    "OUTCOMES",
     "PLAN_FILE",
-    "ROLES",
     "collapsed",
     "group_arms",
     "load_plan",
@@ -194,6 +192,14 @@ def group_arms(plan: dict, group: str) -> list[str]:
     """The arms a group trains: those its questions name, in the plan's order of arms."""
     named = {arm for q in plan["questions"] if q["group"] == group for arm in (q["a"], q["b"])}
     return [a for a in plan["arms"] if a in named]
+
+
+def cell_arms(plan: dict):
+    """(cell, arm) of every run the plan can train: each group's cells by the arms the group trains."""
+    for group, g in plan["groups"].items():
+        for cell in g["cells"]:
+            for arm in group_arms(plan, group):
+                yield cell, arm
 
 
 def plan_errors(raw: dict, *, version1: bool = False) -> list[str]:

@@ -24,7 +24,7 @@ from pathlib import Path
 from kpo.compare.cell import Cell
 from kpo.compare.plan import CompareError
 from kpo.compare.study.looks import schedule
-from kpo.compare.study.plan import PLAN_FILE, cell_config, group_arms, plan_from, run_of
+from kpo.compare.study.plan import PLAN_FILE, cell_arms, cell_config, group_arms, plan_from, run_of
 
 __all__ = ["confirmatory", "engine_errors", "plan_hash", "plan_history", "register", "repeats", "runs_at_most"]
 
@@ -154,41 +154,33 @@ def repeats(plan: dict, folder: Path, seeds: list[int], commit: str | None = Non
     skip = str((folder / PLAN_FILE).relative_to(top)) if (folder / PLAN_FILE).is_relative_to(top) else ""
     earlier = _earlier_runs(Path(top), before, skip)
     found = []
-    for group, g in plan["groups"].items():
-        for cell in g["cells"]:
-            for arm in group_arms(plan, group):
-                cfg = cell_config(plan, cell, arm, Path("runs"))
-                for seed in seeds:
-                    where = earlier.get(fingerprint(cfg, run_of(plan, arm, seed)))
-                    if where:
-                        found.append({"cell": cell, "arm": arm, "seed": seed, "where": where})
+    for cell, arm in cell_arms(plan):
+        cfg = cell_config(plan, cell, arm, Path("runs"))
+        for seed in seeds:
+            where = earlier.get(fingerprint(cfg, run_of(plan, arm, seed)))
+            if where:
+                found.append({"cell": cell, "arm": arm, "seed": seed, "where": where})
     return found
 
 
 # ------------------------------------------------------------------ registering a plan
 def engine_errors(plan: dict) -> list[str]:
     """What the engine rejects in each (cell, arm)'s runs, once per problem with the first run that has it."""
-    from types import SimpleNamespace
-
     from kpo.compare.engines import engine_of
 
     first: dict[str, str] = {}
-    for group, g in plan["groups"].items():
-        for cell in g["cells"]:
-            c = plan["cells"][cell]
-            for arm in group_arms(plan, group):
-                cfg = cell_config(plan, cell, arm, Path("runs"))
-                engine = engine_of(cfg)
-                own = (*c["train_args"], *plan["setup"]["train_args"], *plan["arms"][arm]["train_args"])
-                found = engine.cell_errors(SimpleNamespace(engine=cfg.engine, train_args=own,
-                                                           cells=[Cell(c["mismatch"], c["depth"], c["lr"])]))
-                try:
-                    cfg.validate()
-                    found += engine.config_errors(cfg, [run_of(plan, arm, plan["seeds"]["first"])])
-                except CompareError as e:
-                    found += e.errors
-                for err in found:
-                    first.setdefault(err, f"cell {cell}, arm {arm}")
+    for cell, arm in cell_arms(plan):
+        c, cfg = plan["cells"][cell], cell_config(plan, cell, arm, Path("runs"))
+        engine = engine_of(cfg)
+        own = (*c["train_args"], *plan["setup"]["train_args"], *plan["arms"][arm]["train_args"])
+        found = engine.cell_errors(Cell(c["mismatch"], c["depth"], c["lr"]), own)
+        try:
+            cfg.validate()
+            found += engine.config_errors(cfg, [run_of(plan, arm, plan["seeds"]["first"])])
+        except CompareError as e:
+            found += e.errors
+        for err in found:
+            first.setdefault(err, f"cell {cell}, arm {arm}")
     return [f"{where}: {err}" for err, where in first.items()]
 
 

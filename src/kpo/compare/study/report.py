@@ -40,41 +40,32 @@ def batch_of_collapse(rewards: list[float]) -> int | None:
     return None
 
 
-def _needed_level(entry: dict, plan: dict) -> float:
-    """The level an undecided question is sized at: the gate's own (the plan's alpha) for the primary or a family
-    without a gate; else Holm's first threshold (alpha over the family), the strictest it can face."""
-    family = sum(q["role"] == "family" for q in plan["questions"])
-    return plan["alpha"] if entry["role"] == "primary" else plan["alpha"] / max(1, family)
-
-
-def _seeds_needed(entry: dict, plan: dict) -> int | None:
-    """For a question undecided at its cap: seeds (per cell) an 80%-power test at :func:`_needed_level` would need,
-    from what was measured: exact binomial power of McNemar for (cell, seed) pairs, else t power as the sign-flip
-    test's approximation; None where no effect was measured or (pairs) beyond ``MOST_SEEDS``."""
-    from kpo.compare.stats import discordance_seeds, seeds_for_effect
-
-    last, level = entry["looks"][-1], _needed_level(entry, plan)
-    if entry["test"] == "mcnemar-pairs":
-        return discordance_seeds(last["a_only"], last["b_only"], last["pairs"], len(entry["cells"]), level)
-    return seeds_for_effect(last.get("sd"), last["estimate"], level)
-
-
-def _seeds_needed_words(entry: dict, plan: dict, n: int | None, gate_open: bool) -> str:
-    """What deciding an undecided question would take, in words: post-hoc, as if the measured effect were true; a
+def _seeds_needed(entry: dict, plan: dict, gate_open: bool) -> tuple[int | None, str]:
+    """For a question undecided at its cap, post-hoc, as if the measured effect were true: the seeds (per cell) an
+    80%-power test would need, and what deciding it would take in words. The level is the gate's own (the plan's
+    alpha) for the primary or a family without a gate, else Holm's first threshold (alpha over the family), the
+    strictest it can face; the power is McNemar's exact binomial one for (cell, seed) pairs, else the t-test's as
+    the sign-flip test's approximation (None where no effect was measured or, for pairs, beyond ``MOST_SEEDS``). A
     family member behind a closed gate needs the gate's rejection first."""
-    from kpo.compare.stats import MOST_SEEDS
+    from kpo.compare.stats import MOST_SEEDS, discordance_seeds, seeds_for_effect
 
-    last = entry["looks"][-1]
-    level = f"80% power at level {_needed_level(entry, plan):.2g}"
+    last, family = entry["looks"][-1], sum(q["role"] == "family" for q in plan["questions"])
+    level = plan["alpha"] if entry["role"] == "primary" else plan["alpha"] / max(1, family)
+    if entry["test"] == "mcnemar-pairs":
+        n = discordance_seeds(last["a_only"], last["b_only"], last["pairs"], len(entry["cells"]), level)
+    else:
+        n = seeds_for_effect(last.get("sd"), last["estimate"], level)
+    power = f"80% power at level {level:.2g}"
     if n is not None:
-        words = f"about {n} seeds per cell for {level}, if the measured effect were the true one (post-hoc)"
+        words = f"about {n} seeds per cell for {power}, if the measured effect were the true one (post-hoc)"
     elif entry["test"] == "mcnemar-pairs" and last["a_only"] != last["b_only"]:
-        words = (f"more than {MOST_SEEDS} seeds per cell for {level}, if the measured {last['a_only']} to "
+        words = (f"more than {MOST_SEEDS} seeds per cell for {power}, if the measured {last['a_only']} to "
                  f"{last['b_only']} of {last['pairs']} pairs were the true effect (post-hoc)")
     else:
         words = "no number of seeds: the measured effect is 0 (or its spread unknown)"
-    primary = any(q["role"] == "primary" for q in plan["questions"])
-    return words if gate_open or not primary or entry["role"] == "primary" else f"the gate's rejection first, then {words}"
+    if not gate_open and entry["role"] != "primary" and any(q["role"] == "primary" for q in plan["questions"]):
+        words = f"the gate's rejection first, then {words}"
+    return n, words
 
 
 def probability_of_improvement(xs, ys):
@@ -215,8 +206,7 @@ def write_study_report(study, answer: dict, history: dict) -> Path:
     gate_open = not primary or primary[0]["rejected"]
     for entry in answer["questions"].values():
         if entry["verdict"] == "undecided":
-            entry["seeds_needed"] = _seeds_needed(entry, plan)
-            entry["seeds_needed_words"] = _seeds_needed_words(entry, plan, entry["seeds_needed"], gate_open)
+            entry["seeds_needed"], entry["seeds_needed_words"] = _seeds_needed(entry, plan, gate_open)
     commit = history["first"]["commit"] if history["first"] else None
     repeated = _repeats(json.dumps(plan), str(study.folder), tuple(seeds["admitted"]), commit)
     tried = len(seeds["admitted"]) + len(seeds["dropped"])

@@ -20,7 +20,7 @@ from kpo._files import write_json
 from kpo.compare.plan import CompareError, share_warm_starts, shared_start_dir
 from kpo.compare.run import Job, holding
 from kpo.compare.study.looks import analyze, nest, schedule
-from kpo.compare.study.plan import PLAN_FILE, cell_config, group_arms, load_plan, run_name, run_of
+from kpo.compare.study.plan import PLAN_FILE, cell_arms, cell_config, load_plan, run_name, run_of
 from kpo.compare.study.records import RECORDS, SEEDS, read_records, read_seeds
 
 __all__ = ["Study", "run_study"]
@@ -123,14 +123,6 @@ def _save_record(study: Study, record: dict) -> None:
     write_json(study.folder / RECORDS, dict(sorted(records.items())), indent=2)
 
 
-def _every_run(study: Study):
-    """(cell, arm) of every run the plan can train."""
-    for group, g in study.plan["groups"].items():
-        for cell in g["cells"]:
-            for arm in group_arms(study.plan, group):
-                yield cell, arm
-
-
 def _record_finished(study: Study) -> None:
     """Record every finished run that has no record yet (a stop between its end and its record)."""
     from kpo.compare.run import _done
@@ -138,7 +130,7 @@ def _record_finished(study: Study) -> None:
     if not study.runs.exists():
         return
     done = study.records()
-    for cell, arm in _every_run(study):
+    for cell, arm in cell_arms(study.plan):
         for seed in study.seeds()["admitted"]:
             job = study.job(cell, arm, seed)
             if job.label not in done and job.folder.exists() and _done(job.cfg, job.folder):
@@ -155,7 +147,7 @@ def _admit(study: Study, wanted: int, build=None) -> list[int]:
 
     build = build or _build_in_pool
     seeds = study.seeds()
-    cell, arm = next(_every_run(study))
+    cell, arm = next(cell_arms(study.plan))
     cfg = study.job(cell, arm, 0).cfg
     while len(seeds["admitted"]) < wanted:
         used = set(seeds["admitted"]) | {d["seed"] for d in seeds["dropped"]}
