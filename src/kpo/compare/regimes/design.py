@@ -234,5 +234,5 @@ def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, report_only: bool
     if not path.exists():
         with holding(out, "kpo compare regimes"):
             write_json(path, plan, indent=2)
-    study = Study(out, out, jobs=cfg.jobs, cluster={"ray_address": cfg.ray_address, "ray_runtime_env": cfg.ray_runtime_env})
-    return run_study(study, report_only=report_only, allow_uncommitted=True)
+    cluster = {"ray_address": cfg.ray_address, "ray_runtime_env": cfg.ray_runtime_env}
+    return run_study(Study(out, out, jobs=cfg.jobs, cluster=cluster), report_only=report_only, allow_uncommitted=True)
