@@ -73,7 +73,18 @@ class KpoEngine:
         return errors
 
     def config_errors(self, cfg, runs) -> list[str]:
-        return _train_config_errors(cfg, runs)
+        """What `kpo train` would reject in each distinct run config (a method, or a sweep point) of ``runs``."""
+        from kpo.train.config import ConfigError
+        from kpo.train.flags import parse_args
+
+        def errors_of(run) -> list[str]:
+            try:
+                parse_args(train_argv(cfg, run, Path(cfg.out) / "runs" / run.name)).validate()
+            except ConfigError as e:  # kpo train's advice names its own flag; kpo compare puts every run under --out
+                return [err.replace("another --output-dir", "another --out") for err in e.errors]
+            return []
+
+        return first_run_errors(runs, errors_of)
 
     def plan_lines(self, cfg) -> list[str]:
         return []
@@ -116,9 +127,8 @@ class KpoEngine:
         from kpo.train.flags import parse_args
         from kpo.train.run import model_path
 
-        return model_path(
-            parse_args(["--seed", str(seed), "--progress", "false", *_model_args(cfg), *cfg.train_args])
-        )
+        model = ["--model", cfg.model] if cfg.model is not None else []
+        return model_path(parse_args(["--seed", str(seed), "--progress", "false", *model, *cfg.train_args]))
 
     def train(self, cfg, run, out: Path, resume: bool) -> Path:
         from kpo.train.flags import parse_args
@@ -213,21 +223,6 @@ def _owned_flag_errors(train_args: tuple[str, ...]) -> list[str]:
     return errors
 
 
-def _train_config_errors(cfg, runs) -> list[str]:
-    """What `kpo train` would reject in each distinct run config (a method, or a sweep point) of ``runs``."""
-    from kpo.train.config import ConfigError
-    from kpo.train.flags import parse_args
-
-    def errors_of(run) -> list[str]:
-        try:
-            parse_args(train_argv(cfg, run, Path(cfg.out) / "runs" / run.name)).validate()
-        except ConfigError as e:  # kpo train's advice names its own flag; kpo compare puts every run under --out
-            return [err.replace("another --output-dir", "another --out") for err in e.errors]
-        return []
-
-    return first_run_errors(runs, errors_of)
-
-
 def train_argv(cfg, run, out: Path) -> list[str]:
     """The `kpo train` command line of ``run`` (a :class:`kpo.compare.Run`) of comparison ``cfg``, into ``out``."""
     # every seed of a user's --model starts from that model; the embedded one from the seed's own warm start
@@ -264,6 +259,3 @@ def train_argv(cfg, run, out: Path) -> list[str]:
         ]
     return argv + list(cfg.train_args)
 
-
-def _model_args(cfg) -> list[str]:
-    return ["--model", cfg.model] if cfg.model is not None else []
