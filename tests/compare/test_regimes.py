@@ -73,7 +73,11 @@ def test_bad_settings_name_the_fix(tmp_path, kw, message):
 def test_the_plan_prints_the_questions_and_trains_nothing(tmp_path, capsys, no_training):
     assert main(["regimes", "--out", str(tmp_path / "map"), "--plan"]) == 0
     printed = capsys.readouterr().out
-    assert "regime map: 8 cells x 6 seeds, at most 216 runs of 20 generation batches" in printed
+    assert "regime map: 8 cells x 6 seeds, at most 216 runs of 20 generation batches, about " in printed
+    # kpo compare's cost model: a run of 20 batches is 20 x 4 x 0.97 s + 256 problems x 4 samples x 9 ms + 20 s
+    # = 106.8 s; 216 runs and 6 warm starts of 240 s on --jobs 2
+    assert main(["regimes", "--out", str(tmp_path / "map"), "--plan", "--jobs", "2"]) == 0
+    assert f"about {(216 * 106.816 + 6 * 240) / 2 / 60:.0f} min on 2 worker(s)" in capsys.readouterr().out
     for key, text, *_ in QUESTIONS:
         assert f"  {key}: {text}" in printed
     assert "collapse: final accuracy below its warm start's" in printed

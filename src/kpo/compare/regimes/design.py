@@ -15,6 +15,8 @@ from kpo.compare.stats import ALPHA
 from kpo.compare.study.plan import (
     REGISTERED,
     SETUP,
+    cell_arms,
+    cell_config,
     group_arms,
     load_plan,
     normalize,
@@ -188,11 +190,21 @@ def map_plan(cfg: RegimeConfig) -> dict:
     return plan | {"runs_at_most": runs_at_most(plan), "source": "kpo compare regimes"}
 
 
-def format_map_plan(plan: dict, path: Path) -> str:
-    """The map's plan as ``kpo compare regimes`` prints it before anything trains."""
+def format_map_plan(plan: dict, path: Path, jobs: int | None) -> str:
+    """The map's plan as ``kpo compare regimes`` prints it before anything trains, with its time at most on the
+    embedded setup by kpo compare's cost model (:func:`kpo.compare.plan.run_seconds`) on ``jobs`` workers."""
+    from kpo.compare.engines import engine_of
+    from kpo.compare.plan import WARM_START_SECONDS, held_out_problems, parallel_runs, run_seconds
+
     seeds = next(iter(plan["groups"].values()))["looks"][-1]
+    cfgs = [cell_config(plan, cell, arm, path.parent) for cell, arm in cell_arms(plan)]
+    time = ""
+    if engine_of(cfgs[0]).embedded(cfgs[0]):
+        problems, workers = held_out_problems(cfgs[0], cfgs[0].eval_limit), jobs or parallel_runs(cfgs[0])
+        seconds = seeds * (sum(run_seconds(c, problems) for c in cfgs) + WARM_START_SECONDS) / workers
+        time = f", about {seconds / 60:.0f} min on {workers} worker(s)"
     lines = [f"regime map: {len(plan['cells'])} cells x {seeds} seeds, at most {plan['runs_at_most']} runs of "
-             f"{plan['setup']['batches']} generation batches; its plan: {path}"]
+             f"{plan['setup']['batches']} generation batches{time}; its plan: {path}"]
     lines += [f"  {group} cells ({', '.join(group_arms(plan, group))}): {', '.join(g['cells'])}"
               for group, g in plan["groups"].items()]
     lines.append("questions (each seed's cells pooled, the exact sign-flip test, Holm over them at alpha "
@@ -215,7 +227,7 @@ def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, report_only: bool
         raise CompareError(["--plan and --report: --plan prints the plan and stops, --report writes the map; give one"])
     out = Path(cfg.validate().out)
     plan, path = map_plan(cfg), out / "plan.json"
-    print(format_map_plan(plan, path), flush=True)
+    print(format_map_plan(plan, path, cfg.jobs), flush=True)
     design = {k: v for k, v in plan.items() if k not in REGISTERED}
     if path.exists():
         if isinstance(old := read_data_file(path, "the plan"), dict) and "rules" in old:
