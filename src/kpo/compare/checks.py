@@ -143,8 +143,7 @@ def _has_analyzed_dump(steps: int, every: int, minibatches: int) -> bool:
 def _dump_period_errors(cfg) -> list[str]:
     """--dump-every that dumps no step Table 2 can analyze within --steps (its settings are in range)."""
     steps, every, m = cfg.steps, cfg.dump_every, cfg.minibatches
-    # steps < minibatches: no off-policy step at all, and kpo train's check (steps a multiple of it) says so
-    if steps < m or _has_analyzed_dump(steps, every, m):
+    if _has_analyzed_dump(steps, every, m):
         return []
     # the longest period up to the asked one that works (p = minibatches always does, as steps >= it)
     fix = next(p for p in range(min(every, steps), 0, -1) if _has_analyzed_dump(steps, p, m))

@@ -300,9 +300,7 @@ class Contrast:
 def contrasts(cfg: CompareConfig) -> list[Contrast]:
     """The subject (KPO at the matched memory) against each baseline, each ablation, and its A/A replica."""
     plan = arms(cfg)
-    main = next((a for a in plan if (a.method, a.loss_kwargs) == subject(cfg) and not a.replica), None)
-    if main is None:
-        return []
+    main = next(a for a in plan if (a.method, a.loss_kwargs) == subject(cfg) and not a.replica)  # arms() has it
     out = []
     for other in plan:
         if other is main:

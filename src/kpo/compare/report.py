@@ -142,7 +142,7 @@ def _note_row(method: str, note: str, columns: int) -> str:
     return f"| {method} | {note} |" + " |" * (columns - 2)
 
 
-def _table2(methods, groups, out: Path) -> tuple[str, dict]:
+def _table2(methods, groups) -> tuple[str, dict]:
     from kpo.analysis import AnalyzeConfig, DumpError, compute, find_dumps, load_dump
 
     cfg = AnalyzeConfig(off_policy_only=True, sweep_q=())
@@ -181,7 +181,7 @@ def _table2(methods, groups, out: Path) -> tuple[str, dict]:
     return "\n".join(lines), stats
 
 
-def _sweep_table(cfg, members, loaded, key) -> tuple[str, dict]:
+def _sweep_table(members, loaded, key) -> tuple[str, dict]:
     """The Figure 4 table: per sweep point its memory in tokens, Q/V, final training reward and held-out avg@n."""
     from kpo.filter.memory import filter_memory
     from kpo.losses.kpo import filter_settings
@@ -262,8 +262,8 @@ def write_report(cfg, runs, out: Path) -> Path:
             out / "figure4_memory_sweep.png",
             smooth=CLAIM_RULES["smooth"],
         )
-        sweep_md, sweep = _sweep_table(cfg, members, loaded, table1["avg_key"])
-    table2_md, table2 = _table2(labels, groups, out)
+        sweep_md, sweep = _sweep_table(members, loaded, table1["avg_key"])
+    table2_md, table2 = _table2(labels, groups)
     claims = paper_claims(labels, groups, results, baselines, table2, sweep, subject_label)
 
     first = groups[labels[0]][0]
