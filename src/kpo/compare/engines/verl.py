@@ -151,7 +151,7 @@ class VerlEngine:
         """The user's overrides with --model / --dataset."""
         extra = [f"{MODEL_KEY}={_absolute(cfg.model, output=False)}"] if cfg.model is not None else []
         extra += [f"{DATA_KEY}={_absolute(cfg.dataset, output=False)}"] if cfg.dataset is not None else []
-        return (*tuple(cfg.train_args), *extra)
+        return (*cfg.train_args, *extra)
 
     def _composed(self, cfg):
         return compose(cfg.verl_config, self._base(cfg))
@@ -163,13 +163,13 @@ class VerlEngine:
         import importlib.util
 
         errors = []
-        given = {override_key(o) for o in tuple(cfg.train_args)}
+        given = {override_key(o) for o in cfg.train_args}
         errors += [
             f"-- {key}=...: kpo compare sets it for every run; use {OWNED[key]} instead"
             for key in sorted(given & set(OWNED))
         ]
         # an owned key set inside a mapping given to one of its parents (`data={seed:3}`)
-        for override in tuple(cfg.train_args):
+        for override in cfg.train_args:
             inside = sorted(k for k in keys_set(override) if k in OWNED and k != override_key(override))
             errors += [
                 f"-- {override}: sets {key}, which kpo compare sets for every run; use {OWNED[key]} instead"

@@ -18,9 +18,9 @@ from kpo.compare.study.plan import (
     cell_arms,
     cell_config,
     group_arms,
-    load_plan,
     normalize,
     plan_errors,
+    plan_from,
     read_data_file,
     rule_text,
 )
@@ -230,10 +230,11 @@ def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, report_only: bool
     print(format_map_plan(plan, path, cfg.jobs), flush=True)
     design = {k: v for k, v in plan.items() if k not in REGISTERED}
     if path.exists():
-        if isinstance(old := read_data_file(path, "the plan"), dict) and "rules" in old:
+        on_disk = read_data_file(path, "the plan")
+        if isinstance(on_disk, dict) and "rules" in on_disk:
             raise CompareError([f"{path}: a map planned before maps were studies (issue 53); this kpo does not continue "
                                 "it (its report stays as written): give a new --out for a new map"])
-        on_disk = load_plan(path)
+        on_disk = plan_from(on_disk, str(path))
         differ = [k for k, v in design.items() if on_disk.get(k) != v]
         if differ:
             raise CompareError([f"{path} is another map ({', '.join(differ)} differ from these flags'): give its flags, "

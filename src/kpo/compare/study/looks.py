@@ -27,7 +27,7 @@ import numpy as np
 from kpo.compare.stats import anytime_p, e_values, holm_adjusted, mcnemar_exact, sign_flip_p, spending
 from kpo.compare.study.plan import collapsed, group_arms
 
-__all__ = ["analyze", "gate_and_holm", "look_p", "nest", "schedule", "seed_values", "shares"]
+__all__ = ["analyze", "gate_and_holm", "look_test", "nest", "schedule", "seed_values", "shares"]
 
 
 def nest(rows) -> dict:
@@ -44,11 +44,14 @@ def schedule(plan: dict, group: str) -> list[int]:
     return list(range(1, g["max_seeds"] + 1)) if g["looks"] == "anytime" else list(g["looks"])
 
 
-def look_p(p: float, plan: dict, group: str, k: int) -> float:
-    """A test's p-value at look ``k`` of ``group`` on the scale of the plan's alpha: divided by that look's share of
-    alpha (group-sequential looks), as it is for anytime looks (already valid at any look)."""
-    split = shares(plan, group)
-    return p if split is None else min(1.0, p * plan["alpha"] / split[k])
+def look_test(plan: dict, q: dict, data: dict, seeds: list[int], rule: dict, k: int) -> dict:
+    """:func:`test_look` of question ``q`` at look ``k`` of its group (an e-process where the group looks at any
+    time), with ``p_look``: its p-value on the scale of the plan's alpha, divided by that look's share of alpha
+    (group-sequential looks), as it is for looks at any time (already valid at any look)."""
+    split = shares(plan, q["group"])
+    found = test_look(q if split is not None else {**q, "test": "anytime"}, data, seeds, rule)
+    found["p_look"] = found["p"] if split is None else min(1.0, found["p"] * plan["alpha"] / split[k])
+    return found
 
 
 def shares(plan: dict, group: str) -> list[float] | None:
@@ -182,11 +185,9 @@ def analyze(plan: dict, data: dict, seeds: list[int], rule: dict | None = None) 
             if not _complete(data, plan["groups"][group]["cells"], arms, seeds, n):
                 waiting[group] = n
                 continue
-            split, k = shares(plan, group), position[group]
             for q in [*testing, *(q for q in questions if q["group"] == group and q["role"] == "descriptive"
                                   and _complete(data, q["cells"] + q.get("versus", []), [q["a"], q["b"]], seeds, n))]:
-                found = test_look({**q, "test": "anytime" if split is None else q["test"]}, data, seeds[:n], rule)
-                found["p_look"] = look_p(found["p"], plan, group, k)
+                found = look_test(plan, q, data, seeds[:n], rule, position[group])
                 taken[q["key"]].append(found)
                 if q["role"] != "descriptive":
                     p_seq[q["key"]] = min(p_seq[q["key"]], found["p_look"])

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from kpo._files import replacing, write_json
-from kpo.compare.study.looks import analyze, gate_and_holm, look_p, shares, test_look
+from kpo.compare.study.looks import analyze, gate_and_holm, look_test
 from kpo.compare.study.plan import collapsed, group_arms, rule_text
 
 __all__ = ["batch_of_collapse", "probability_of_improvement", "write_study_report"]
@@ -181,11 +181,10 @@ def _without_repeats(plan: dict, data: dict, seeds: list[int], answers: dict, re
         gone = sorted({r["seed"] for r in repeated if r["cell"] in q["cells"] and r["arm"] in (q["a"], q["b"])})
         if not gone or q["role"] == "descriptive" or not answers[q["key"]]["looks"]:
             continue
-        split, ps, kept = shares(plan, q["group"]), [], []
+        ps, kept = [], []
         for look in answers[q["key"]]["looks"]:
             kept = [s for s in seeds[: look["seeds"]] if s not in gone]
-            found = test_look({**q, "test": "anytime" if split is None else q["test"]}, data, kept, plan["collapse"])
-            ps.append(look_p(found["p"], plan, q["group"], len(ps)))
+            ps.append(look_test(plan, q, data, kept, plan["collapse"], len(ps))["p_look"])
         rejected, adjusted = gate_and_holm({**p_seq, q["key"]: min(ps)}, plan)
         out[q["key"]] = {"seeds_left_out": gone, "seeds": len(kept), "p_sequential": min(ps),
                          "p_adjusted": adjusted[q["key"]], "rejected": rejected[q["key"]]}
