@@ -111,7 +111,7 @@ def test_seeds_out_of_range_blames_only_seeds(tmp_path, capsys, no_training):
     # the ablations' and the A/A arm's seeds follow --seeds when omitted: 0 seeds is one error, not three
     assert main(["--out", str(tmp_path / "cmp"), "--seeds", "0"]) == 2
     err = capsys.readouterr().err
-    assert "--seeds=0: must be an integer >= 1 (or omit it for 12 seeds)" in err
+    assert "--seeds=0: must be an integer in 1..200 (or omit it for 12 seeds)" in err
     assert "--ablation-seeds" not in err and "--aa-seeds" not in err, err
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 __all__ = ["MISMATCH", "Cell", "parse_cell"]
 
-MISMATCH = ("none", "bf16", "fp8")  # the sampler's mismatch levels (kpo.compare.regimes says what each is)
+MISMATCH = ("none", "bf16", "fp8")  # the sampler's mismatch levels (docs/compare.md says what each is)
 
 
 @dataclass(frozen=True)

@@ -39,16 +39,15 @@ def _canonical_methods(names: tuple[str, ...]) -> tuple[tuple[str, ...], list[st
             errors.append(f"--methods: {e}")
     for canonical, asked in given.items():
         if len(asked) > 1:
-            errors.append(
-                f"--methods: {', '.join(asked)} all name the loss {canonical!r}; list each loss once"
-            )
+            errors.append(f"--methods: {', '.join(asked)} all name the loss {canonical!r}; list each loss once")
     return tuple(given), errors
 
 
 def _range_errors(cfg) -> list[str]:
     """Integer settings outside their allowed range (None = the default, always allowed)."""
     seeds = max(cfg.seeds, 1)
-    upper = {"sweep_seeds": seeds, "ablation_seeds": seeds, "aa_seeds": seeds}
+    # at most MOST_SEEDS seeds: the plan makes a run folder per seed and arm
+    upper = {"seeds": MOST_SEEDS, "sweep_seeds": seeds, "ablation_seeds": seeds, "aa_seeds": seeds}
     lower = {"aa_seeds": 0}
     default = {
         "eval_limit": "the whole test split",
@@ -57,24 +56,12 @@ def _range_errors(cfg) -> list[str]:
         # what the comparison takes where the option is not given (--quick's, and at most --seeds)
         **{name: _omitted(cfg, name, unit) for name, unit in _FILLED.items()},
     }
-    errors = _ablation_arm_errors(cfg) + _look_errors(cfg)
-    names = (
-        "seeds",
-        "steps",
-        "minibatches",
-        "ablation_seeds",
-        "aa_seeds",
-        "sweep_seeds",
-        "eval_n",
-        "eval_limit",
-        "dump_every",
-        "jobs",
-    )
-    for name in names:
+    errors = _ablation_arm_errors(cfg)
+    for name in "seeds steps minibatches ablation_seeds aa_seeds sweep_seeds eval_n eval_limit dump_every jobs".split():
         value, hi, lo = getattr(cfg, name), upper.get(name), lower.get(name, 1)
         if value is None or (value >= lo and (hi is None or value <= hi)):
             continue
-        if name in upper and cfg.seeds < 1:
+        if name in upper and name != "seeds" and cfg.seeds < 1:
             continue  # bounded by --seeds, which is reported itself (and filled from it when omitted)
         allowed = f"an integer in {lo}..{hi}" if hi is not None else f"an integer >= {lo}"
         omit = f" (or omit it for {default[name]})" if name in default else ""
@@ -93,13 +80,6 @@ def _omitted(cfg, name: str, unit: str) -> str:
     --quick's, at most --seeds)."""
     n = getattr(dataclasses.replace(cfg, **{name: None}), name)
     return f"{n} {unit if n != 1 else unit.removesuffix('s')}"
-
-
-def _look_errors(cfg) -> list[str]:
-    """--seeds beyond MOST_SEEDS (the plan would make a run folder per seed and arm)."""
-    if cfg.seeds is not None and cfg.seeds > MOST_SEEDS:
-        return [f"--seeds={cfg.seeds}: at most {MOST_SEEDS} seeds a comparison (each a run per arm); give fewer"]
-    return []
 
 
 def _steps_errors(cfg) -> list[str]:

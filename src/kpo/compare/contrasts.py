@@ -12,17 +12,7 @@ from kpo.compare.claims import CLAIM_RULES
 from kpo.compare.stats import ALPHA, centre, holm_adjusted, mcnemar_exact, paired_accuracy
 from kpo.evaluation.metrics import paired_diff_ci
 
-__all__ = [
-    "collapsed",
-    "contrast",
-    "contrast_table",
-    "decide",
-    "looked",
-    "plot_contrasts",
-    "pyplot",
-    "save_figure",
-    "verdict",
-]
+__all__ = ["collapsed", "contrast", "contrast_table", "decide", "plot_contrasts", "pyplot", "save_figure", "verdict"]
 
 
 def verdict(low: float | None, high: float | None) -> str:
@@ -75,14 +65,6 @@ def contrast(a: list[dict], b: list[dict], warm: dict[int, dict]) -> dict:
         "collapses": mcnemar_exact(fell_a, fell_b) if known else None,
         "verdict": verdict(found["low"], found["high"]),
     }
-
-
-def looked(cfg, groups: dict, warm: dict[int, dict]) -> dict:
-    """Every contrast of the comparison: name -> {"kind", **:func:`contrast`}, each over its own seeds."""
-    from kpo.compare.plan import contrasts
-
-    return {c.name: {"kind": c.kind, **contrast(groups[c.a][: c.seeds], groups[c.b][: c.seeds], warm)}
-            for c in contrasts(cfg)}
 
 
 def decide(found: dict) -> dict:
@@ -163,23 +145,13 @@ def plot_contrasts(results: dict, path: Path) -> Path:
         if c["low"] is None:  # the sign test below 6 pairs: no interval
             ax.plot(100 * estimate, y, "o", color=color)
             continue
-        ax.errorbar(
-            100 * estimate,
-            y,
-            xerr=[[100 * (estimate - c["low"])], [100 * (c["high"] - estimate)]],
-            fmt="o",
-            color=color,
-            capsize=4,
-        )
-    ax.set_yticks(
-        range(len(names)), [f"{n} ({results[n]['seeds']} seeds)" for n in reversed(names)], fontsize=8
-    )
+        xerr = [[100 * (estimate - c["low"])], [100 * (c["high"] - estimate)]]
+        ax.errorbar(100 * estimate, y, xerr=xerr, fmt="o", color=color, capsize=4)
+    ax.set_yticks(range(len(names)), [f"{n} ({results[n]['seeds']} seeds)" for n in reversed(names)], fontsize=8)
     ax.set_xlabel(
         "difference in held-out accuracy, points (dots: seeds; bars: 95% paired t-interval, or the median's interval "
         "where runs collapsed)"
     )
-    ax.set_title(
-        "blue: KPO against the baselines; green: the ablations; red: A/A (the noise floor)", fontsize=9
-    )
+    ax.set_title("blue: KPO against the baselines; green: the ablations; red: A/A (the noise floor)", fontsize=9)
     ax.legend(loc="best", fontsize=8)
     return save_figure(fig, path)

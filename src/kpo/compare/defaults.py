@@ -27,8 +27,6 @@ EVAL_N = 4  # samples per held-out problem (the claims read the exact expected a
 SEEDS = 12  # paired seeds of the key arms: KPO (matched) against vanilla and against GSPO
 ABLATION_SEEDS = 4  # seeds of each ablation (the plan shows their wider intervals)
 AA_SEEDS = 6  # seeds of the A/A arm (KPO at the matched memory again, another RL seed); 0 = none
-REPLICA_SEED = (
-    1000  # an A/A replica's RL seed is its seed + REPLICA_SEED x replica (its warm start: the seed's)
-)
+REPLICA_SEED = 1000  # an A/A replica's RL seed is its seed + REPLICA_SEED x replica (its warm start: the seed's)
 # what --quick sets where the option is not given: a smoke test in minutes
 QUICK = {"steps": 40, "eval_n": 4, "seeds": 2, "ablation_seeds": 1, "aa_seeds": 1}

@@ -1,12 +1,7 @@
 """No trainer outlives its compare and no two processes write one run: a child process dies with the process
-that started it (:func:`die_with_parent`), and the process that writes a run holds its lock, which a trainer it
-starts inherits. Below both :mod:`kpo.compare.run` and the engines that start trainers.
-
-The lock is an exclusive ``flock`` on the run's :data:`LOCK_FILE`. Where the filesystem has no ``flock``, or (the
-plan's check of a Ray cluster: :func:`kpo.compare.engines.verl_cluster.cluster_errors`) its ``flock`` does not
-exclude across the machines that share it, a run is locked by creating its :data:`PID_FILE` exclusively instead
-(:func:`use_pid_files`, said in one line): the file names the process and its host, and a file left by a process
-of this host that is gone is taken over; one left by another host's process is removed by the user."""
+that started it (:func:`die_with_parent`), and the process that writes a run holds its lock (an exclusive ``flock``
+on its :data:`LOCK_FILE`, or its :data:`PID_FILE` created exclusively: :func:`use_pid_files`), which a trainer it
+starts inherits; docs/compare.md, "Processes". Below both :mod:`kpo.compare.run` and the engines."""
 
 from __future__ import annotations
 
@@ -18,18 +13,8 @@ import signal
 import socket
 from pathlib import Path
 
-__all__ = [
-    "LOCK_FILE",
-    "PID_FILE",
-    "busy",
-    "busy_line",
-    "die_with_parent",
-    "held_lock",
-    "lock_holder",
-    "lock_run",
-    "unlock_run",
-    "use_pid_files",
-]
+__all__ = ["LOCK_FILE", "PID_FILE", "busy", "busy_line", "die_with_parent", "held_lock", "lock_holder", "lock_run",
+           "unlock_run", "use_pid_files"]
 
 LOCK_FILE = "kpo-compare.lock"  # in a run's folder: the pid of the process that writes the run
 PID_FILE = "kpo-compare.pid"  # the same, where runs are locked with pid files: "<pid> <host>"

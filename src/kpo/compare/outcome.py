@@ -22,7 +22,7 @@ from pathlib import Path
 from kpo.compare.engines import engine_of
 from kpo.compare.plan import CompareError
 
-__all__ = ["EVAL_FILE", "EXPECTED_FILE", "exact_applies", "load_outcome", "outcome_file", "read_evaluation"]
+__all__ = ["EVAL_FILE", "EXPECTED_FILE", "exact_applies", "load_outcome", "read_evaluation"]
 
 EXPECTED_FILE = "expected.json"  # the exact expected accuracy (the embedded running task only)
 EVAL_FILE = "eval.json"  # kpo eval's results: avg@n / pass@k per benchmark, correct counts per problem
@@ -37,12 +37,6 @@ def exact_applies(cfg) -> bool:
         return False
     task = engine_of(cfg).embedded_task(cfg)
     return task is not None and task.kind == "running"
-
-
-def outcome_file(cfg) -> str:
-    """The file whose presence says a model of comparison ``cfg`` is scored: :data:`EXPECTED_FILE` where the exact
-    accuracy applies (it is written after ``eval.json``), else :data:`EVAL_FILE`."""
-    return EXPECTED_FILE if exact_applies(cfg) else EVAL_FILE
 
 
 def read_evaluation(path: Path) -> dict:

@@ -4,10 +4,12 @@ decides on, and what the comparison costs and can resolve (:func:`estimate`)."""
 
 from __future__ import annotations
 
+import json
+import math
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kpo.compare.cell import Cell
 from kpo.compare.defaults import (
     AA_SEEDS,
     ABLATION_SEEDS,
@@ -44,9 +46,7 @@ class CompareConfig:
 
     out: str = "runs/compare"
     methods: tuple[str, ...] = DEFAULT_METHODS
-    seeds: int | None = (
-        None  # seeds of the methods and of KPO at the matched memory; None = SEEDS (quick: QUICK)
-    )
+    seeds: int | None = None  # seeds of the methods and KPO (matched); None = SEEDS (quick: QUICK)
     steps: int | None = None  # optimizer steps per run; None = STEPS (quick: QUICK)
     minibatches: int = 4  # optimizer steps per generation batch (3 of 4 off-policy in the paper)
     matched: bool = True  # KPO at the length-matched memory, every seed: the arm the claims are about
@@ -76,11 +76,7 @@ class CompareConfig:
     ray_runtime_env: str | None = None
 
     def __post_init__(self) -> None:
-        if self.quick:
-            for name, value in QUICK.items():
-                if getattr(self, name) is None:
-                    setattr(self, name, value)
-        for name, value in {"eval_n": EVAL_N, "steps": STEPS, "seeds": SEEDS}.items():
+        for name, value in {"eval_n": EVAL_N, "steps": STEPS, "seeds": SEEDS, **(QUICK if self.quick else {})}.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
         # fewer seeds than the default asks for fewer ablation and A/A seeds too
@@ -220,17 +216,6 @@ def held_out_problems(cfg: CompareConfig, limit: int | None) -> int:
     return len(load_split("test", n=limit, task=engine_of(cfg).embedded_task(cfg)))
 
 
-def cell_compare(cell: Cell, batches: int, out: Path, train_args: tuple = (), **fields) -> CompareConfig:
-    """A cell of a map or a study (its sampler, depth and learning rate) as a ``kpo compare`` in ``out``: ``batches``
-    generation batches of ``cell.depth`` optimizer steps, 16 ratio dumps a run whatever the depth (steps 5k at depth
-    4 are off-policy for k not = 1 mod 4), the engine's own settings of the cell first in its flags, then
-    ``train_args``; ``fields``: the rest of its CompareConfig (arms, seeds, the user's setup)."""
-    steps = batches * cell.depth
-    cfg = CompareConfig(out=str(out), steps=steps, minibatches=cell.depth, dump_every=max(1, steps // 16), **fields)
-    cfg.train_args = (*engine_of(cfg).cell_settings(cell), *train_args)
-    return cfg
-
-
 def warm_start_dir(out: Path, seed: int) -> Path:
     """Where seed ``seed``'s warm-start evaluation goes (``eval.json``)."""
     return out / "runs" / f"{WARM_START}-seed{seed}"
@@ -316,18 +301,12 @@ def contrasts(cfg: CompareConfig) -> list[Contrast]:
 def measured_run_seconds(folders) -> float | None:
     """Mean wall-clock seconds (training and evaluation) of the finished runs in ``folders`` (their
     :data:`TIMING_FILE`), None when none has one."""
-    import json
-
-    found = [
-        json.loads((f / TIMING_FILE).read_text())["seconds"] for f in folders if (f / TIMING_FILE).exists()
-    ]
+    found = [json.loads((f / TIMING_FILE).read_text())["seconds"] for f in folders if (f / TIMING_FILE).exists()]
     return sum(found) / len(found) if found else None
 
 
 def parallel_runs(cfg: CompareConfig) -> int:
     """Runs side by side: --jobs, else the engine's default (kpo: one per CPU; verl: 1)."""
-    import os
-
     return cfg.jobs or engine_of(cfg).workers(cfg) or os.cpu_count() or 1
 
 
@@ -390,11 +369,7 @@ def format_plan(cfg: CompareConfig, est: dict) -> str:
 def pilot_sd(report_json: Path) -> float:
     """The paired-difference sd (points) a finished compare measured, for the plan of the next one: the root mean
     square of the per-seed sds of its contrasts between arms (``report.json``'s ``contrasts``, not those against
-    the warm start). CompareError naming the file and what it should be when it is
-    missing or not such a report."""
-    import json
-    import math
-
+    the warm start). CompareError naming the file and what it should be when it is missing or not such a report."""
     where = f"--pilot {report_json}"
     want = "give the report.json of a finished kpo compare"
     path = Path(report_json)
@@ -438,13 +413,8 @@ def _eval_limit_errors(cfg: CompareConfig) -> list[str]:
     if cfg.eval_data:  # kpo eval's --limit: the first N problems of each file, any N >= 1
         return []
     try:
-        held_out_problems(cfg, None)
-    except ValueError as err:  # a task too small for any test split
-        return [f"held-out evaluation: {err}"]
-    if cfg.eval_limit is None:
-        return []
-    try:
         held_out_problems(cfg, cfg.eval_limit)
-    except ValueError as err:  # the data module's own words: the most problems it can supply, and the fix
-        return [f"--eval-limit={cfg.eval_limit}: {err}"]
+    except ValueError as err:  # the data module's own words: a task too small, or the most problems it can supply
+        where = "held-out evaluation" if cfg.eval_limit is None else f"--eval-limit={cfg.eval_limit}"
+        return [f"{where}: {err}"]
     return []

@@ -15,7 +15,9 @@ import numpy as np
 
 from kpo._files import replacing, write_json
 from kpo.compare.claims import CLAIM_RULES, paper_claims
-from kpo.compare.contrasts import collapsed, contrast, contrast_table, decide, looked, plot_contrasts
+from kpo.compare.contrasts import collapsed, contrast, contrast_table, decide, plot_contrasts
+from kpo.compare.outcome import EVAL_FILE, load_outcome, read_evaluation
+from kpo.compare.plan import Arm, arms, contrasts, subject, sweep_runs, warm_start_dir
 from kpo.compare.stats import collapse_count
 from kpo.diagnostics import STAT_KEYS
 from kpo.evaluation.metrics import bootstrap_avg_ci
@@ -68,8 +70,6 @@ def reward_summary(rows: list[dict]) -> dict[str, float]:
 def _load_eval(folder: Path) -> dict:
     """A model's held-out evaluation in ``folder``: macro metrics, problem count, per-problem correct counts
     (``eval.json``), and its outcome (:func:`kpo.compare.outcome.load_outcome`: what the claims read)."""
-    from kpo.compare.outcome import EVAL_FILE, load_outcome, read_evaluation
-
     results = read_evaluation(folder / EVAL_FILE)
     return {
         "eval": results["macro"],
@@ -215,32 +215,30 @@ def _sweep_table(members, loaded, key) -> tuple[str, dict]:
 def _load_groups(cfg, runs, out: Path) -> tuple[dict, dict, dict[int, dict]]:
     """(run -> its loaded entry, arm label -> its entries by seed, seed -> its warm start's evaluation) of the
     finished ``runs`` of comparison ``cfg`` in ``out``."""
-    from kpo.compare.plan import arms, warm_start_dir
-
     loaded = {run: _load_run(run, out) for run in runs}
     groups = {a.label: [loaded[r] for r in runs if r.arm == a.label and r.seed < a.seeds] for a in arms(cfg)}
     warm_by_seed = {
         s: _load_eval(warm_start_dir(out, s))
         for s in range(cfg.seeds)
-        if (warm_start_dir(out, s) / "eval.json").exists()
+        if (warm_start_dir(out, s) / EVAL_FILE).exists()
     }
     return loaded, groups, warm_by_seed
 
 
 def write_report(cfg, runs, out: Path) -> Path:
     """Write ``report.md``, ``report.json`` and the figures into ``out``; returns the markdown path."""
-    from kpo.compare.plan import Run, arms, subject, sweep_runs
-
     out = Path(out)
     loaded, groups, warm_by_seed = _load_groups(cfg, runs, out)
     plan = arms(cfg)
     labels = [a.label for a in plan]
     warm = list(warm_by_seed.values())
     exact = all(e["outcome"]["exact"] for e in [*loaded.values(), *warm])
-    method, kwargs = subject(cfg)
-    subject_label = Run(method, 0, kwargs).arm
+    subject_label = Arm(*subject(cfg)).label
     baselines = [a.label for a in plan if a.role == "key" and a.method not in KALMAN_LOSSES]
-    results = decide(looked(cfg, groups, warm_by_seed))
+    results = decide({
+        c.name: {"kind": c.kind, **contrast(groups[c.a][: c.seeds], groups[c.b][: c.seeds], warm_by_seed)}
+        for c in contrasts(cfg)
+    })
     if len(warm) == cfg.seeds:
         for a in plan:
             if a.role == "key":

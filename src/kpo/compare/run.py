@@ -1,11 +1,7 @@
 """The execution of ``kpo compare``: each seed's warm start, then the runs in parallel worker processes (one torch
 thread each), each trained and evaluated on the held-out split; finished runs are reused, and a finished run made
-with other settings is an error.
-
-No trainer outlives its compare and no two processes write one run: a worker dies with kpo compare and a trainer
-it starts dies with it (:func:`kpo.compare.guards.die_with_parent`), and a worker holds its run's lock
-(:data:`kpo.compare.guards.LOCK_FILE`) while it trains, scores and prunes the run; a compare finding a run locked
-stops before anything trains."""
+with other settings is an error. A worker holds its run's lock while it trains, scores and prunes the run, and dies
+with kpo compare (:mod:`kpo.compare.guards`); a compare finding a run locked stops before anything trains."""
 
 from __future__ import annotations
 
@@ -28,13 +24,7 @@ from kpo._progress import progress_bar
 from kpo.compare.contract import size_text
 from kpo.compare.engines import engine_of
 from kpo.compare.guards import busy, busy_line, die_with_parent, lock_holder, lock_run, unlock_run
-from kpo.compare.outcome import (
-    EVAL_FILE,
-    EXPECTED_FILE,
-    exact_applies,
-    outcome_file,
-    read_evaluation,
-)
+from kpo.compare.outcome import EVAL_FILE, EXPECTED_FILE, exact_applies, read_evaluation
 from kpo.compare.plan import (
     DIFF_SD,
     TIMING_FILE,
@@ -193,8 +183,11 @@ def _evaluate_exact(cfg: CompareConfig, model: Path, output: Path) -> None:
 
 
 def _done(cfg: CompareConfig, out: Path) -> bool:
-    """Whether the run in ``out`` is finished: trained and scored (its outcome file: kpo.compare.outcome)."""
-    return engine_of(cfg).trained(cfg, out) and all((out / name).exists() for name in (EVAL_FILE, outcome_file(cfg)))
+    """Whether the run in ``out`` is finished: trained and scored (``eval.json``, and where the exact accuracy applies
+    the file written after it)."""
+    if not engine_of(cfg).trained(cfg, out):
+        return False
+    return (out / EVAL_FILE).exists() and (not exact_applies(cfg) or (out / EXPECTED_FILE).exists())
 
 
 def _changed_settings(cfg: CompareConfig, run: Run, out: Path, problems: int) -> list[str]:
@@ -261,10 +254,6 @@ def _clear_unfinished(folder: Path, resume: bool) -> None:
 def _logsize_text(folder: Path) -> int:
     path = folder / "log.txt"
     return path.stat().st_size if path.exists() else -1
-
-
-def _failure(run: Run, err: BaseException, log: Path) -> str:
-    return f"{run.name}: {type(err).__name__}: {err} (traceback in its log: {log})"
 
 
 @dataclass(frozen=True, eq=False)
@@ -344,7 +333,8 @@ def _await_runs(
                     continue
                 # SystemExit too: a run calling sys.exit is a failed run, not the end of kpo compare.
                 except (Exception, SystemExit) as e:  # noqa: BLE001 - report every failed run, then stop
-                    failures.append(_failure(job.run, e, job.folder / "log.txt"))
+                    log = job.folder / "log.txt"
+                    failures.append(f"{job.run.name}: {type(e).__name__}: {e} (traceback in its log: {log})")
                     continue
                 macro = ", ".join(f"{k} {v:.3f}" for k, v in info["macro"].items() if "@" in k)
                 disk = f"{size_text(info['disk']['written'])} written, {size_text(info['disk']['kept'])} kept"

@@ -1,28 +1,10 @@
 """The statistics of ``kpo compare``, its regime map and its studies, for an outcome that is bimodal: a run either
-collapses (its held-out accuracy falls to about 0) or learns (50-70%). A Student-t interval over a handful of
-seeds of such a mixture says little, so collapse and accuracy are separate outcomes:
-
-- **collapse** is binary: each arm's count with its exact (Clopper-Pearson) 95% interval; two arms compared by
-  the exact McNemar test on their discordant seed pairs (one arm collapsed, the other not), within a cell or
-  pooled over cells (summing the cells' 2x2 tables: conditional on each cell's discordant count, every
-  discordant pair is a fair coin under "no difference", so the pooled exact test is the stratified one);
-- **accuracy** where no run of a pair collapsed: the paired Student-t interval over seeds; where some did: the
-  exact sign test, with the distribution-free interval of the median difference (order statistics of the
-  per-seed differences) once there are ``MEDIAN_CI_MIN`` pairs or more; a pair where both runs collapsed is a tie
-  (its difference is two collapsed runs' noise about 0, not a sign);
-- **multiplicity**: Holm over a family of hypotheses, by its step-down adjusted
-  p-values (:func:`holm_adjusted`); over the looks of a sequential design the error is split by a spending
-  function (:func:`spending`), a hypothesis's p-value at a look divided by that look's share, so that a p-value
-  taken at any look, after any data-dependent stop, stays valid;
-- **seeds to decide**: the seeds a 80%-power test needs, from the measured spread (statsmodels' TTestPower) or
-  the measured discordance (exact binomial power);
-- **the seed as the unit** (a study's tests, :mod:`kpo.compare.study`, a regime map's too): a seed's cells share its warm start and
-  prompt stream, so they are pooled into one number per seed (a collapse count difference, a mean accuracy
-  difference) and tested by the sign-flip randomisation test (:func:`sign_flip_p`: exact at any number of seeds
-  for counts, up to :data:`SIGN_FLIP_EXACT_MOST` seeds for real differences, random sign patterns beyond), or
-  watched after every seed by an e-process (:func:`e_values`: a bet on each seed's difference that is a
-  nonnegative martingale under the null, so that by Ville's inequality it crosses 1 / alpha with probability at
-  most alpha however often it is looked at).
+collapses (its held-out accuracy falls to about 0) or learns (50-70%), so collapse and accuracy are separate
+outcomes. Collapse: counts with exact (Clopper-Pearson) intervals, arms compared by the exact McNemar test;
+accuracy: the paired t interval where no run of a pair collapsed, else the exact sign test with the median's
+distribution-free interval; multiplicity: Holm, and spending over a sequential design's looks; the seed as the
+unit of a study: the sign-flip test (:func:`sign_flip_p`) or an e-process (:func:`e_values`); the seeds a
+decision would need. Why each: docs/compare.md, "Design", and docs/study.md, "How it decides".
 
 Everything is in fractions (accuracy 0..1); reports print points. Only scipy and statsmodels compute
 distributions.
@@ -36,24 +18,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = [
-    "ALPHA",
-    "anytime_p",
-    "MOST_SEEDS",
-    "centre",
-    "collapse_count",
-    "discordance_seeds",
-    "e_values",
-    "holm_adjusted",
-    "mcnemar_exact",
-    "paired_accuracy",
-    "rate_interval",
-    "seeds_for_effect",
-    "shifted_sign_test",
-    "sign_flip_many",
-    "sign_flip_p",
-    "spending",
-]
+__all__ = ["ALPHA", "MOST_SEEDS", "anytime_p", "centre", "collapse_count", "discordance_seeds", "e_values",
+           "holm_adjusted", "mcnemar_exact", "paired_accuracy", "rate_interval", "seeds_for_effect",
+           "shifted_sign_test", "sign_flip_many", "sign_flip_p", "spending"]
 
 ALPHA = 0.05  # family-wise error rate of a report's claims
 MOST_SEEDS = 200  # the most seeds per cell a sample-size search tries before it says "more than this"
@@ -91,7 +58,8 @@ def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> dict:
     """Exact McNemar test of two arms' collapses over paired units (seeds, or cell-seed pairs pooled over cells):
     {a_only, b_only, pairs, p} with a_only the pairs where only ``a`` collapsed; p two-sided, the binomial test of
     a_only among the discordant pairs (scipy's ``binomtest``; statsmodels' ``mcnemar(exact=True)`` agrees, a test
-    checks it), 1.0 without a discordant pair."""
+    checks it), 1.0 without a discordant pair. Pooled over cells (their 2x2 tables summed) it is the stratified
+    exact test: given each cell's discordant count, every discordant pair is a fair coin under "no difference"."""
     from scipy.stats import binomtest
 
     a, b = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
@@ -113,18 +81,15 @@ def shifted_sign_test(d: Sequence[float], shift: float, alternative: str) -> flo
 
 
 def _median_interval(d: np.ndarray, level: float = 0.95) -> tuple[float, float] | None:
-    """The distribution-free interval of the median from order statistics: [d_(j), d_(n+1-j)] with the largest j
-    whose coverage 1 - 2 P(Bin(n, 1/2) < j) is at least ``level``; None below MEDIAN_CI_MIN values, or where even
-    [d_(1), d_(n)] covers less than ``level`` (6 values at 0.99: 1 - 2 / 2^6 = 0.969)."""
-    from scipy.stats import binom
+    """The distribution-free interval of the median from order statistics (scipy's ``quantile_test``): [d_(j),
+    d_(n+1-j)] with the largest j whose coverage 1 - 2 P(Bin(n, 1/2) < j) is at least ``level``; None below
+    MEDIAN_CI_MIN values, or where even [d_(1), d_(n)] covers less than ``level`` (6 values at 0.99: 0.969)."""
+    from scipy.stats import quantile_test
 
-    n = d.size
-    reach = [k for k in range(1, n // 2 + 1) if 1 - 2 * binom.cdf(k - 1, n, 0.5) >= level]
-    if n < MEDIAN_CI_MIN or not reach:  # too few values for any interval at this level
+    if d.size < MEDIAN_CI_MIN:
         return None
-    j = max(reach)
-    s = np.sort(d)
-    return float(s[j - 1]), float(s[n - j])
+    ci = quantile_test(d, p=0.5).confidence_interval(level)
+    return None if np.isnan(ci.low) else (float(ci.low), float(ci.high))
 
 
 def paired_accuracy(

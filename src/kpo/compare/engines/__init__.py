@@ -8,16 +8,11 @@ declares), its configuration as it ran (``config.yaml``, which the report shows)
 (``ratios/``, :mod:`kpo.analysis.dumps`); once the run is scored, it removes what ``--keep`` (:data:`KEEP`) does
 not keep.
 
-- ``kpo`` (:class:`kpo.compare.engines.kpo.KpoEngine`, the default): ``kpo train`` (TRL) in the worker process,
-  on the embedded task or on ``--model``/``--dataset``; the ``--`` flags are kpo train's.
-- ``verl`` (:class:`kpo.compare.engines.verl.VerlEngine`): verl's ``main_ppo`` as a subprocess, or as a job of the
-  user's Ray cluster (``--ray-address``), on the user's verl configuration; the ``--`` flags are its Hydra
-  overrides.
-
-Another trainer is one module with a class that has these methods, registered under its name: by a package's
-``kpo.engines`` entry point (``[project.entry-points."kpo.engines"] NAME = "package.module:EngineClass"``), found
-by name in kpo compare and in every worker process it spawns, or by :func:`register_engine` in the process that
-runs it; ``--engine NAME`` then runs it.
+``kpo`` (:class:`kpo.compare.engines.kpo.KpoEngine`, the default) and ``verl``
+(:class:`kpo.compare.engines.verl.VerlEngine`) are built in. Another trainer is one module with a class that has
+these methods, registered by a package's ``kpo.engines`` entry point
+(``[project.entry-points."kpo.engines"] NAME = "package.module:EngineClass"``, found in every worker process too)
+or by :func:`register_engine`; ``--engine NAME`` then runs it (docs/design.md).
 """
 
 from __future__ import annotations
@@ -26,26 +21,16 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Protocol
 
-from kpo.compare.contract import BATCH_ROWS, KEEP, STEP_ROWS
+from kpo.compare.contract import KEEP
 from kpo.compare.engines.kpo import KpoEngine
 from kpo.compare.engines.verl import VerlEngine
 
-__all__ = [
-    "BATCH_ROWS",
-    "ENTRY_POINTS",
-    "KEEP",
-    "STEP_ROWS",
-    "Engine",
-    "engine_names",
-    "engine_of",
-    "register_engine",
-]
+__all__ = ["ENTRY_POINTS", "KEEP", "Engine", "engine_names", "engine_of", "register_engine"]
 
 
 class Engine(Protocol):
     """One trainer behind ``kpo compare``. ``cfg`` is the :class:`kpo.compare.CompareConfig` (where not said),
-    ``run`` a :class:`kpo.compare.Run`, ``out`` the run's
-    folder. Methods marked "worker" run in a worker process."""
+    ``run`` a :class:`kpo.compare.Run`, ``out`` the run's folder. Methods marked "worker" run in a worker process."""
 
     rows: str  # what one metrics.jsonl row covers: STEP_ROWS or BATCH_ROWS
 

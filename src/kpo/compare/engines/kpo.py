@@ -54,12 +54,28 @@ class KpoEngine:
     rows = STEP_ROWS
 
     def flag_errors(self, cfg) -> list[str]:
+        """The Ray flags (verl's), and `--` flags that would override a setting kpo compare makes itself."""
+        from kpo.train.flags import build_parser
+
         errors = [
             f"{flag} {value}: runs are Ray jobs with --engine verl only; drop it (kpo train runs here)"
             for flag, value in (("--ray-address", cfg.ray_address), ("--ray-runtime-env", cfg.ray_runtime_env))
             if value
         ]
-        return errors + _owned_flag_errors(cfg.train_args)
+        # kpo train's parser without defaults leaves unset fields out of the namespace, so its keys are exactly the
+        # flags given (and config, with --config).
+        given = vars(build_parser("kpo compare -- (kpo train flags)", defaults=False).parse_args(list(cfg.train_args)))
+        errors += [
+            f"-- --{key.replace('_', '-')}: kpo compare sets it for every run; use {COMPARE_OWNED[key]} instead"
+            for key in given
+            if key in COMPARE_OWNED
+        ]
+        if given.get("config") is not None:
+            errors.append(
+                "-- --config: a YAML file could set what kpo compare sets itself (loss_kwargs, max_steps, resume, "
+                "...) unseen; give its settings as -- flags"
+            )
+        return errors
 
     def data_errors(self, cfg) -> list[str]:
         """``--dataset`` in a format kpo train reads; a ``--verl-config`` is verl's alone."""
@@ -203,59 +219,17 @@ class KpoEngine:
         }
 
 
-def _owned_flag_errors(train_args: tuple[str, ...]) -> list[str]:
-    """`--` flags that would override a setting kpo compare makes itself."""
-    from kpo.train.flags import build_parser
-
-    # kpo train's parser without defaults leaves unset fields out of the namespace, so its keys are exactly the
-    # flags given (and config, with --config).
-    given = vars(build_parser("kpo compare -- (kpo train flags)", defaults=False).parse_args(list(train_args)))
-    errors = [
-        f"-- --{key.replace('_', '-')}: kpo compare sets it for every run; use {COMPARE_OWNED[key]} instead"
-        for key in given
-        if key in COMPARE_OWNED
-    ]
-    if given.get("config") is not None:
-        errors.append(
-            "-- --config: a YAML file could set what kpo compare sets itself (loss_kwargs, max_steps, resume, "
-            "...) unseen; give its settings as -- flags"
-        )
-    return errors
-
-
 def train_argv(cfg, run, out: Path) -> list[str]:
     """The `kpo train` command line of ``run`` (a :class:`kpo.compare.Run`) of comparison ``cfg``, into ``out``."""
     # every seed of a user's --model starts from that model; the embedded one from the seed's own warm start
     warm = ["--warm-start-seed", str(run.seed)] if cfg.model is None else []
-    argv = [
-        "--loss",
-        run.method,
-        "--seed",
-        str(run.rl_seed),
-        *warm,
-        "--output-dir",
-        str(out),
-        "--minibatches",
-        str(cfg.minibatches),
-        "--dump-ratios-every",
-        str(cfg.dump_every),
-        "--report-to",
-        "none",
-        "--progress",
-        "false",
-        "--num-threads",
-        "1",
-        "--overwrite",
-        "--max-steps",
-        str(cfg.steps),
-    ]
+    argv = ["--loss", run.method, "--seed", str(run.rl_seed), *warm, "--output-dir", str(out),
+            "--minibatches", str(cfg.minibatches), "--dump-ratios-every", str(cfg.dump_every), "--report-to", "none",
+            "--progress", "false", "--num-threads", "1", "--overwrite", "--max-steps", str(cfg.steps)]  # fmt: skip
     for flag, value in (("--model", cfg.model), ("--dataset", cfg.dataset)):
         if value is not None:
             argv += [flag, value]
     if run.loss_kwargs:
-        argv += [
-            "--loss-kwargs",
-            *(f"{k}={v!r}" if isinstance(v, float) else f"{k}={v}" for k, v in run.loss_kwargs),
-        ]
+        argv += ["--loss-kwargs", *(f"{k}={v!r}" if isinstance(v, float) else f"{k}={v}" for k, v in run.loss_kwargs)]
     return argv + list(cfg.train_args)
 

@@ -1,50 +1,15 @@
 """``kpo compare --engine verl``: every run is verl's ``python -m verl.trainer.main_ppo`` (its default v1 trainer) as
 a child process, or with ``--ray-address`` as a job of the user's Ray cluster
-(:mod:`kpo.compare.engines.verl_cluster`), on the user's own verl configuration, a YAML file
-(``--verl-config``) and/or Hydra overrides (after ``--``), passed through untouched. kpo adds only what the
-comparison owns per run (:data:`OWNED`). One rule for those keys, wherever the user sets them: an override
-after ``--``, a key of the YAML file, or a value the YAML's configuration composes to that differs from verl's
-``ppo_trainer`` is refused before anything trains, with one line naming the key and what sets it instead.
-
-- the loss: ``actor_rollout_ref.actor.policy_loss.loss_mode``, its paper clip range (:data:`PAPER_CLIP`) and
-  aggregation, and for kpo's losses kpo's actor config and parameters (``memory=matched`` resolved at
-  ``data.max_response_length``) and the ratio dumps (``--dump-every``, :class:`kpo.integrations.verl.RatioDumps`);
-- the seed: ``data.seed`` (data order), ``actor_rollout_ref.rollout.seed`` (sampling),
-  ``actor_rollout_ref.actor.data_loader_seed`` (mini-batches);
-- the run's length and depth: ``trainer.total_training_steps`` = ``--steps`` / (``--minibatches`` x ppo_epochs)
-  (and as many ``trainer.total_epochs``, so that the step count ends the run),
-  ``actor_rollout_ref.actor.ppo_mini_batch_size`` = ``data.train_batch_size`` / ``--minibatches``;
-- where it writes: ``trainer.default_local_dir`` (the run's ``checkpoints/``), Hydra's own output folder; and what
-  it writes: verl's ``file`` logger added to the user's loggers (its rows become the run's ``metrics.jsonl``),
-  ``hf_model`` added to the actor's ``checkpoint.save_contents`` (the final checkpoint's Hugging Face weights are
-  what ``kpo eval`` scores), ``trainer.save_freq`` = the run's length where the user set none,
-  ``trainer.resume_mode=auto``, the last checkpoint kept while it trains (``trainer.max_actor_ckpt_to_keep=1`` and
-  the critic's, unless ``--keep all``; a resumed run's older ones go first); every path absolute (the workers may
-  run elsewhere);
-- kpo's actor config's ``steps_per_batch`` (``--minibatches`` x ppo_epochs: ``memory=auto`` does not fit a
-  batch's on-policy step);
-- ``--model`` / ``--dataset``, where given: ``actor_rollout_ref.model.path`` / ``data.train_files`` (else the
-  configuration's are used, and ``--model`` defaults to its model: the "start" row).
-
-What the user names is kept and made the run's own: ``trainer.experiment_name`` gets the run's name appended, and
-every output folder the user sets (:data:`USER_DIRS`, TensorBoard's ``TENSORBOARD_DIR``) gets a subfolder per
-run. A Megatron actor is refused (kpo's actor config and the checkpoint kpo eval scores are the FSDP actor's).
-
-The plan composes each distinct run's configuration as main_ppo does (Hydra,
-:mod:`kpo.compare.engines.verl_config`) and checks it with verl's own checks (main_ppo's ``validate_config``, which builds the actor's config class) and the field types of verl's
-config classes (a learning rate "abc" is refused, with OmegaConf's reason), plus what the comparison's arithmetic
-needs (a batch and ppo_epochs >= 1): each error is shown in full, before any run.
+(:mod:`kpo.compare.engines.verl_cluster`), on the user's own verl configuration (``--verl-config`` and/or Hydra
+overrides after ``--``) passed through untouched. kpo adds only what the comparison owns per run (:data:`OWNED`,
+set by :meth:`VerlEngine.overrides`); such a key set by the user anywhere is refused before anything trains. The
+rules, the plan's checks, resume and ``--keep``: docs/compare.md, "Your model, your data, your trainer".
 
 A run's folder: ``run.json`` (the overrides kpo composed and the YAML's text, written before training: what a
 rerun compares), ``config.yaml`` (verl's composed configuration), ``checkpoints/`` (verl's),
 ``verl_metrics-K.jsonl`` (verl's file logger, one file per attempt K), ``metrics.jsonl`` (kpo's rows:
 :mod:`kpo.compare.engines.verl_metrics`, one per generation batch, :data:`kpo.compare.contract.BATCH_ROWS`),
 ``ratios/``, ``log.txt``; on a cluster ``ray-jobs.json`` (its jobs) and ``ray-lease``.
-A run with its final checkpoint and metrics is done and reused; an unfinished run with verl checkpoints and
-unchanged settings resumes from them (verl's own resume), else starts over. Once scored, ``--keep`` says what
-stays of ``checkpoints/``: the final Hugging Face weights (``hf``, the default), everything (``all``), nothing
-(``none``). main_ppo dies with the worker that started it (:func:`kpo.compare.guards.die_with_parent`) and keeps
-the run's lock while it lives.
 """
 
 from __future__ import annotations
@@ -98,7 +63,7 @@ VERL_LOSS = {"vanilla": "vanilla", "gspo": "gspo", "kpo": "kpo", "kpo_unclipped"
 # config defaults every loss to 0.2/0.2, so kpo sets them (tests/compare/test_compare_setup.py checks them against
 # kpo.losses). kpo_unclipped has none.
 PAPER_CLIP = {"vanilla": (0.2, 0.2), "gspo": (3e-4, 4e-4), "kpo": (3e-4, 4e-4)}
-# Hydra keys kpo compare sets for every run -> what sets them instead (module docstring). kpo's actor-config fields
+# Hydra keys kpo compare sets for every run -> what sets them instead (docs/compare.md). kpo's actor-config fields
 # come from the loss registry (kpo.integrations.verl_fields), as the plugin's KPOActorConfig builds them.
 OWNED = {
     f"{ACTOR}.policy_loss.loss_mode": "--methods",
@@ -162,9 +127,8 @@ class VerlEngine:
     def flag_errors(self, cfg) -> list[str]:
         import importlib.util
 
-        errors = []
         given = {override_key(o) for o in cfg.train_args}
-        errors += [
+        errors = [
             f"-- {key}=...: kpo compare sets it for every run; use {OWNED[key]} instead"
             for key in sorted(given & set(OWNED))
         ]
@@ -253,11 +217,7 @@ class VerlEngine:
             return []
         from omegaconf import OmegaConf
 
-        written, mine, verl = (
-            OmegaConf.load(cfg.verl_config),
-            compose(cfg.verl_config, ()),
-            compose(None, ()),
-        )
+        written, mine, verl = OmegaConf.load(cfg.verl_config), compose(cfg.verl_config, ()), compose(None, ())
         errors = []
         for key, instead in OWNED.items():
             value = unresolved(written, key)
@@ -273,7 +233,7 @@ class VerlEngine:
         return errors
 
     def overrides(self, cfg, run, out: Path, start_step: int = 0) -> tuple[str, ...]:
-        """Every override of one run: the user's (with --model/--dataset), then what kpo owns (module docstring)."""
+        """Every override of one run: the user's (with --model/--dataset), then what kpo owns (:data:`OWNED`)."""
         from kpo.filter.memory import matched_memory
         from kpo.losses import get_loss_spec
 
@@ -330,10 +290,7 @@ class VerlEngine:
             if start_step:
                 kwargs["dump_ratios_start"] = start_step
             owned.append(f"{ACTOR}._target_=kpo.integrations.verl.KPOActorConfig")
-            owned += [
-                f"+{ACTOR}.{k}={v!r}" if isinstance(v, float) else f"+{ACTOR}.{k}={v}"
-                for k, v in kwargs.items()
-            ]
+            owned += [f"+{ACTOR}.{k}={v!r}" if isinstance(v, float) else f"+{ACTOR}.{k}={v}" for k, v in kwargs.items()]
         return (*self._base(cfg), *owned)
 
     def cell_settings(self, cell) -> tuple[str, ...]:
@@ -356,9 +313,8 @@ class VerlEngine:
         """The disk a run takes at most while it trains and once scored (:mod:`kpo.compare.engines.verl_disk`) and,
         on a cluster, what each run's job asks it for."""
         composed = self._composed(cfg)
-        model = Path(os.path.expanduser(str(select(composed, MODEL_KEY))))
         batches = cfg.steps // self._steps_per_batch(cfg)
-        lines = [disk_line(model, batches, int(composed.trainer.save_freq), cfg.keep)]
+        lines = [disk_line(self.start_model(cfg, 0), batches, int(composed.trainer.save_freq), cfg.keep)]
         if address := cluster_address(cfg):
             need = run_resources(composed)
             lines.append(
@@ -426,9 +382,7 @@ class VerlEngine:
             run_child([sys.executable, *command], _run_env(out, run, len(attempt_files(out))), out)
         else:
             env = runtime_env(cfg, Path(cfg.out), _run_env(out, run, len(jobs.ids())))
-            job = jobs.submit([PYTHON, *command], env)
-            if jobs.follow(job) != "SUCCEEDED":
-                raise RuntimeError(f"{jobs.failure(job)} (its log is above, in this log)")
+            jobs.follow(jobs.submit([PYTHON, *command], env))
         return self._finish(cfg, out)
 
     def _continued(self, cfg, run, out: Path, jobs: RunJob) -> bool:
@@ -441,8 +395,7 @@ class VerlEngine:
         job, status = last
         if status in LIVE:
             print(f"kpo compare: {run.name}: following its Ray job {job} ({status})", flush=True)
-            if jobs.follow(job) != "SUCCEEDED":
-                raise RuntimeError(f"{jobs.failure(job)} (its log is above, in this log)")
+            jobs.follow(job)
             return True
         if status == "SUCCEEDED" and _has_weights(self._final(cfg, out)):
             print(f"kpo compare: {run.name}: its Ray job {job} finished; reading what it wrote", flush=True)

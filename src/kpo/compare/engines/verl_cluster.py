@@ -1,27 +1,9 @@
-"""``kpo compare --engine verl`` on a Ray cluster the user started (``ray start --head`` on one node, ``ray start
---address`` on the others): each run is a job of that cluster, submitted to its dashboard with Ray's job
-submission API (as verl's multi-node recipe submits ``main_ppo``), the compare's side of it. What runs on the
-cluster: :mod:`kpo.compare.engines.verl_job`.
-
-- **The cluster**: ``--ray-address`` or ``RAY_ADDRESS`` (:func:`cluster_address`), anything Ray's
-  ``JobSubmissionClient`` takes (``http://head:8265``, ``auto`` for the cluster on this machine). Ray's token
-  authentication stays as the cluster has it: kpo sends the token Ray's own loader finds (``RAY_AUTH_TOKEN``, the
-  file ``RAY_AUTH_TOKEN_PATH`` names, ``~/.ray/auth_token``) and says in one line when the cluster asks for one and
-  none is there, or refuses it (:func:`connect`).
-- **A job per run attempt** (:class:`RunJob`), with a submission id made of the run's folder and the attempt
-  (:func:`submission_id`), so a rerun of the compare finds its jobs: a running one is followed again, a finished
-  one's run is reused, a failed or stopped one's run resumes from its checkpoint as a new attempt. Its runtime
-  environment: the user's ``--ray-runtime-env`` (Ray's runtime_env as YAML or JSON, as ``ray job submit
-  --runtime-env`` takes) or, without one, the directory kpo compare runs in as its working directory (uploaded by
-  Ray, the run folders left out), with the run's environment variables added (:func:`runtime_env`); every path kpo
-  gives is absolute. The job's log is fetched into the run's ``log.txt`` as it runs.
-- **No job outlives its compare**: an interrupted compare stops its jobs; a killed one stops renewing each job's
-  lease (``ray-lease`` in the run's folder, rewritten every :data:`RENEW_SECONDS`), and the job stops its
-  ``main_ppo`` :func:`lease_seconds` later.
-- **The plan checks the cluster** (:func:`cluster_errors`): that ``--out`` is seen by every node (a task on each
-  writes a file there, which the compare reads back), that ``flock`` excludes across them (else the runs are
-  locked with exclusive pid files, :func:`kpo.compare.guards.use_pid_files`, said in one line), and that the
-  cluster has what one run asks for (:func:`run_resources`).
+"""``kpo compare --engine verl`` on a Ray cluster the user started, the compare's side: each run attempt is a job of
+that cluster (:class:`RunJob`, found again by its :func:`submission_id`), submitted to its dashboard with Ray's job
+submission API as verl's multi-node recipe submits ``main_ppo``, under a lease the compare renews every
+:data:`RENEW_SECONDS` (a killed compare's jobs stop :data:`LEASE_SECONDS` later); the plan checks the cluster first
+(:func:`cluster_errors`). What runs on the cluster: :mod:`kpo.compare.engines.verl_job`. The whole behaviour:
+docs/compare.md, "On a Ray cluster you started".
 """
 
 from __future__ import annotations
@@ -41,18 +23,8 @@ from pathlib import Path
 from kpo._files import write_json
 from kpo.compare.engines.verl_config import select
 
-__all__ = [
-    "ADDRESS_ENV",
-    "ClusterError",
-    "RunJob",
-    "cluster_address",
-    "cluster_errors",
-    "connect",
-    "lease_seconds",
-    "run_resources",
-    "runtime_env",
-    "submission_id",
-]
+__all__ = ["ADDRESS_ENV", "ClusterError", "RunJob", "cluster_address", "cluster_errors", "connect", "run_resources",
+           "runtime_env", "submission_id"]
 
 ADDRESS_ENV = "RAY_ADDRESS"
 LEASE_ENV = "KPO_RAY_LEASE_SECONDS"  # how long a job outlives a compare that stopped renewing its lease
@@ -75,27 +47,17 @@ def cluster_address(cfg) -> str | None:
     return cfg.ray_address or os.environ.get(ADDRESS_ENV) or None
 
 
-def lease_seconds() -> float:
-    return float(os.environ.get(LEASE_ENV) or LEASE_SECONDS)
-
-
-def _token_headers() -> dict[str, str]:
-    """The Authorization header of the token Ray's own loader finds, whatever RAY_AUTH_MODE says here (a cluster
-    that asks for none ignores it); {} where there is none."""
-    from ray._raylet import AuthenticationTokenLoader
-
-    return dict(AuthenticationTokenLoader.instance().get_token_for_http_header(ignore_auth_mode=True))
-
-
 @functools.lru_cache(maxsize=8)
 def connect(address: str):
     """Ray's ``JobSubmissionClient`` of the cluster at ``address``; :class:`ClusterError` in one line when the
     dashboard cannot be reached or refuses kpo."""
+    from ray._raylet import AuthenticationTokenLoader
     from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
     where = f"--ray-address {address}"
-    headers = _token_headers()
+    # the token Ray's own loader finds, whatever RAY_AUTH_MODE says here (a cluster that asks for none ignores it)
+    headers = dict(AuthenticationTokenLoader.instance().get_token_for_http_header(ignore_auth_mode=True))
     if not address.startswith(("http://", "https://")):
         # `auto` or the head's GCS address: Ray finds the dashboard through the GCS, whose calls carry the token
         # only in token mode; turned on as ray.init turns it on for such an address (where a token is found)
@@ -145,10 +107,7 @@ def run_resources(composed) -> dict:
 def runtime_env(cfg, out_root: Path, env_vars: dict[str, str]) -> dict:
     """A run's job's runtime environment: the user's ``--ray-runtime-env`` file, or the directory kpo compare
     runs in as its working directory (the comparison's folder left out), with ``env_vars`` added."""
-    if cfg.ray_runtime_env:
-        env = _runtime_env_file(cfg.ray_runtime_env)
-    else:
-        env = {"working_dir": str(Path.cwd())}
+    env = _runtime_env_file(cfg.ray_runtime_env) if cfg.ray_runtime_env else {"working_dir": str(Path.cwd())}
     if isinstance(env.get("working_dir"), str) and Path(env["working_dir"]).is_dir():
         folder = Path(env["working_dir"]).resolve()
         if out_root.resolve().is_relative_to(folder):  # the runs' checkpoints would be uploaded with the code
@@ -336,7 +295,7 @@ class RunJob:
         write_json(self.out / JOBS_FILE, [*ids, job])
         self.renew()
         entrypoint = [PYTHON, "-m", "kpo.compare.engines.verl_job", "run", "--lease", str(self.out / LEASE_FILE),
-                      "--stale", f"{lease_seconds():g}", "--", *command]  # fmt: skip
+                      "--stale", f"{float(os.environ.get(LEASE_ENV) or LEASE_SECONDS):g}", "--", *command]  # fmt: skip
         self.client.submit_job(entrypoint=shlex.join(entrypoint), submission_id=job, runtime_env=env)
         return job
 
@@ -344,9 +303,9 @@ class RunJob:
         """Rewrite the lease's text (a new one each time: the job watches for a change)."""
         (self.out / LEASE_FILE).write_text(f"{os.getpid()} {time.time_ns()}\n")
 
-    def follow(self, job: str) -> str:
-        """Renew the lease and copy the job's new log lines to this process's output until the job ends; its final
-        status. An interrupt (KeyboardInterrupt) stops the job first."""
+    def follow(self, job: str) -> None:
+        """Renew the lease and copy the job's new log lines to this process's output until the job ends; a
+        RuntimeError naming why unless it succeeded. An interrupt (KeyboardInterrupt) stops the job first."""
         printed = 0
         fetched = 0.0
         try:
@@ -355,20 +314,20 @@ class RunJob:
                 if time.monotonic() - fetched > LOG_SECONDS or status not in LIVE:
                     printed, fetched = self._print_log(job, printed), time.monotonic()
                 if status not in LIVE:
-                    return status
+                    break
                 self.renew()
                 time.sleep(RENEW_SECONDS)
         except BaseException:
             self.client.stop_job(job)
             self._until_ended(job)
             raise
+        if status != "SUCCEEDED":
+            info = self.client.get_job_info(job)
+            message = " ".join(str(info.message).split())[:300]
+            raise RuntimeError(f"Ray job {job} ended {info.status}: {message} (its log is above, in this log)")
 
     def _print_log(self, job: str, printed: int) -> int:
         log = self.client.get_job_logs(job)
         if len(log) > printed:
             print(log[printed:], end="" if log.endswith("\n") else "\n", flush=True)
         return len(log)
-
-    def failure(self, job: str) -> str:
-        info = self.client.get_job_info(job)
-        return f"Ray job {job} ended {info.status}: {' '.join(str(info.message).split())[:300]}"

@@ -8,24 +8,9 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = [
-    "ABSENT",
-    "ACTOR",
-    "VERL_TRAINERS",
-    "compose",
-    "compose_fresh",
-    "hydra_free",
-    "megatron_errors",
-    "one_line",
-    "override_key",
-    "select",
-    "type_errors",
-    "unresolved",
-    "keys_set",
-    "value_errors",
-    "verl_check",
-    "verl_config_errors",
-]
+__all__ = ["ABSENT", "ACTOR", "VERL_TRAINERS", "compose", "compose_fresh", "hydra_free", "keys_set", "megatron_errors",
+           "one_line", "override_key", "select", "type_errors", "unresolved", "value_errors", "verl_check",
+           "verl_config_errors"]
 
 ACTOR = "actor_rollout_ref.actor"
 VERL_TRAINERS = ("ppo_trainer", "ppo_megatron_trainer")  # verl's configurations main_ppo builds on
@@ -99,17 +84,11 @@ def unresolved(config, key: str):
     from omegaconf import DictConfig, OmegaConf
 
     parent, _, leaf = key.rpartition(".")
-    node = (
-        OmegaConf.select(config, parent, default=None, throw_on_resolution_failure=False)
-        if parent
-        else config
-    )
+    node = OmegaConf.select(config, parent, default=None, throw_on_resolution_failure=False) if parent else config
     if not isinstance(node, DictConfig) or leaf not in node:
         return ABSENT
     child = node._get_node(leaf)
-    return (
-        child._value() if not isinstance(child, DictConfig) else OmegaConf.to_container(child, resolve=False)
-    )
+    return child._value() if not isinstance(child, DictConfig) else OmegaConf.to_container(child, resolve=False)
 
 
 def one_line(e: BaseException) -> str:
@@ -177,10 +156,6 @@ def value_errors(composed) -> list[str]:
     where it is read, with what it must be (kpo train refuses the same)."""
     import math
 
-    def number(key: str):
-        value = select(composed, key)
-        return value if isinstance(value, int | float) and not isinstance(value, bool) else None
-
     errors = []
     for key, what in (
         ("data.train_batch_size", "prompts per generation batch, an integer >= 1"),
@@ -195,9 +170,9 @@ def value_errors(composed) -> list[str]:
             f"trainer.save_freq={freq}: must be an integer (verl's training steps between checkpoints; <= 0: kpo "
             "compare saves at the run's end only)"
         )
-    lr = number(f"{ACTOR}.optim.lr")
-    if lr is None or not (math.isfinite(lr) and lr > 0):
-        errors.append(f"{ACTOR}.optim.lr={select(composed, f'{ACTOR}.optim.lr')}: must be a finite number > 0")
+    lr = select(composed, f"{ACTOR}.optim.lr")
+    if not isinstance(lr, int | float) or isinstance(lr, bool) or not (math.isfinite(lr) and lr > 0):
+        errors.append(f"{ACTOR}.optim.lr={lr}: must be a finite number > 0")
     n, low = select(composed, "actor_rollout_ref.rollout.n"), 1
     if select(composed, "algorithm.adv_estimator") != "gae":  # a group estimator compares a prompt's responses
         low = 2
@@ -245,9 +220,7 @@ def verl_config_errors(path: str) -> list[str]:
     try:
         data = yaml.safe_load(found.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as e:
-        return [
-            f"{where}: not YAML ({str(e).splitlines()[0]}); give the YAML file of your verl configuration"
-        ]
+        return [f"{where}: not YAML ({str(e).splitlines()[0]}); give the YAML file of your verl configuration"]
     if not isinstance(data, dict):
         what = "empty" if data is None else f"a YAML {type(data).__name__} ({str(data)[:40]})"
         return [f"{where}: {what}, not a verl configuration; {fix}"]
@@ -255,7 +228,5 @@ def verl_config_errors(path: str) -> list[str]:
     # an entry is a config's name, or a mapping from a config group (or name) to its option
     names = {str(name) for e in entries for name in (e if isinstance(e, dict) else [e])}
     if not names & set(VERL_TRAINERS):
-        return [
-            f"{where}: its defaults do not name verl's {VERL_TRAINERS[0]}, so it lacks verl's settings; {fix}"
-        ]
+        return [f"{where}: its defaults do not name verl's {VERL_TRAINERS[0]}, so it lacks verl's settings; {fix}"]
     return []

@@ -1,10 +1,6 @@
-"""The disk a ``kpo compare --engine verl`` run takes (:mod:`kpo.compare.engines.verl`), for the plan: verl's
-FSDP checkpoint of the actor holds its float32 weights (4 bytes a parameter), Adam's two float32 moments (8) and,
-with ``hf_model`` (which kpo adds: ``kpo eval`` scores the final one), the Hugging Face weights (at most float32:
-4), so at most 16 bytes a parameter, plus the model folder's other files (tokenizer, configuration) and verl's
-small state files. While a run trains it keeps its last checkpoint (``trainer.max_actor_ckpt_to_keep=1``) unless
-``--keep all``; verl removes the older one only once the next is written whole (a kill mid-write leaves the older to
-resume from), so two are on disk while one is written."""
+"""The disk a ``kpo compare --engine verl`` run takes (:mod:`kpo.compare.engines.verl`), for the plan: at most
+:data:`BYTES_PER_PARAMETER` a parameter per checkpoint, two on disk while one is written (docs/compare.md, "Scoring
+and disk")."""
 
 from __future__ import annotations
 

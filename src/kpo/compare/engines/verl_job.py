@@ -119,10 +119,7 @@ def probe(folder: Path) -> int:
         )
         for n in nodes
     ]
-    found = {
-        "nodes": [{"node": n["NodeID"], "resources": n["Resources"]} for n in nodes],
-        "checks": ray.get(tasks),
-    }
+    found = {"nodes": [{"node": n["NodeID"], "resources": n["Resources"]} for n in nodes], "checks": ray.get(tasks)}
     print(PROBE_MARK + json.dumps(found), flush=True)
     return 0
 

@@ -72,17 +72,13 @@ def metrics_rows(rows: list[dict], steps_per_batch: int) -> list[dict]:
     ``step`` = s x steps_per_batch (the optimizer step that ends the batch), ``batch`` = s, kpo's names (:data:`METRICS`, and
     :data:`FITTED` where the row has them) and every verl metric under its own name. verl averages each metric
     over the batch's optimizer steps: a row is a generation batch (:data:`kpo.compare.contract.BATCH_ROWS`)."""
-    out = []
-    for row in rows:
-        data = row["data"]
-        fitted = {k: data[v] for k, v in FITTED.items() if v in data}
-        out.append(
-            {
-                "step": row["step"] * steps_per_batch,
-                "batch": row["step"],
-                **{k: data.get(v) for k, v in METRICS.items()},
-                **fitted,
-                **data,
-            }
-        )
-    return out
+    return [
+        {
+            "step": row["step"] * steps_per_batch,
+            "batch": row["step"],
+            **{k: row["data"].get(v) for k, v in METRICS.items()},
+            **{k: row["data"][v] for k, v in FITTED.items() if v in row["data"]},
+            **row["data"],
+        }
+        for row in rows
+    ]

@@ -1,23 +1,8 @@
 """A study's looks and decisions: each question tested at its group's looks, the error of a look spent by the
-plan, the gate and Holm over the sequential p-values, and the answers.
-
-- **the seed is the unit**: a question's cells are pooled into one number per seed, a's outcome minus b's (the
-  runs that collapsed, the mean accuracy, the mean of a logged metric over the question's cells), tested by the
-  exact sign-flip test (:func:`kpo.compare.stats.sign_flip_p`) against the question's alternative, shifted by its
-  margin. The first study's collapse questions were registered on (cell, seed) pairs (the exact McNemar test,
-  ``test: mcnemar-pairs``); their decisions stay those, and its report shows the seed-level test beside them.
-- **looks**: a group with looks [n1, n2, ...] takes look k once every run of its active arms on its first n_k
-  admitted seeds is recorded; the p-value at look k is divided by alpha_k / alpha (the plan's spending: a weighted
-  Bonferroni split, valid whatever the looks' correlation and whatever made the study stop), and a hypothesis's
-  sequential p is the least over its looks. A group with ``looks: anytime`` looks after every seed, up to
-  ``max_seeds``: its p-value after n seeds is 1 / the largest e-value so far (:func:`kpo.compare.stats.e_values`),
-  valid under continuous monitoring.
-- **decisions**: the primary question (if any) is the gate at the full alpha; once it is rejected, Holm at the
-  full alpha over the family (serial gatekeeping; family-wise error at most alpha in the strong sense). An
-  adjusted p is the least level at which the procedure rejects. Descriptive questions are tested at each look,
-  unadjusted, and decide nothing.
-- **arms stop** once every tested question that reads them is rejected; a group ends when its questions are
-  decided or its looks spent, the study when every group has.
+plan (a weighted Bonferroni split), the gate and Holm over the sequential p-values, and the answers; how it
+decides: docs/study.md, "How it decides". The seed is the unit (:func:`seed_values`), but the first study's
+collapse questions, registered on (cell, seed) pairs (``test: mcnemar-pairs``, the exact McNemar test), keep
+their decisions; its report shows the seed-level test beside them.
 """
 
 from __future__ import annotations

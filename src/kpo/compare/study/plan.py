@@ -1,25 +1,7 @@
 """A study's plan: the file a user writes (YAML or JSON), checked whole before anything is trained, and its
 canonical form, ``plan.json``, which ``--register`` writes once and every later command reads.
 
-The file (docs/study.md has a complete example)::
-
-    title: Filter or band                  # what the study asks, in a few words
-    alpha: 0.05                            # the family-wise error of its decisions
-    setup: {engine: kpo, batches: 20}      # kpo compare's settings every run shares (engine, model, dataset,
-                                           # eval_data, verl_config, train_args, batches, eval_n, eval_limit, keep)
-    seeds: {first: 40}                     # seeds from here up, in order
-    collapse: {rule: below_fraction_of_warm, value: 0.5}
-    arms:                                  # label -> loss, its keywords, the arm's own trainer flags
-      KPO (matched): {loss: kpo, loss_kwargs: {memory: matched}}
-      clip band: {loss: vanilla, loss_kwargs: {clip_ratio_low: 3.0e-4, clip_ratio_high: 4.0e-4}}
-    cells:                                 # name -> sampler mismatch, depth, learning rate, the cell's own flags
-      none-depth4-lr0.0005: {mismatch: none, depth: 4, lr: 5.0e-4}
-    groups:                                # cells looked at together: seeds at each look, error spent per look
-      stress: {cells: [none-depth4-lr0.0005], looks: [14, 28]}    # or looks: anytime, max_seeds: 40
-    questions:                             # in order; at most one primary (the gate), then the Holm family
-      - {key: filter_vs_band, text: Is KPO more accurate than the band?, outcome: accuracy,
-         a: KPO (matched), b: clip band, group: stress, alternative: greater, role: primary}
-    sizing: {pilot: {records: docs/results/study/runs.json}, sims: 2000}
+Every key of the file: docs/study.md; a complete one: examples/study/plan.yaml.
 
 :func:`plan_errors` lists every problem at once, one line each; :func:`load_plan` reads a plan.json (this format,
 version 2, or the first study's version 1, read as it was registered) and refuses one that is not valid.
@@ -35,24 +17,12 @@ from pathlib import Path
 import yaml
 
 from kpo.compare.cell import MISMATCH, Cell, parse_cell
-from kpo.compare.plan import CompareConfig, CompareError, Run, cell_compare
+from kpo.compare.engines import engine_of
+from kpo.compare.plan import CompareConfig, CompareError, Run
 from kpo.compare.stats import MOST_SEEDS
 
-__all__ = [
-    "cell_arms",
-    "cell_config",
-    "PLAN_FILE",
-    "collapsed",
-    "group_arms",
-    "load_plan",
-    "normalize",
-    "plan_errors",
-    "plan_from",
-    "read_plan_file",
-    "rule_text",
-    "run_name",
-    "run_of",
-]
+__all__ = ["PLAN_FILE", "cell_arms", "cell_config", "collapsed", "group_arms", "load_plan", "normalize", "plan_errors",
+           "plan_from", "read_plan_file", "rule_text", "run_name", "run_of"]
 
 PLAN_FILE = "plan.json"
 OUTCOMES = ("collapse", "accuracy", "metric")
@@ -563,13 +533,18 @@ def run_name(plan: dict, arm: str, seed: int) -> str:
 
 
 def cell_config(plan: dict, cell: str, arm: str, runs: Path) -> CompareConfig:
-    """The comparison settings that train ``arm`` in ``cell`` (its folder under ``runs``): the plan's setup, the
-    cell's sampler, depth and learning rate as the engine's own settings, the cell's and the arm's flags."""
+    """The comparison settings that train ``arm`` in ``cell`` (its folder under ``runs``): the plan's setup's
+    generation batches of the cell's depth in optimizer steps, 16 ratio dumps a run whatever the depth (steps 5k at
+    depth 4 are off-policy for k not = 1 mod 4); in its flags the engine's own settings of the cell (sampler, depth,
+    learning rate) first, then the cell's, the setup's and the arm's."""
     setup, c = plan["setup"], plan["cells"][cell]
     shared = {k: setup[k] for k in ("eval_n", "eval_limit", "engine", "model", "dataset", "verl_config", "keep")}
-    return cell_compare(
-        Cell(c["mismatch"], c["depth"], c["lr"]), setup["batches"], Path(runs) / cell,
-        (*c["train_args"], *setup["train_args"], *plan["arms"][arm]["train_args"]),
+    steps = setup["batches"] * c["depth"]
+    cfg = CompareConfig(
+        out=str(Path(runs) / cell), steps=steps, minibatches=c["depth"], dump_every=max(1, steps // 16),
         methods=(plan["arms"][arm]["loss"],), seeds=1, matched=False, ablations=False, aa_seeds=0,
         eval_data=tuple(setup["eval_data"]), **shared,
     )
+    own = (*c["train_args"], *setup["train_args"], *plan["arms"][arm]["train_args"])
+    cfg.train_args = (*engine_of(cfg).cell_settings(Cell(c["mismatch"], c["depth"], c["lr"])), *own)
+    return cfg

@@ -1,14 +1,6 @@
-"""Registration that means it: a plan is committed to git before its first run and never changed after it, and
-its runs are new.
-
-- :func:`plan_history`: the plan file's hash now, and every committed version of it (git follows it through
-  renames), oldest first. A study runs only while the file equals its first committed version; a version
-  committed after that, or a working copy that differs from it, is a changed plan (a new plan is a new study).
-- :func:`confirmatory`: the report's verdict: the plan committed and unchanged, every run started after its first
-  commit.
-- :func:`repeats`: the study's (configuration, seed) pairs that results committed before the plan already hold
-  (a compare's ``compare.json``, a map cell's, another study's records): a run of the same settings and seed
-  trains the same model, so its result was read before the study was registered.
+"""Registration that means it (docs/study.md): :func:`plan_history` (the plan file's hash now and every committed
+version of it, oldest first), :func:`confirmatory` (the report's verdict) and :func:`repeats` (the study's
+(configuration, seed) pairs that results committed before the plan already hold).
 """
 
 from __future__ import annotations
@@ -26,11 +18,7 @@ from kpo.compare.plan import CompareError
 from kpo.compare.study.looks import schedule
 from kpo.compare.study.plan import PLAN_FILE, cell_arms, cell_config, group_arms, plan_from, run_of
 
-__all__ = ["confirmatory", "engine_errors", "plan_hash", "plan_history", "register", "repeats", "runs_at_most"]
-
-
-def plan_hash(text: bytes) -> str:
-    return hashlib.sha256(text).hexdigest()
+__all__ = ["confirmatory", "engine_errors", "plan_history", "register", "repeats", "runs_at_most"]
 
 
 def _git(cwd: Path, *args: str) -> str | None:
@@ -45,7 +33,7 @@ def plan_history(folder: Path) -> dict:
     """{"hash": the file's sha256 now, "versions": [{"commit", "time" (epoch s), "hash"}] oldest first, "first":
     the first version or None, "changed": why the plan is not its first committed version, or None}."""
     path = Path(folder).resolve() / PLAN_FILE
-    now = plan_hash(path.read_bytes())
+    now = hashlib.sha256(path.read_bytes()).hexdigest()
     log = _git(path.parent, "log", "--follow", "--format=%H %ct", "--", PLAN_FILE) or ""
     versions = []
     for line in reversed(log.splitlines()):
@@ -54,7 +42,7 @@ def plan_history(folder: Path) -> dict:
         shown = subprocess.run(["git", "show", f"{commit}:{path.relative_to(top)}"], cwd=top, capture_output=True,
                                check=False)
         if shown.returncode == 0:  # a commit that deleted the file shows nothing
-            versions.append({"commit": commit, "time": int(when), "hash": plan_hash(shown.stdout)})
+            versions.append({"commit": commit, "time": int(when), "hash": hashlib.sha256(shown.stdout).hexdigest()})
     first = versions[0] if versions else None
     changed = None
     if first is not None:

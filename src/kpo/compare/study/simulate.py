@@ -1,19 +1,9 @@
 """Sizing a study by simulation: its power and family-wise error at its looks, before any run, from a pilot
-(earlier records, whole seeds resampled) or from effects the user states.
-
-- **whole seeds**: a question's per-seed difference (its cells pooled, :func:`kpo.compare.study.looks.seed_values`)
-  is computed on each pilot seed; a simulated study draws seeds with replacement, so the cells of a seed stay
-  together as they are in a run (one warm start, one prompt stream). The questions of a group share its draws.
-- **stated effects**, for a question the pilot cannot answer (an arm it did not run): per seed, normal draws at
-  the stated mean and sd (accuracy, metric), or each cell's runs collapsing at the stated rates (collapse).
-- **effect size**: each seed's difference keeps its sign with probability ``scale`` and takes a random one
-  otherwise (about the null's centre), so scale 1 is the measured effect, 2/3 a third smaller, and 0 the null
-  with the measured spread and dependence kept.
-- **error**: the share of simulated studies that reject a true null, under the global null and each partial
-  null (one question's null, the others at their measured effects), with its exact interval; **power**: the share
-  that reject each question at the measured effects and at effects a third smaller. The tests and decisions are
-  the study's own (:mod:`kpo.compare.study.looks`); beyond 16 seeds of real differences a sign-flip p is estimated
-  from 2,000 random sign patterns.
+(earlier records, whole seeds resampled: the questions of a group share its draws) or from effects the user states
+(per seed, normal draws at the stated mean and sd, or each cell's runs collapsing at the stated rates); the effect
+size and the errors reported: docs/study.md, "Sizing". The tests and decisions are the study's own
+(:mod:`kpo.compare.study.looks`); beyond 16 seeds of real differences a sign-flip p is estimated from 2,000 random
+sign patterns.
 """
 
 from __future__ import annotations
