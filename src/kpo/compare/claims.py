@@ -88,15 +88,8 @@ def _decision_claims(labels, subject: str, results: dict, baselines: list[str]) 
     elif not keys:
         claims = [_claim(title, "not tested: no baseline without a filter beside it (add e.g. vanilla,gspo)")]
     else:
-        ok = all(results[k]["verdict"] == "better" for k in keys)
-        claims = [
-            _claim(
-                title,
-                f"{'holds' if ok else 'does not hold'}: points, 95% interval paired by seed: "
-                + "; ".join(text(k) for k in keys)
-                + ".",
-            )
-        ]
+        holds = "holds" if all(results[k]["verdict"] == "better" for k in keys) else "does not hold"
+        claims = [_claim(title, f"{holds}: points, 95% interval paired by seed: {'; '.join(text(k) for k in keys)}.")]
     what = {
         "vanilla (clip_ratio_low=0.0003, clip_ratio_high=0.0004)": "the filter matters beyond KPO's clip band",
         "kpo (memory=matched, p0=steady)": "the filter's ramp from its prior matters (vs constant gains)",
@@ -106,10 +99,8 @@ def _decision_claims(labels, subject: str, results: dict, baselines: list[str]) 
     for name, c in results.items():
         if c["kind"] == "ablation":
             other = name.split(" - ", 1)[1]
-            title = f"Ablation: {what.get(other, other)}"
-            claims.append(
-                _claim(title, f"{'holds' if c['verdict'] == 'better' else 'does not hold'}: {text(name)}.")
-            )
+            holds = "holds" if c["verdict"] == "better" else "does not hold"
+            claims.append(_claim(f"Ablation: {what.get(other, other)}", f"{holds}: {text(name)}."))
         elif c["kind"] == "aa":
             inside = c["low"] is None or c["low"] <= 0 <= c["high"]
             width = (
@@ -118,13 +109,8 @@ def _decision_claims(labels, subject: str, results: dict, baselines: list[str]) 
                 if c["half_width"] is not None
                 else "no interval: a run of a pair collapsed and there are fewer than 6 pairs"
             )
-            claims.append(
-                _claim(
-                    "A/A: the noise floor is consistent with 0",
-                    ("holds" if inside else "does not hold: the design's intervals are too narrow")
-                    + f": {text(name)}; {width}.",
-                )
-            )
+            holds = "holds" if inside else "does not hold: the design's intervals are too narrow"
+            claims.append(_claim("A/A: the noise floor is consistent with 0", f"{holds}: {text(name)}; {width}."))
     return claims
 
 

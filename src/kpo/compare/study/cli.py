@@ -1,7 +1,5 @@
-"""``kpo compare study``: a study of the user's own. ``--plan FILE --register`` checks the plan (every problem at
-once, nothing trained), sizes it by simulation and writes ``STUDY/plan.json``; commit it; then ``kpo compare study
---study STUDY`` runs it to its answer (rerun it to continue: recorded runs are kept), and ``--report`` rewrites the
-report from the records, training nothing."""
+"""``kpo compare study``: register a study of the user's own (``--plan FILE --register``), then run it to its answer
+or rewrite its report (``--report``); docs/study.md."""
 
 from __future__ import annotations
 
@@ -10,6 +8,7 @@ from pathlib import Path
 
 from kpo.compare.plan import CompareError
 from kpo.compare.setup_cli import exit_status, run_reporting, setup_from_args, setup_options, train_args_from
+from kpo.compare.study.registration import register
 from kpo.compare.study.run import Study, run_study
 
 
@@ -42,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _given_setup(args) -> dict:
     """The setup flags given on the command line, in the plan's terms (where a run trains, a Ray cluster, is not the
-    plan's: :func:`_cluster`)."""
+    plan's: :data:`CLUSTER`)."""
     given = {k: v for k, v in setup_from_args(args).items() if v not in (None, ()) and k not in CLUSTER}
     if "eval_data" in given:
         given["eval_data"] = list(given["eval_data"])
@@ -51,10 +50,6 @@ def _given_setup(args) -> dict:
 
 
 CLUSTER = ("ray_address", "ray_runtime_env")  # where the runs train: this invocation's, not the plan's
-
-
-def _cluster(args) -> dict:
-    return {k: v for k, v in setup_from_args(args).items() if k in CLUSTER}
 
 
 def main(argv: list[str]) -> int:
@@ -77,14 +72,12 @@ def main(argv: list[str]) -> int:
     if errors:
         return exit_status(CompareError(errors))
     if args.register:
-        from kpo.compare.study.registration import register
-
         plan, status = run_reporting(lambda: register(args.plan, Path(args.study), setup=setup, sims=args.sims))
         if not status:
             path = Path(args.study) / "plan.json"
             print(f"{_sizing_lines(plan)}\nplan: {path}\ncommit it before the first run: git add {path} && git commit")
         return status
-    study = Study(Path(args.study), runs, jobs=args.jobs, cluster=_cluster(args))
+    study = Study(Path(args.study), runs, jobs=args.jobs, cluster={k: getattr(args, k) for k in CLUSTER})
     report, status = run_reporting(lambda: run_study(study, report_only=args.report,
                                                      allow_uncommitted=args.allow_uncommitted))
     if not status:

@@ -14,7 +14,8 @@ from dataclasses import fields
 from pathlib import Path
 
 from kpo.compare.cell import Cell
-from kpo.compare.plan import CompareError
+from kpo.compare.engines import engine_of
+from kpo.compare.plan import CompareConfig, CompareError, plan_runs
 from kpo.compare.study.looks import schedule
 from kpo.compare.study.plan import PLAN_FILE, cell_arms, cell_config, group_arms, plan_from, run_of
 
@@ -86,9 +87,6 @@ def _show(top: Path, commit: str, path: str):
 def _earlier_runs(top: Path, commit: str, skip: str) -> dict[str, str]:
     """Fingerprint -> where, for every run of the results committed at ``commit``: each ``compare.json``'s runs
     (a compare's, a map cell's) and each other study's recorded runs."""
-    from kpo.compare import CompareConfig, plan_runs
-    from kpo.compare.engines import engine_of
-
     found: dict[str, str] = {}
     for path in _committed_files(top, commit):
         if path.endswith("/plan.json") and path != skip:
@@ -121,8 +119,6 @@ def _earlier_runs(top: Path, commit: str, skip: str) -> dict[str, str]:
 
 def fingerprint(cfg, run) -> str:
     """What makes two runs one: their engine's settings that shape the trajectory and length, and the seed."""
-    from kpo.compare.engines import engine_of
-
     return json.dumps([cfg.engine, engine_of(cfg).run_settings(cfg, run)], sort_keys=True, default=str)
 
 
@@ -154,8 +150,6 @@ def repeats(plan: dict, folder: Path, seeds: list[int], commit: str | None = Non
 # ------------------------------------------------------------------ registering a plan
 def engine_errors(plan: dict) -> list[str]:
     """What the engine rejects in each (cell, arm)'s runs, once per problem with the first run that has it."""
-    from kpo.compare.engines import engine_of
-
     first: dict[str, str] = {}
     for cell, arm in cell_arms(plan):
         c, cfg = plan["cells"][cell], cell_config(plan, cell, arm, Path("runs"))

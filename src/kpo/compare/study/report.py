@@ -22,8 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from kpo._files import replacing, write_json
+from kpo.compare.stats import MOST_SEEDS, collapse_count, discordance_seeds, rate_interval, seeds_for_effect
 from kpo.compare.study.looks import analyze, gate_and_holm, look_test
 from kpo.compare.study.plan import collapsed, group_arms, rule_text
+from kpo.compare.study.registration import confirmatory, repeats
 
 __all__ = ["batch_of_collapse", "probability_of_improvement", "write_study_report"]
 
@@ -47,8 +49,6 @@ def _seeds_needed(entry: dict, plan: dict, gate_open: bool) -> tuple[int | None,
     strictest it can face; the power is McNemar's exact binomial one for (cell, seed) pairs, else the t-test's as
     the sign-flip test's approximation (None where no effect was measured or, for pairs, beyond ``MOST_SEEDS``). A
     family member behind a closed gate needs the gate's rejection first."""
-    from kpo.compare.stats import MOST_SEEDS, discordance_seeds, seeds_for_effect
-
     last, family = entry["looks"][-1], sum(q["role"] == "family" for q in plan["questions"])
     level = plan["alpha"] if entry["role"] == "primary" else plan["alpha"] / max(1, family)
     if entry["test"] == "mcnemar-pairs":
@@ -92,8 +92,6 @@ def _descriptive(plan: dict, records: dict) -> dict:
     fell; per arm the interquartile mean with its stratified bootstrap interval, and each arm's probability of
     improving on the reference arm (Mann-Whitney's U / (n m), averaged over cells, stratified bootstrap)."""
     from scipy.stats import bootstrap, trim_mean
-
-    from kpo.compare.stats import collapse_count
 
     out = {}
     for group, g in plan["groups"].items():
@@ -167,8 +165,6 @@ def _seed_unit(plan: dict, data: dict, seeds: list[int]) -> dict | None:
 
 @functools.lru_cache(maxsize=4)
 def _repeats(plan_json: str, folder: str, seeds: tuple[int, ...], commit: str | None) -> list[dict]:
-    from kpo.compare.study.registration import repeats
-
     return repeats(json.loads(plan_json), Path(folder), list(seeds), commit)
 
 
@@ -196,7 +192,6 @@ def write_study_report(study, answer: dict, history: dict) -> Path:
     """Write the report of ``study`` (a :class:`kpo.compare.study.run.Study`) from ``answer``
     (:func:`kpo.compare.study.looks.analyze`) and its plan's ``history``; returns report.md."""
     from kpo.compare.study.plots import plot_study
-    from kpo.compare.study.registration import confirmatory
 
     plan, records, seeds = study.plan, study.records(), study.seeds()
     data = study.data()
@@ -359,8 +354,6 @@ def _markdown(report: dict, plan: dict, figures: list[str]) -> str:
 def _fwer_rows(sim: dict) -> list[str]:
     """The simulated family-wise errors with their Monte Carlo uncertainty, so that 0.051 of 2000 reads as what it
     is: consistent with 5%."""
-    from kpo.compare.stats import rate_interval
-
     rows = []
     for null, rate in sim["fwer"].items():
         low, high = rate_interval(round(rate * sim["sims"]), sim["sims"])

@@ -13,15 +13,20 @@ from __future__ import annotations
 import functools
 import subprocess
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kpo._files import write_json
-from kpo.compare.plan import CompareError, share_warm_starts, shared_start_dir
-from kpo.compare.run import Job, holding
+from kpo.compare.outcome import load_outcome
+from kpo.compare.plan import CompareError, parallel_runs, share_warm_starts, shared_start_dir
+from kpo.compare.run import Job, _done, holding
 from kpo.compare.study.looks import analyze, nest, schedule
 from kpo.compare.study.plan import PLAN_FILE, cell_arms, cell_config, load_plan, run_name, run_of
 from kpo.compare.study.records import RECORDS, SEEDS, read_records, read_seeds
+from kpo.compare.study.registration import plan_history
+from kpo.compare.study.report import write_study_report
+from kpo.train.metrics import load_metrics
 
 __all__ = ["Study", "run_study"]
 
@@ -79,8 +84,6 @@ def _started(folder: Path) -> float | None:
 
 def _by_batch(folder: Path, depth: int, key: str) -> list[float]:
     """The run's mean of metrics.jsonl's ``key`` over each generation batch's optimizer steps."""
-    from kpo.train.metrics import load_metrics
-
     batches: dict[int, list[float]] = {}
     for row in load_metrics(folder):
         if row.get(key) is not None:
@@ -98,8 +101,6 @@ def _code_commit() -> str | None:
 
 
 def _record(study: Study, job: Job, cell: str, arm: str) -> dict:
-    from kpo.compare.outcome import load_outcome
-
     depth = study.plan["cells"][cell]["depth"]
     record = {
         "cell": cell,
@@ -125,8 +126,6 @@ def _save_record(study: Study, record: dict) -> None:
 
 def _record_finished(study: Study) -> None:
     """Record every finished run that has no record yet (a stop between its end and its record)."""
-    from kpo.compare.run import _done
-
     if not study.runs.exists():
         return
     done = study.records()
@@ -143,8 +142,6 @@ def _admit(study: Study, wanted: int, build=None) -> list[int]:
     evaluated (``build(cfg, seeds)`` -> per seed None or why it failed its check; default: in parallel worker
     processes); a seed whose warm start fails its check is dropped (seeds.json says why) and the next unused seed
     tried. Returns the admitted seeds in order."""
-    from kpo.compare.outcome import load_outcome
-
     build = build or _build_in_pool
     seeds = study.seeds()
     cell, arm = next(cell_arms(study.plan))
@@ -172,10 +169,7 @@ def _admit(study: Study, wanted: int, build=None) -> list[int]:
 
 def _build_in_pool(cfg, candidates: list[int]) -> list[str | None]:
     """Each candidate seed's start model built and evaluated in parallel worker processes, a line as each ends."""
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    from kpo.compare.plan import parallel_runs
-    from kpo.compare.run import get_context  # the context of kpo compare's own workers
+    from kpo.compare.run import get_context  # the context of kpo compare's own workers (a test patches it)
 
     found: dict[int, str | None] = {}
     with ProcessPoolExecutor(max_workers=min(parallel_runs(cfg), len(candidates)), mp_context=get_context("spawn")) as pool:
@@ -242,10 +236,7 @@ def run_study(study: Study, *, report_only: bool = False, allow_uncommitted: boo
 
 
 def _run_locked(study: Study, report_only: bool, allow_uncommitted: bool) -> Path:
-    from kpo.compare.plan import parallel_runs
-    from kpo.compare.run import _done, train_jobs
-    from kpo.compare.study.registration import plan_history
-    from kpo.compare.study.report import write_study_report
+    from kpo.compare.run import train_jobs  # a test patches it
 
     plan, history = study.plan, plan_history(study.folder)
     if not report_only:
