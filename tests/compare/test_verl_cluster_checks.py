@@ -117,3 +117,32 @@ def test_a_resumed_run_keeps_only_the_checkpoint_it_resumes_from(tmp_path):
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
         "global_step_2", "latest_checkpointed_iteration.txt"
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("end", ["SUCCEEDED", "FAILED"])
+def test_following_a_job_copies_its_log_and_raises_unless_it_succeeded(tmp_path, monkeypatch, capsys, end):
+    """The compare follows a run's job until it ends, renewing its lease and copying its log; a job that did not
+    succeed is a RuntimeError naming its status and Ray's message (the run fails, its log says why)."""
+    statuses = iter(["PENDING", "RUNNING", end])
+
+    class Client:
+        def get_job_status(self, job):
+            return next(statuses)
+
+        def get_job_logs(self, job):
+            return "step 1\nstep 2\n"
+
+        def get_job_info(self, job):
+            return SimpleNamespace(status=end, message="Job entrypoint command failed\n with exit code 1")
+
+    monkeypatch.setattr(verl_cluster, "connect", lambda address: Client())
+    monkeypatch.setattr(verl_cluster, "RENEW_SECONDS", 0.0)
+    jobs = verl_cluster.RunJob("http://head:8265", tmp_path)
+    if end == "SUCCEEDED":
+        assert jobs.follow("kpo-job-0") is None
+    else:
+        with pytest.raises(RuntimeError, match=r"^Ray job kpo-job-0 ended FAILED: Job entrypoint command failed with "
+                           r"exit code 1 \(its log is above, in this log\)$"):
+            jobs.follow("kpo-job-0")
+    assert capsys.readouterr().out.count("step 2") == 1  # the log, copied once however often it was read
+    assert (tmp_path / verl_cluster.LEASE_FILE).exists()  # renewed while the job ran

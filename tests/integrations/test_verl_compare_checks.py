@@ -302,9 +302,8 @@ def test_a_rerun_follows_a_running_job_reuses_a_finished_one_and_resumes_a_faile
         def last(self) -> tuple[str, str]:
             return "kpo-job-0", status
 
-        def follow(self, job: str) -> str:
+        def follow(self, job: str) -> None:
             calls.append(f"follow {job}")
-            return "SUCCEEDED"
 
         def stop_live(self) -> None:
             calls.append("stop")

@@ -248,8 +248,7 @@ class RunJob:
     whole), the lease the compare renews while it follows one."""
 
     def __init__(self, address: str, out: Path):
-        self.address, self.out = address, out
-        self.client = connect(address)
+        self.out, self.client = out, connect(address)
 
     def ids(self) -> list[str]:
         path = self.out / JOBS_FILE
@@ -287,7 +286,6 @@ class RunJob:
         lease, in runtime environment ``env``; its submission id (the first of this run's the cluster does not
         know), recorded before it is submitted (a kill between the two leaves an id the cluster does not know,
         which a rerun's :meth:`last` reports as gone)."""
-
         ids = self.ids()
         attempt = len(ids)
         while self.status(job := submission_id(self.out, attempt)) is not None:
