@@ -240,7 +240,7 @@ def test_family_wise_error_is_at_most_alpha_with_whole_seeds_resampled(looks):
     assert sim["power"]["measured"]["auto"] > 0.5  # and it can reject: 20 to 4 collapsed runs of 56
 
 
-def test_a_question_the_pilot_has_not_run_needs_its_effect_stated(plan):
+def test_a_question_the_pilot_has_not_run_needs_its_effect_stated(plan, tmp_path):
     _sized(plan)
     plan["arms"]["clip band"]["loss_kwargs"]["clip_ratio_low"] = 0.1  # (the pilot's arms are named by label)
     plan["sizing"]["pilot"]["arms"] = {"clip band": "nothing like it"}
@@ -257,6 +257,12 @@ def test_a_question_the_pilot_has_not_run_needs_its_effect_stated(plan):
     assert sim["power"]["measured"]["filter_vs_band"] > sim["power"]["a third smaller"]["filter_vs_band"]
     plan["sizing"]["pilot"]["records"] = str(FIRST_STUDY / "plan.json")  # a plan is not records
     with pytest.raises(CompareError, match="not a study's or a map's runs.json"):
+        sizing_inputs(plan)
+    records = json.loads((FIRST_STUDY / "runs.json").read_text())
+    next(iter(records.values()))["accuracy"] = 1.5  # a fraction no run can score
+    (tmp_path / "runs.json").write_text(json.dumps(records))
+    plan["sizing"]["pilot"]["records"] = str(tmp_path / "runs.json")
+    with pytest.raises(CompareError, match=r"record '.*' \(and 0 more\): accuracy and warm must be fractions"):
         sizing_inputs(plan)
     plan["sizing"]["pilot"]["records"] = "docs/results/no-such-study/runs.json"  # relative: read from the cwd
     with pytest.raises(CompareError, match=r"no such file \(a relative path is read from the current folder, /"):

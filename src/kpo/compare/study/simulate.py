@@ -17,6 +17,7 @@ from kpo.compare.plan import CompareError
 from kpo.compare.stats import anytime_p, e_values, rate_interval, sign_flip_many
 from kpo.compare.study.looks import gate_and_holm, nest, null_centre, scale_of, schedule, seed_values, shares
 from kpo.compare.study.plan import read_data_file
+from kpo.compare.study.records import _fraction
 
 __all__ = ["load_pilot", "simulate", "sizing_inputs"]
 
@@ -35,6 +36,10 @@ def load_pilot(pilot: dict) -> dict:
     if not (isinstance(found, dict) and all(isinstance(r, dict) and {"cell", "arm", "seed", "accuracy", "warm"} <= set(r)
                                             for r in found.values())):
         raise CompareError([f"sizing.pilot.records {path}: not a study's or a map's runs.json"])
+    bad = [key for key, r in found.items() if not (_fraction(r["accuracy"]) and _fraction(r["warm"]))]
+    if bad:  # a hand-edited or merged file: its numbers would move every simulated power and error
+        raise CompareError([f"sizing.pilot.records {path}: record {bad[0]!r} (and {len(bad) - 1} more): accuracy and "
+                            "warm must be fractions in [0, 1]; restore the file from git"])
     rows = [(r["cell"], r["arm"], r["seed"], {"accuracy": r["accuracy"], "warm": r["warm"],
                                               "metrics": r.get("metrics", {})}) for r in found.values()]
     cells, arms = _renaming(pilot.get("cells", {})), _renaming(pilot.get("arms", {}))
