@@ -221,7 +221,7 @@ def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, report_only: bool
     trains nothing."""
     from kpo._files import write_json
     from kpo.compare.run import holding
-    from kpo.compare.study.run import Study, run_study
+    from kpo.compare.study.run import CLUSTER, Study, run_study
 
     if plan_only and report_only:
         raise CompareError(["--plan and --report: --plan prints the plan and stops, --report writes the map; give one"])
@@ -247,5 +247,5 @@ def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, report_only: bool
     if not path.exists():
         with holding(out, "kpo compare regimes"):
             write_json(path, plan, indent=2)
-    cluster = {"ray_address": cfg.ray_address, "ray_runtime_env": cfg.ray_runtime_env}
-    return run_study(Study(out, out, jobs=cfg.jobs, cluster=cluster), report_only=report_only, allow_uncommitted=True)
+    study = Study(out, out, jobs=cfg.jobs, cluster={k: getattr(cfg, k) for k in CLUSTER})
+    return run_study(study, report_only=report_only, allow_uncommitted=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 from kpo.compare.plan import CompareError
 from kpo.compare.setup_cli import exit_status, run_reporting, setup_from_args, setup_options, train_args_from
 from kpo.compare.study.registration import register
-from kpo.compare.study.run import Study, run_study
+from kpo.compare.study.run import CLUSTER, Study, run_study
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,9 +47,6 @@ def _given_setup(args) -> dict:
         given["eval_data"] = list(given["eval_data"])
     extra = train_args_from(args)
     return given | ({"train_args": list(extra)} if extra else {})
-
-
-CLUSTER = ("ray_address", "ray_runtime_env")  # where the runs train: this invocation's, not the plan's
 
 
 def main(argv: list[str]) -> int:

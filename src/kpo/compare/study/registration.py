@@ -88,6 +88,7 @@ def _earlier_runs(top: Path, commit: str, skip: str) -> dict[str, str]:
     """Fingerprint -> where, for every run of the results committed at ``commit``: each ``compare.json``'s runs
     (a compare's, a map cell's) and each other study's recorded runs."""
     found: dict[str, str] = {}
+    known = {f.name for f in fields(CompareConfig)}  # a setting kpo no longer has changed no trained model
     for path in _committed_files(top, commit):
         if path.endswith("/plan.json") and path != skip:
             records = _show(top, commit, path.replace("plan.json", "runs.json"))
@@ -104,7 +105,6 @@ def _earlier_runs(top: Path, commit: str, skip: str) -> dict[str, str]:
                     found.setdefault(fingerprint(cfg, run_of(other, r["arm"], r["seed"])), path.rsplit("/", 1)[0])
         elif path.endswith("/compare.json"):
             settings = _show(top, commit, path)
-            known = {f.name for f in fields(CompareConfig)}  # a setting kpo no longer has changed no trained model
             try:
                 cfg = CompareConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()
                                        if k in known})

@@ -28,14 +28,16 @@ from kpo.compare.study.registration import plan_history
 from kpo.compare.study.report import write_study_report
 from kpo.train.metrics import load_metrics
 
-__all__ = ["Study", "run_study"]
+__all__ = ["CLUSTER", "Study", "run_study"]
+
+CLUSTER = ("ray_address", "ray_runtime_env")  # where a study's runs train: the invocation's settings, not the plan's
 
 
 @dataclass
 class Study:
     """A study's folders: ``folder`` (plan, seeds, records, report), ``runs`` (run folders), ``jobs`` (runs side by
-    side; None = the engine's default) and ``cluster`` (``ray_address``, ``ray_runtime_env``: the Ray cluster whose
-    jobs the runs are, for the verl engine). Every other setting is the plan's."""
+    side; None = the engine's default) and ``cluster`` (:data:`CLUSTER`: the Ray cluster whose jobs the runs
+    are, for the verl engine). Every other setting is the plan's."""
 
     folder: Path
     runs: Path
