@@ -181,3 +181,27 @@ def test_another_design_in_the_map_s_folder_is_refused_and_its_plan_kept(tmp_pat
     # a map of the kpo before maps were studies: its plan (cells, seeds, batches, questions, rules) is not continued
     shutil.copy(Path(__file__).parents[2] / "docs" / "results" / "regimes" / "plan.json", out / "plan.json")
     assert "a map planned before maps were studies" in _refused(capsys, ["--out", str(out), "--report"])
+
+
+def test_a_map_started_meanwhile_by_another_command_is_not_overwritten(tmp_path, capsys, monkeypatch, no_training):
+    """Two commands on one new folder: the second to take the lock finds the first one's plan.json and stops, naming
+    what differs, instead of replacing the plan the first one's runs read."""
+    import contextlib
+
+    import kpo.compare.run
+
+    out = tmp_path / "map"
+    theirs = json.dumps(map_plan(RegimeConfig(out=str(out), cells_only=CELLS, seeds=4).validate()), indent=2)
+    lock = kpo.compare.run.holding
+
+    @contextlib.contextmanager
+    def raced(folder, what):
+        out.mkdir(exist_ok=True)
+        (out / "plan.json").write_text(theirs)  # written by the other command between our check and our lock
+        with lock(folder, what):
+            yield
+
+    monkeypatch.setattr(kpo.compare.run, "holding", raced)
+    line = _refused(capsys, ["--out", str(out), "--cells", ",".join(CELLS)])  # 6 seeds, not 4
+    assert "plan.json is another map (groups differ from these flags')" in line
+    assert (out / "plan.json").read_text() == theirs

@@ -214,6 +214,20 @@ def format_map_plan(plan: dict, path: Path, jobs: int | None) -> str:
     return "\n".join(lines)
 
 
+def _same_map(path: Path, plan: dict) -> None:
+    """CompareError unless the map planned in ``path`` is ``plan``: one line naming the settings that differ, or the
+    old map format."""
+    on_disk = read_data_file(path, "the plan")
+    if isinstance(on_disk, dict) and "rules" in on_disk:
+        raise CompareError([f"{path}: a map planned before maps were studies (issue 53); this kpo does not continue "
+                            "it (its report stays as written): give a new --out for a new map"])
+    on_disk = plan_from(on_disk, str(path))
+    differ = [k for k, v in plan.items() if k not in REGISTERED and on_disk.get(k) != v]
+    if differ:
+        raise CompareError([f"{path} is another map ({', '.join(differ)} differ from these flags'): give its flags, "
+                            "or a new --out for a new map"])
+
+
 def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, report_only: bool = False) -> Path | None:
     """Print the map's plan; write it to ``OUT/plan.json`` once (a later command with other flags is another map and
     stops); then run it as a study (:func:`kpo.compare.study.run.run_study`, from an uncommitted plan: exploratory
@@ -228,17 +242,8 @@ def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, report_only: bool
     out = Path(cfg.validate().out)
     plan, path = map_plan(cfg), out / "plan.json"
     print(format_map_plan(plan, path, cfg.jobs), flush=True)
-    design = {k: v for k, v in plan.items() if k not in REGISTERED}
     if path.exists():
-        on_disk = read_data_file(path, "the plan")
-        if isinstance(on_disk, dict) and "rules" in on_disk:
-            raise CompareError([f"{path}: a map planned before maps were studies (issue 53); this kpo does not continue "
-                                "it (its report stays as written): give a new --out for a new map"])
-        on_disk = plan_from(on_disk, str(path))
-        differ = [k for k, v in design.items() if on_disk.get(k) != v]
-        if differ:
-            raise CompareError([f"{path} is another map ({', '.join(differ)} differ from these flags'): give its flags, "
-                                "or a new --out for a new map"])
+        _same_map(path, plan)
     elif report_only:
         raise CompareError([f"{out}: no map here (no plan.json); --report rewrites a map: give its --out, or run without "
                             "--report to start one"])
@@ -246,6 +251,9 @@ def run_regimes(cfg: RegimeConfig, *, plan_only: bool = False, report_only: bool
         return None
     if not path.exists():
         with holding(out, "kpo compare regimes"):
-            write_json(path, plan, indent=2)
+            if path.exists():  # another command started a map here since: this one runs only if it is the same
+                _same_map(path, plan)
+            else:
+                write_json(path, plan, indent=2)
     study = Study(out, out, jobs=cfg.jobs, cluster={k: getattr(cfg, k) for k in CLUSTER})
     return run_study(study, report_only=report_only, allow_uncommitted=True)
